@@ -1,0 +1,51 @@
+# labctl: the commands a newcomer needs. `make demo` runs labctl on a simulated lab,
+# `make test` runs everything CI runs. Both set up the virtualenv themselves.
+SHELL := /bin/bash
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+SIM_DIR := .labctl/sim
+SIM_INV := $(SIM_DIR)/inventory.yaml
+
+.PHONY: install deps lint test test-unit test-integration demo bench sim-down clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+# System packages the simulated lab needs (Debian/Ubuntu, as root).
+deps:
+	@command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 iptables; }
+
+lint: install
+	$(BIN)/ruff check labctl tests bench
+	$(BIN)/ruff format --check labctl tests bench
+	$(BIN)/mypy labctl
+
+test: install deps
+	$(BIN)/pytest -q -m "not integration" tests
+	$(BIN)/pytest -q -m integration tests
+
+test-unit: install
+	$(BIN)/pytest -q -m "not integration" tests
+
+demo: install deps
+	$(BIN)/labctl sim up
+	$(BIN)/labctl -i $(SIM_INV) inventory show
+	$(BIN)/labctl -i $(SIM_INV) facts
+	$(BIN)/labctl -i $(SIM_INV) exec -- 'echo "$$(hostname -I | cut -d" " -f1) up $$(cut -d" " -f1 /proc/uptime)s; ls /etc/netplan | wc -l"'
+	@echo "The simulated lab is still up: try '$(BIN)/labctl -i $(SIM_INV) exec -- uname -a', then 'make sim-down'."
+
+bench: install deps
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python bench/exec_fanout.py --out docs/benchmarks.md
+
+sim-down: install
+	$(BIN)/labctl sim down
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from labctl.cli.app import main
+
+main()

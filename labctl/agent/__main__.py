@@ -1,0 +1,112 @@
+"""Entry point: `python3 -m labctl.agent COMMAND [JSON-ARGS]` or `python3 agent.pyz COMMAND ...`.
+
+Prints exactly one JSON object on stdout. Exit 0 with the command's result, or exit 1 with
+`{"error": "...", "kind": "..."}`. JSON-ARGS is an object; `-` reads it from stdin, for args
+too long for a command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any, Dict, List, Optional
+
+from .commands import AgentError, resolve
+
+USAGE = "usage: agent COMMAND [JSON-ARGS | -]"
+
+
+def _parse_args(argv: List[str]) -> Dict[str, Any]:
+    if len(argv) < 2:
+        return {}
+    if len(argv) > 2:
+        raise AgentError("too many arguments; " + USAGE, "bad_args")
+    text = sys.stdin.read() if argv[1] == "-" else argv[1]
+    if not text.strip():
+        return {}
+    try:
+        args = json.loads(text)
+    except ValueError as exc:
+        raise AgentError(f"JSON-ARGS is not valid JSON: {exc}", "bad_args") from None
+    if not isinstance(args, dict):
+        raise AgentError(f"JSON-ARGS must be a JSON object, got {type(args).__name__}", "bad_args")
+    return args
+
+
+class _StdoutGuard:
+    """Point fd 1 at stderr while a command runs.
+
+    The controller parses stdout as one JSON document, and libraries (torch, NVML, a child
+    process) may print there from C or Python; their noise belongs on stderr.
+    """
+
+    def __init__(self) -> None:
+        self.saved: Optional[int] = None
+
+    def __enter__(self) -> "_StdoutGuard":
+        try:
+            sys.stdout.flush()
+            self.saved = os.dup(1)
+            os.dup2(2, 1)
+        except (OSError, ValueError, AttributeError):
+            self.saved = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved is None:
+            return
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(self.saved, 1)
+        os.close(self.saved)
+
+
+def _dumps(obj: Dict[str, Any]) -> str:
+    # default=str: a handler returning a Path or bytes should still produce an answer.
+    return json.dumps(obj, default=str, sort_keys=True)
+
+
+def _emit(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def run(argv: List[str]) -> Dict[str, Any]:
+    """Run one command and return its result; raises AgentError or any handler exception."""
+    if not argv:
+        raise AgentError("no command given; " + USAGE, "usage")
+    args = _parse_args(argv)
+    handler = resolve(argv[0])
+    result = handler(args)
+    if not isinstance(result, dict):
+        raise AgentError(f"command {argv[0]!r} returned {type(result).__name__}, not an object")
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    try:
+        with _StdoutGuard():
+            text = _dumps(run(list(argv)))
+    except AgentError as exc:
+        _emit(_dumps({"error": exc.message, "kind": exc.kind}))
+        return 1
+    except KeyboardInterrupt:
+        _emit(_dumps({"error": "interrupted", "kind": "interrupted"}))
+        return 1
+    except Exception as exc:  # the controller needs an answer whatever broke
+        error = {"error": f"{type(exc).__name__}: {exc}", "kind": "exception"}
+        error["traceback"] = traceback.format_exc()
+        _emit(_dumps(error))
+        return 1
+    _emit(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The agent's command table: name -> handler(args: dict) -> dict.
+
+A handler is either a callable or a "module:function" string relative to this package; the
+string form is imported only when that command runs, so a heavy or broken module for one
+command (bench, load) never slows down or breaks another (ping, facts).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import sys
+from typing import Any, Callable, Dict, Union
+
+from . import AGENT_VERSION
+
+Handler = Callable[[Dict[str, Any]], Dict[str, Any]]
+
+
+class AgentError(Exception):
+    """A failure the handler can name: `kind` is a short machine-readable word."""
+
+    def __init__(self, message: str, kind: str = "failed") -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+
+
+def ping(args: Dict[str, Any]) -> Dict[str, Any]:
+    return {
+        "agent_version": AGENT_VERSION,
+        "python_version": platform.python_version(),
+        "python": sys.executable,
+        "pid": os.getpid(),
+    }
+
+
+COMMANDS: Dict[str, Union[str, Handler]] = {
+    "ping": ping,
+    "facts": ".facts:facts_command",
+}
+
+
+def register(name: str, handler: Union[str, Handler]) -> None:
+    COMMANDS[name] = handler
+
+
+def resolve(name: str) -> Handler:
+    try:
+        entry = COMMANDS[name]
+    except KeyError:
+        known = ", ".join(sorted(COMMANDS))
+        raise AgentError(f"unknown command {name!r}; known: {known}", "unknown_command") from None
+    if callable(entry):
+        return entry
+    module_name, _, attr = entry.partition(":")
+    module = importlib.import_module(module_name, __package__)
+    handler: Handler = getattr(module, attr)
+    return handler

@@ -1,0 +1,101 @@
+"""Ship labctl's agent to a host as a zipapp, cached there by content hash, and call it.
+
+The agent (labctl/agent/) is stdlib-only Python that runs with the host's own
+interpreter and answers one JSON object per call: one round trip per step. The zipapp
+is uploaded once per version; later calls find it by hash and run straight away.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import shlex
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from labctl.errors import HostError
+from labctl.fanout import HostRun
+
+ROOT_MAIN = b"from labctl.agent.__main__ import main\nimport sys\nsys.exit(main())\n"
+MISSING_RC = 197  # the wrapper's "no agent of this hash here yet"
+_EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep the hash a function of the code alone
+
+
+@functools.cache
+def agent_zip() -> tuple[bytes, str]:
+    """The agent zipapp's bytes and their short sha256."""
+    import labctl.agent
+
+    pkg = Path(labctl.agent.__file__).parent
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in [("__main__.py", ROOT_MAIN), ("labctl/__init__.py", b"")]:
+            z.writestr(zipfile.ZipInfo(name, _EPOCH), data)
+        for f in sorted(pkg.rglob("*.py")):
+            info = zipfile.ZipInfo("labctl/agent/" + f.relative_to(pkg).as_posix(), _EPOCH)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, f.read_bytes())
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()[:16]
+
+
+def agent_dir(run: HostRun) -> str:
+    """Root keeps agents in /var/lib/labctl (a managed path); other users in their cache."""
+    if run.host.connection == "local" or run.host.user != "root":
+        return (
+            str(Path.home() / ".cache/labctl/agent")
+            if run.host.connection == "local"
+            else ".cache/labctl/agent"
+        )
+    return "/var/lib/labctl/agent"
+
+
+def call_agent(run: HostRun, command: str, args: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
+    """Run `command` in the host's agent and return its JSON answer (uploading it first if needed)."""
+    data, digest = agent_zip()
+    directory = agent_dir(run)
+    path = f"{directory}/agent-{digest}.pyz"
+    py = shlex.quote(run.host.python)
+    line = (
+        f"[ -f {shlex.quote(path)} ] || exit {MISSING_RC}; "
+        f"exec {py} {shlex.quote(path)} {shlex.quote(command)} {shlex.quote(json.dumps(args or {}))}"
+    )
+    conn = run.conn
+    result = conn.run(line, timeout=timeout, cancel=run.cancel)
+    if result.rc == MISSING_RC:
+        mk = conn.run(f"mkdir -p {shlex.quote(directory)} && chmod 700 {shlex.quote(directory)}", timeout=30)
+        if mk.rc != 0:
+            raise HostError(
+                f"{run.host.name}: cannot create {directory} for labctl's agent: {mk.stderr.strip()}.",
+                "Give the SSH user a writable home directory, or connect as root.",
+            )
+        conn.put_bytes(data, path, mode=0o600)
+        result = conn.run(line, timeout=timeout, cancel=run.cancel)
+    if result.cancelled:
+        raise HostError(f"{run.host.name}: cancelled.")
+    if result.timed_out:
+        from labctl.transport.base import CommandTimeout
+
+        raise CommandTimeout(
+            f"{run.host.name}: the agent's '{command}' ran past {timeout:g} s.",
+            "Raise the timeout or check the host's load.",
+        )
+    if result.rc == 127:
+        raise HostError(
+            f"{run.host.name}: no Python at {run.host.python} ({result.stderr.strip()}).",
+            "Install python3 on the host or set `python:` for it in the inventory.",
+        )
+    try:
+        answer = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise HostError(
+            f"{run.host.name}: the agent's '{command}' did not answer in JSON (rc {result.rc}): "
+            f"{(result.stderr or result.stdout).strip()[-400:]}",
+            f"Check that {run.host.python} is Python 3.8 or newer.",
+        ) from None
+    if result.rc != 0 or (isinstance(answer, dict) and "error" in answer and result.rc != 0):
+        raise HostError(f"{run.host.name}: agent '{command}' failed: {answer.get('error', answer)}.")
+    return answer

@@ -1,0 +1,98 @@
+"""`labctl exec -- CMD`: one command on many hosts at once, output per host."""
+
+from __future__ import annotations
+
+import threading
+from typing import Annotated, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context
+
+
+def exec_(
+    ctx: typer.Context,
+    command: Annotated[
+        list[str], typer.Argument(help="The command, after `--`. Runs through the host's shell.")
+    ],
+    limit: LimitOpt = None,
+    timeout: Annotated[
+        Optional[float], typer.Option("--timeout", "-t", help="Seconds before a host's command is stopped.")
+    ] = None,
+    forks: Annotated[
+        Optional[int], typer.Option("--forks", "-f", min=1, help="Hosts at once (default: all).")
+    ] = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Run one shell command on every chosen host in parallel.
+
+    Output lines are printed as they arrive, prefixed with the host (stdout to stdout,
+    stderr to stderr); a recap table follows on stderr. The command is stopped on every
+    host on Ctrl-C or `--timeout`, and nothing keeps running there.
+
+    Exit code: 0 when every host ran it and exited 0; 1 otherwise.
+
+    Examples:
+
+        labctl exec -- uptime
+
+        labctl exec --limit role:train -- nvidia-smi -L
+
+        labctl exec --json -l m5,irina -- df -h /mnt
+    """
+    from rich.markup import escape
+
+    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+    from labctl.inventory.select import select_hosts
+    from labctl.recap import print_recap
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    line = " ".join(command)
+    if not line.strip():
+        from labctl.errors import InputError
+
+        raise InputError("No command given.", "Put it after `--`, e.g. labctl exec -- uptime")
+    hosts = select_hosts(c.inventory, limit)
+    width = max(len(h.name) for h in hosts)
+    print_lock = threading.Lock()
+    palette = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green"]
+    colour = {h.name: palette[i % len(palette)] for i, h in enumerate(hosts)}
+    from rich.console import Console
+
+    out_console = Console(highlight=False, soft_wrap=True)
+
+    def step(run: HostRun) -> HostResult:
+        name = run.host.name
+
+        def on_line(stream: str, text: str) -> None:
+            target = out_console if stream == "stdout" else c.console
+            with print_lock:
+                target.print(f"[{colour[name]}]{name:<{width}}[/] │ {escape(text)}")
+
+        res = run.conn.run(
+            line,
+            timeout=timeout or run.host.command_timeout,
+            cancel=run.cancel,
+            on_line=None if c.json_mode else on_line,
+        )
+        if res.timed_out:
+            status, err = "timeout", f"stopped after {timeout or run.host.command_timeout:g} s"
+        elif res.cancelled:
+            status, err = "cancelled", "stopped by Ctrl-C"
+        elif res.rc == 0:
+            status, err = "ok", None
+        else:
+            status, err = "failed", f"exit code {res.rc}"
+        return HostResult(name, status, rc=res.rc, stdout=res.stdout, stderr=res.stderr, error=err)
+
+    try:
+        results = fan_out(c, hosts, step, max_workers=forks, label="exec", progress=c.json_mode)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit({"command": line, "results": [r.to_json() for r in results]})
+    else:
+        print_recap(c.console, results, title=f"exec: {line}")
+    raise typer.Exit(exit_code(results))

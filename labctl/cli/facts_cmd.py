@@ -1,0 +1,123 @@
+"""`labctl facts`: what each host really has, in one round trip per host."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context
+
+
+def facts(
+    ctx: typer.Context,
+    limit: LimitOpt = None,
+    torch: Annotated[
+        bool, typer.Option("--torch/--no-torch", help="Import torch on hosts to report its versions.")
+    ] = True,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """CPU, RAM, GPUs, NICs and bonds, mounts, Python, torch/CUDA/NCCL and Docker per host.
+
+    labctl's agent runs on each host with the host's own Python (shipped there once and
+    cached by hash; nothing to install by hand). Where the inventory declares GPUs or RAM
+    that the host does not have, the difference is flagged.
+
+    Examples:
+
+        labctl facts
+
+        labctl facts --limit role:train --json | jq '.results[].facts.gpus'
+    """
+    from labctl.facts import gather_facts
+    from labctl.fanout import exit_code
+    from labctl.inventory.select import select_hosts
+    from labctl.recap import print_recap
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    hosts = select_hosts(c.inventory, limit)
+    try:
+        results = gather_facts(c, hosts, torch=torch)
+    finally:
+        c.close()
+    if c.json_mode:
+        out = []
+        for r in results:
+            d = r.to_json()
+            d["facts"] = d.pop("data")
+            for k in ("stdout", "stderr", "rc"):
+                d.pop(k, None)
+            out.append(d)
+        c.emit({"results": out})
+    else:
+        _render(c.console, [r for r in results if r.ok and r.data])
+        print_recap(c.console, results, title="facts")
+    raise typer.Exit(exit_code(results))
+
+
+def _gb(n: Any) -> str:
+    return f"{n / 1e9:.1f}" if isinstance(n, (int, float)) else "?"
+
+
+def _render(console: Any, results: list[Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title="facts", title_justify="left")
+    for col in ("host", "os", "cpu", "RAM GB (avail)", "GPUs", "NICs", "tmpfs", "python / torch", "docker"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        f = r.data
+        osf, cpu, mem = f.get("os", {}), f.get("cpu", {}), f.get("memory", {})
+        gpus = f.get("gpus") or []
+        gpu_txt = (
+            "\n".join(
+                f"{g.get('name')} {_gb(g.get('memory_total_bytes'))}GB cc{g.get('compute_capability')}"
+                for g in gpus
+            )
+            if isinstance(gpus, list) and gpus
+            else "none"
+        )
+        nics = f.get("nics") or []
+        nic_txt = (
+            "\n".join(
+                f"{n.get('name')} {n.get('speed_mbps') or '?'}Mb {n.get('operstate')}"
+                + (f" bond:{n.get('bond', {}).get('mode')}" if n.get("is_bond") else "")
+                + (f" in {n.get('master')}" if n.get("master") else "")
+                for n in nics
+            )
+            if isinstance(nics, list)
+            else "?"
+        )
+        mounts = f.get("mounts") or []
+        tmpfs = (
+            "\n".join(
+                f"{m.get('mountpoint')} {_gb(m.get('size_bytes'))}GB"
+                for m in mounts
+                if isinstance(m, dict)
+                and m.get("fstype") == "tmpfs"
+                and str(m.get("mountpoint", "")).startswith(("/mnt", "/srv", "/data"))
+            )
+            if isinstance(mounts, list)
+            else "?"
+        )
+        py = f.get("python", {}).get("version", "?")
+        t = f.get("torch", {})
+        torch_txt = f"torch {t.get('version')} cuda {t.get('cuda')}" if t.get("version") else "no torch"
+        d = f.get("docker", {})
+        docker_txt = d.get("server_version") or ("cli only" if d.get("cli") else "no")
+        mism = r.extra.get("mismatches") or []
+        name = r.host + ("".join(f"\n[yellow]! {m}[/]" for m in mism))
+        table.add_row(
+            name,
+            f"{(osf.get('distro') or {}).get('pretty_name') or osf.get('system', '?')}",
+            f"{cpu.get('logical_cpus', '?')} cpus\n{cpu.get('model', '')}",
+            f"{_gb(mem.get('total_bytes'))} ({_gb(mem.get('available_bytes'))})",
+            gpu_txt,
+            nic_txt,
+            tmpfs or "-",
+            f"{py}\n{torch_txt}",
+            str(docker_txt),
+        )
+    console.print(table)

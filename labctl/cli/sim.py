@@ -1,0 +1,216 @@
+"""`labctl sim`: a simulated lab on this machine, one network namespace and sshd per host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from labctl.cli.common import JsonOpt, VerboseOpt, make_context
+
+app = typer.Typer(
+    help="A simulated lab on this machine: each host a network namespace with its own sshd, NICs "
+    "shaped to 1 Gbit, and private /etc/fstab, crontabs and /mnt. Needs root.",
+    no_args_is_help=True,
+)
+
+DirOpt = Annotated[
+    Path,
+    typer.Option("--dir", help="Where the sim keeps its inventory, keys and state.json."),
+]
+HostArg = Annotated[str, typer.Argument(help="A sim host, e.g. irina.", show_default=False)]
+
+
+@app.command()
+def up(
+    ctx: typer.Context,
+    hosts: Annotated[
+        Optional[str],
+        typer.Option(
+            "--hosts",
+            help="Comma-separated host names. Default: m5,irina,pharaoh,workstation.",
+            show_default=False,
+        ),
+    ] = None,
+    count: Annotated[
+        Optional[int],
+        typer.Option("--count", help="Total hosts: the names first, then node01, node02, ...", min=1),
+    ] = None,
+    rate: Annotated[
+        Optional[str],
+        typer.Option("--rate", help="Link rate of each NIC, both directions (tc syntax). Default: 1gbit."),
+    ] = None,
+    dir: DirOpt = Path(".labctl/sim"),
+    bridge: Annotated[
+        Optional[str],
+        typer.Option("--bridge", help="Bridge name, fixed when the sim is first built. Default: lcbr0."),
+    ] = None,
+    prefix: Annotated[
+        Optional[str], typer.Option("--prefix", help="Namespace name prefix. Default: lc- (lc-m5, ...).")
+    ] = None,
+    subnet: Annotated[
+        Optional[str],
+        typer.Option("--subnet", help="IPv4 subnet; .1 is this machine. Default: 10.250.0.0/24."),
+    ] = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Build the simulated lab, or bring it in line with the options: safe to run again.
+
+    Writes DIR/inventory.yaml, DIR/keys/ (client key, known_hosts) and DIR/state.json.
+    Running it again changes nothing but restarts dead sshds; options left out keep what the lab
+    has. With --hosts/--count the lab becomes exactly those hosts; a new --rate re-shapes links.
+
+    Example: sudo labctl sim up --count 16 && labctl -i .labctl/sim/inventory.yaml facts
+    """
+    from labctl import sim
+
+    c = make_context(ctx, None, json_out, verbose)
+    names = [h for h in hosts.split(",")] if hosts is not None else None
+    lab = sim.up(
+        dir,
+        hosts=names,
+        count=count,
+        rate=rate,
+        bridge=bridge,
+        prefix=prefix,
+        subnet=subnet,
+        console=c.console,
+    )
+    if c.json_mode:
+        c.emit(lab.as_dict())
+        return
+    if lab.changes:
+        for change in lab.changes:
+            c.console.print(f"  [green]+[/] {change}")
+    else:
+        c.console.print(f"Nothing to change: the sim's {len(lab.hosts)} hosts are up.")
+    c.console.print(
+        f"[bold]{len(lab.hosts)}[/] hosts on {lab.bridge} ({lab.subnet}, {lab.rate}). "
+        f"Inventory: [cyan]{_rel(lab.inventory_path)}[/]"
+    )
+    if verbose:
+        for name, address in lab.hosts.items():
+            c.console.print(f"  {name:<14} {address}")
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    dir: DirOpt = Path(".labctl/sim"),
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Show each sim host: namespace, address, sshd pid, whether sshd runs and port 22 answers.
+
+    Exits 1 when a host is down.
+
+    Example: sudo labctl sim status --json
+    """
+    from rich.table import Table
+
+    from labctl import sim
+
+    c = make_context(ctx, None, json_out, verbose)
+    rows = sim.status(dir)
+    down = [r.name for r in rows if not r.reachable]
+    if c.json_mode:
+        c.emit({"dir": str(dir.resolve()), "hosts": [r.as_dict() for r in rows]})
+    elif not rows:
+        c.console.print(f"No sim in {dir}. Bring one up: sudo labctl sim up --dir {dir}")
+    else:
+        table = Table(title=f"sim in {dir}")
+        for col in ("host", "namespace", "address", "sshd pid", "alive", "port 22"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(
+                r.name,
+                r.namespace,
+                r.address,
+                str(r.sshd_pid or "-"),
+                "[green]yes[/]" if r.alive else "[red]no[/]",
+                "[green]open[/]" if r.reachable else "[red]refused[/]",
+            )
+        c.console.print(table)
+    if down:
+        raise typer.Exit(1)
+
+
+@app.command()
+def down(
+    ctx: typer.Context,
+    dir: DirOpt = Path(".labctl/sim"),
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Remove the simulated lab: exactly the namespaces, links, rule and files `up` recorded.
+
+    Every process left in a host's namespace is killed. Nothing recorded: nothing to do.
+
+    Example: sudo labctl sim down
+    """
+    from labctl import sim
+
+    c = make_context(ctx, None, json_out, verbose)
+    removed = sim.down(dir, console=c.console)
+    if c.json_mode:
+        c.emit({"dir": str(dir.resolve()), "removed": removed})
+        return
+    if not removed:
+        c.console.print(f"Nothing to remove in {dir}.")
+    for item in removed:
+        c.console.print(f"  [red]-[/] {item}")
+
+
+@app.command()
+def stop(
+    ctx: typer.Context,
+    host: HostArg,
+    dir: DirOpt = Path(".labctl/sim"),
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Make a sim host look dead: kill its sshd and everything else running in it.
+
+    Its port 22 then refuses connections until `labctl sim start HOST` (or `sim up`).
+
+    Example: sudo labctl sim stop irina
+    """
+    from labctl import sim
+
+    c = make_context(ctx, None, json_out, verbose)
+    changed = sim.stop_host(dir, host)
+    if c.json_mode:
+        c.emit({"host": host, "stopped": changed})
+    else:
+        c.console.print(f"Stopped {host}." if changed else f"{host} was not running.")
+
+
+@app.command()
+def start(
+    ctx: typer.Context,
+    host: HostArg,
+    dir: DirOpt = Path(".labctl/sim"),
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Start a stopped sim host's sshd again.
+
+    Example: sudo labctl sim start irina
+    """
+    from labctl import sim
+
+    c = make_context(ctx, None, json_out, verbose)
+    changed = sim.start_host(dir, host)
+    if c.json_mode:
+        c.emit({"host": host, "started": changed})
+    else:
+        c.console.print(f"Started {host}." if changed else f"{host} is already running.")
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)

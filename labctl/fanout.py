@@ -1,0 +1,186 @@
+"""Run one step on many hosts at once and collect a result per host.
+
+A host that fails never stops the others. Ctrl-C cancels every host's step (their remote
+commands die with their channels, see transport/wrap.py) and is re-raised so the CLI
+exits 130. Every command that touches hosts goes through `fan_out`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from labctl.errors import LabctlError
+from labctl.inventory.model import Host
+from labctl.transport.base import TransportError
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.transport.pool import AnyConnection
+
+OK_STATUSES = frozenset({"ok", "changed", "skipped"})
+
+
+@dataclass
+class HostResult:
+    host: str
+    status: str
+    seconds: float = 0.0
+    rc: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None
+    hint: str | None = None
+    data: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in OK_STATUSES
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        extra = d.pop("extra")
+        d.update(extra)
+        return d
+
+
+class Skipped(Exception):
+    """Raised by a step to report `skipped` with a reason (e.g. "windows")."""
+
+
+class HostRun:
+    """What a step gets: its host, a lazily opened connection, and the cancel flag."""
+
+    def __init__(self, ctx: Context, host: Host, cancel: threading.Event) -> None:
+        self.ctx = ctx
+        self.host = host
+        self.cancel = cancel
+
+    @property
+    def conn(self) -> AnyConnection:
+        return self.ctx.pool.get(self.host)
+
+
+Step = Callable[[HostRun], HostResult]
+
+
+def _run_one(ctx: Context, host: Host, step: Step, cancel: threading.Event) -> HostResult:
+    start = time.monotonic()
+    try:
+        result = step(HostRun(ctx, host, cancel))
+    except Skipped as e:
+        result = HostResult(host.name, "skipped", error=str(e))
+    except TransportError as e:
+        ctx.pool.drop(host.name)
+        result = HostResult(host.name, e.status, error=e.message, hint=e.hint)
+    except LabctlError as e:
+        result = HostResult(host.name, "failed", error=e.message, hint=e.hint)
+    except Exception as e:  # a bug in a step must not take the other hosts down with it
+        detail = traceback.format_exc() if ctx.verbose else ""
+        result = HostResult(
+            host.name,
+            "failed",
+            error=f"internal error: {type(e).__name__}: {e}",
+            hint=detail or "Re-run with -v for the traceback and report it.",
+        )
+    if cancel.is_set() and result.status not in OK_STATUSES:
+        result.status = "cancelled"
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def fan_out(
+    ctx: Context,
+    hosts: Sequence[Host],
+    step: Step,
+    *,
+    max_workers: int | None = None,
+    label: str = "working",
+    progress: bool = True,
+) -> list[HostResult]:
+    """Run `step` on every host in parallel; results come back in `hosts` order."""
+    cancel = threading.Event()
+    results: dict[str, HostResult] = {}
+    limit = threading.Semaphore(max_workers or max(1, min(len(hosts), 64)))
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def worker(h: Host) -> None:
+        with limit:
+            r = (
+                HostResult(h.name, "cancelled", error="cancelled before it started")
+                if cancel.is_set()
+                else _run_one(ctx, h, step, cancel)
+            )
+        with lock:
+            results[h.name] = r
+            if len(results) == len(hosts):
+                done.set()
+
+    if not hosts:
+        return []
+    # Daemon threads: a host stuck in a connect cannot hold the process after Ctrl-C.
+    threads = [threading.Thread(target=worker, args=(h,), daemon=True, name=f"host-{h.name}") for h in hosts]
+    show = progress and ctx.console.is_terminal
+    try:
+        for t in threads:
+            t.start()
+        if show:
+            _wait_with_progress(ctx, hosts, results, done, lock, label)
+        else:
+            while not done.wait(0.1):
+                pass
+    except KeyboardInterrupt:
+        cancel.set()
+        deadline = time.monotonic() + 5
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        raise
+    return [results[h.name] for h in hosts]
+
+
+def _wait_with_progress(
+    ctx: Context,
+    hosts: Sequence[Host],
+    results: dict[str, HostResult],
+    done: threading.Event,
+    lock: threading.Lock,
+    label: str,
+) -> None:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=ctx.console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=len(hosts))
+        while not done.wait(0.1):
+            with lock:
+                waiting = [h.name for h in hosts if h.name not in results]
+                n = len(results)
+            bar.update(
+                task,
+                completed=n,
+                description=f"{label} ({', '.join(waiting[:4])}{'…' if len(waiting) > 4 else ''})",
+            )
+
+
+def exit_code(results: Sequence[HostResult]) -> int:
+    return 0 if all(r.ok for r in results) else 1

@@ -1,0 +1,1 @@
+"""The inventory: the lab's machines as data, loaded from YAML and validated."""

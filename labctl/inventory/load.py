@@ -1,0 +1,284 @@
+"""Load an inventory file: YAML with positions → validated, defaults merged, paths resolved.
+
+All problems in a file are collected and reported together, each as
+`FILE:LINE: FIELD: what is wrong. what to write instead`, so one edit fixes them all.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from labctl.errors import InputError
+from labctl.inventory.model import HOST_NAME_RE, Defaults, Host, HostSpec, Inventory
+from labctl.yamlpos import PositionedYaml, YamlSyntaxError, read_positioned
+
+TOP_KEYS = {
+    "lab": "a name for the lab, e.g. lab: homelab",
+    "defaults": "keys merged into every host",
+    "hosts": "the machines, a mapping of name to settings",
+}
+PATH_KEYS = ("ssh_key", "known_hosts")
+
+
+class InventoryError(InputError):
+    def __init__(self, path: Path, problems: list[tuple[int | None, str, str]]) -> None:
+        self.problems = problems
+        lines = [
+            f"{path}{f':{ln}' if ln else ''}: {fld + ': ' if fld else ''}{msg}" for ln, fld, msg in problems
+        ]
+        n = len(problems)
+        super().__init__(
+            f"The inventory {path} has {n} problem{'s' if n != 1 else ''}:\n  " + "\n  ".join(lines),
+            "Fix the lines named above and run `labctl inventory validate` again.",
+        )
+
+
+def dotted(path: tuple[Any, ...]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _unwrap(annotation: Any) -> Any:
+    """The model class inside Optional[...]/list[...]/dict[str, ...], if any."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType, list, dict):
+        for arg in typing.get_args(annotation):
+            found = _unwrap(arg)
+            if isinstance(found, type) and issubclass(found, BaseModel):
+                return found
+        return None
+    return annotation
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
+    """The model that owns the last key of `loc`, walking nested fields."""
+    current = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(str(part))
+        if field is None:
+            break
+        inner = _unwrap(field.annotation)
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            current = inner
+    return current
+
+
+def _friendly(err: Any, model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    kind = err["type"]
+    owner = _model_at(model, loc) if loc else model
+    key = next((p for p in reversed(loc) if isinstance(p, str)), "")
+    allowed = [k for k in owner.model_fields if k != "name" or owner is not Host]
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        return f"unknown key '{key}'.{hint} Keys allowed here: {', '.join(allowed)}."
+    field = owner.model_fields.get(str(key))
+    desc = field.description if field is not None and field.description else ""
+    if kind == "missing":
+        return f"'{key}' is required." + (f" Write {desc}." if desc else "")
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    got = err.get("input")
+    shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+    return f"{msg}{shown}." + (f" Write {desc}." if desc else "")
+
+
+def _validation_problems(
+    exc: ValidationError, model: type[BaseModel], base: tuple[Any, ...], pos: PositionedYaml
+) -> list[tuple[int | None, str, str]]:
+    out = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        full = (*base, *loc)
+        out.append((pos.line_of(full), dotted(full), _friendly(err, model, loc)))
+    return out
+
+
+def _resolve(p: Path | None, base_dir: Path) -> Path | None:
+    if p is None:
+        return None
+    p = Path(p).expanduser()
+    return p if p.is_absolute() else (base_dir / p)
+
+
+def load_inventory(path: Path) -> Inventory:
+    path = Path(path)
+    if not path.exists():
+        raise InputError(
+            f"No inventory at {path}.",
+            "Pass one with -i/--inventory, set $LABCTL_INVENTORY, or start from inventory/lab.yaml "
+            "(`labctl sim up` writes one for the simulated lab).",
+        )
+    try:
+        pos = read_positioned(path)
+    except YamlSyntaxError as e:
+        where = f":{e.line}" + (f":{e.column}" if e.column else "") if e.line else ""
+        raise InputError(
+            f"{path}{where}: the YAML does not parse: {e.problem}.",
+            "Check the indentation and quoting on that line (a tab, an unclosed quote or bracket, "
+            "or a missing ':' are the usual causes).",
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(
+            f"Cannot read the inventory {path}: {e}.", "Check the file exists and is UTF-8 text."
+        ) from None
+    return build_inventory(pos, path)
+
+
+def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
+    problems: list[tuple[int | None, str, str]] = [
+        (d.line, dotted(d.path), d.message + "; keep one") for d in pos.duplicates
+    ]
+    data = pos.data
+    if not isinstance(data, dict):
+        raise InventoryError(
+            path, [(pos.line_of(()), "", "the file must be a mapping with keys lab, defaults and hosts")]
+        )
+    for key in data:
+        if key not in TOP_KEYS:
+            close = difflib.get_close_matches(str(key), list(TOP_KEYS), n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            problems.append(
+                (
+                    pos.line_of((key,)),
+                    str(key),
+                    f"unknown key '{key}'.{hint} Keys allowed here: lab, defaults, hosts.",
+                )
+            )
+    lab = data.get("lab")
+    if not isinstance(lab, str) or not lab:
+        problems.append(
+            (pos.line_of(("lab",)), "lab", f"'lab' is required and must be text. Write {TOP_KEYS['lab']}.")
+        )
+
+    defaults: dict[str, Any] = {}
+    raw_defaults = data.get("defaults") or {}
+    if not isinstance(raw_defaults, dict):
+        problems.append(
+            (
+                pos.line_of(("defaults",)),
+                "defaults",
+                "must be a mapping of settings, e.g. defaults: {user: root}",
+            )
+        )
+    else:
+        try:
+            defaults = Defaults.model_validate(raw_defaults).model_dump(exclude_none=True)
+        except ValidationError as e:
+            problems.extend(_validation_problems(e, Defaults, ("defaults",), pos))
+
+    raw_hosts = data.get("hosts")
+    hosts: dict[str, Host] = {}
+    if not isinstance(raw_hosts, dict) or not raw_hosts:
+        problems.append(
+            (
+                pos.line_of(("hosts",)),
+                "hosts",
+                "at least one host is required, e.g. hosts: {m5: {address: 192.168.1.10}}",
+            )
+        )
+        raw_hosts = {}
+    base_dir = path.parent
+    for name, raw in raw_hosts.items():
+        name_s = str(name)
+        if not HOST_NAME_RE.match(name_s):
+            problems.append(
+                (
+                    pos.line_of(("hosts", name)),
+                    f"hosts.{name_s}",
+                    "a host name must start with a letter or digit and use letters, digits, '-', '_' or '.'",
+                )
+            )
+            continue
+        if not isinstance(raw, dict):
+            problems.append(
+                (
+                    pos.line_of(("hosts", name)),
+                    f"hosts.{name_s}",
+                    "must be a mapping with at least 'address', e.g. m5: {address: 192.168.1.10}",
+                )
+            )
+            continue
+        try:
+            spec = HostSpec.model_validate(raw)
+        except ValidationError as e:
+            problems.extend(_validation_problems(e, HostSpec, ("hosts", name), pos))
+            continue
+        merged = {**defaults, **spec.model_dump(exclude_none=True), "name": name_s}
+        for key in PATH_KEYS:
+            merged[key] = _resolve(merged.get(key), base_dir)
+        host = Host.model_validate(merged)
+        key_file = host.ssh_key
+        if host.connection == "ssh" and key_file is not None and not key_file.is_file():
+            origin = ("hosts", name, "ssh_key") if "ssh_key" in raw else ("defaults", "ssh_key")
+            problems.append(
+                (
+                    pos.line_of(origin),
+                    dotted(origin),
+                    f"the key file {key_file} does not exist. Point ssh_key at a private key (paths are relative to the inventory file) or create one with ssh-keygen -t ed25519 -f {key_file}.",
+                )
+            )
+        hosts[name_s] = host
+
+    problems.extend(_cross_checks(hosts, set(map(str, raw_hosts)), pos))
+    if problems:
+        raise InventoryError(path, problems)
+    return Inventory(lab=str(lab), path=path, hosts=hosts)
+
+
+def _cross_checks(
+    hosts: dict[str, Host], declared: set[str], pos: PositionedYaml
+) -> list[tuple[int | None, str, str]]:
+    """Checks that span hosts: unique addresses, cache sources that exist, bonds over real NICs."""
+    out: list[tuple[int | None, str, str]] = []
+
+    def problem(loc: tuple[str | int, ...], message: str) -> None:
+        out.append((pos.line_of(loc), dotted(loc), message))
+
+    seen: dict[tuple[str, int], str] = {}
+    for h in hosts.values():
+        if h.connection == "ssh":
+            key = (h.address, h.port)
+            if key in seen:
+                problem(
+                    ("hosts", h.name, "address"),
+                    f"{h.address}:{h.port} is already host '{seen[key]}'. Give each host its own address or port.",
+                )
+            seen.setdefault(key, h.name)
+        mc = h.model_cache
+        if mc is not None and mc.source is not None and mc.source not in hosts:
+            # A source that is declared but invalid has its own error already.
+            if mc.source not in declared:
+                problem(
+                    ("hosts", h.name, "model_cache", "source"),
+                    f"'{mc.source}' is not a host in this inventory. Name one of: {', '.join(hosts)}.",
+                )
+        elif mc is not None and mc.source is not None and hosts[mc.source].storage is None:
+            problem(
+                ("hosts", h.name, "model_cache", "source"),
+                f"host '{mc.source}' has no 'storage' section to fill the cache from. "
+                "Add storage: {models: /srv/models} to it, or name another source.",
+            )
+        if h.bond is not None and h.nics:
+            names = {n.name for n in h.nics}
+            for i, iface in enumerate(h.bond.interfaces):
+                if iface not in names:
+                    problem(
+                        ("hosts", h.name, "bond", "interfaces", i),
+                        f"'{iface}' is not one of this host's nics ({', '.join(sorted(names))}). "
+                        "Name a NIC listed under nics.",
+                    )
+    return out

@@ -1,0 +1,48 @@
+"""Choosing hosts with --limit: names, comma lists, `role:NAME`, globs, and `!` to exclude."""
+
+from __future__ import annotations
+
+import fnmatch
+
+from labctl.errors import InputError
+from labctl.inventory.model import Host, Inventory
+
+
+def select_hosts(inv: Inventory, limit: str | None) -> list[Host]:
+    """Hosts matching `limit`, in inventory order. No limit, or `all`, means every host.
+
+    Each comma-separated term is a host name, a glob (`node*`), or `role:NAME`; a term
+    starting with `!` removes what it matches. A term that matches nothing is an error, so a
+    typo never silently shrinks the run.
+    """
+    if limit is None or limit.strip() in ("", "all"):
+        return list(inv.hosts.values())
+    terms = [t.strip() for t in limit.split(",") if t.strip()]
+    include: set[str] = set()
+    exclude: set[str] = set()
+    any_include = False
+    for term in terms:
+        negate = term.startswith("!")
+        pattern = term[1:] if negate else term
+        matched = _match(inv, pattern)
+        if not matched:
+            raise InputError(
+                f"--limit '{term}' matches no host in {inv.path}.",
+                f"Hosts: {', '.join(inv.hosts)}. Roles (use role:NAME): {', '.join(inv.roles()) or 'none'}.",
+            )
+        if negate:
+            exclude |= matched
+        else:
+            any_include = True
+            include |= matched
+    chosen = (include if any_include else set(inv.hosts)) - exclude
+    return [h for name, h in inv.hosts.items() if name in chosen]
+
+
+def _match(inv: Inventory, pattern: str) -> set[str]:
+    if pattern.startswith("role:"):
+        role = pattern[5:]
+        return {n for n, h in inv.hosts.items() if role in h.roles}
+    if any(c in pattern for c in "*?["):
+        return {n for n in inv.hosts if fnmatch.fnmatchcase(n, pattern)}
+    return {pattern} if pattern in inv.hosts else set()
