@@ -77,7 +77,7 @@ def main() -> int:
     from labctl.sim import down, up
 
     sim_dir = Path(tempfile.mkdtemp(prefix="labctl-bench-"))
-    lab = up(sim_dir, count=max(sizes), bridge="lcbench0", prefix="lcb-", subnet="10.252.0.0/24")
+    lab = up(sim_dir, count=max(sizes), bridge="lcbench0", prefix="lcb-", subnet="10.249.0.0/24")
     rows = []
     try:
         names = list(lab.hosts)
