@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from labctl.transport.wrap import GRACE_SECONDS
 from tests.conftest import REPO, labctl
 
 pytestmark = pytest.mark.integration
@@ -224,14 +225,24 @@ def _stray(tag: str) -> str:
     return subprocess.run(["pgrep", "-af", tag], capture_output=True, text=True).stdout.strip()
 
 
+def _gone_within(tag: str, seconds: float) -> bool:
+    """True once no process matching `tag` is left; the watchdog has TERM + its grace period."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not [ln for ln in _stray(tag).splitlines() if "pgrep" not in ln]:
+            return True
+        time.sleep(0.2)
+    print(_stray(tag))
+    return False
+
+
 def test_timeout_stops_the_remote_command(lab: Any) -> None:
     rc, doc = run_json(
         "-i", str(lab.inventory_path), "exec", "-l", "m5,irina", "--timeout", "1", "--", "sleep 4321"
     )
     assert rc == 1
     assert {r["status"] for r in doc["results"]} == {"timeout"}
-    time.sleep(0.5)
-    assert "sleep 4321" not in _stray("sleep 4321")
+    assert _gone_within("sleep 4321", GRACE_SECONDS + 3)
 
 
 def test_ctrl_c_exits_130_and_leaves_no_remote_process(lab: Any) -> None:
@@ -261,8 +272,7 @@ def test_ctrl_c_exits_130_and_leaves_no_remote_process(lab: Any) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    time.sleep(1)
-    assert not [ln for ln in _stray("sleep 432[23]").splitlines() if "pgrep" not in ln]
+    assert _gone_within("sleep 432[23]", GRACE_SECONDS + 3)
 
 
 def test_local_connection_runs_here_without_ssh(tmp_path: Path) -> None:
