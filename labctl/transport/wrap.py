@@ -18,7 +18,8 @@ _SCRIPT = (
     # A background job's stdin is /dev/null in sh, so the channel's stdin is kept on fd 3.
     "exec 3<&0; "
     'setsid sh -c "$1" </dev/null 3<&- & p=$!; '
-    "( cat >/dev/null; kill -TERM -$p 2>/dev/null || exit 0; i=0; "
+    # Until the child has called setsid() its group does not exist yet: retry while it lives.
+    "( cat >/dev/null; while ! kill -TERM -$p 2>/dev/null; do kill -0 $p 2>/dev/null || break; sleep 0.05; done; i=0; "
     "while [ $i -lt {ticks} ] && kill -0 -$p 2>/dev/null; do sleep 0.1; i=$((i+1)); done; "
     "kill -KILL -$p 2>/dev/null ) "
     "<&3 >/dev/null 2>&1 & w=$!; "

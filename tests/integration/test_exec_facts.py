@@ -265,7 +265,8 @@ def test_ctrl_c_exits_130_and_leaves_no_remote_process(lab: Any) -> None:
         text=True,
     )
     deadline = time.monotonic() + 20
-    while "sleep 4323" not in _stray("sleep 432[23]") or _stray("sleep 4323").count("\n") < 3:
+    # Wait until the command really runs on the three Linux hosts.
+    while sum(ln.split()[1:] == ["sleep", "4323"] for ln in _stray("sleep 4323").splitlines()) < 3:
         assert time.monotonic() < deadline, "the remote commands never started"
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
@@ -296,3 +297,13 @@ def test_unreachable_address_is_classified(tmp_path: Path) -> None:
     rc, doc = run_json("-i", str(inv), "exec", "--", "true")
     r = doc["results"][0]
     assert rc == 1 and r["status"] == "unreachable" and "127.0.0.1:9" in r["error"] and r["hint"]
+
+
+def test_wrong_client_key_is_an_auth_failure(lab: Any, tmp_path: Path) -> None:
+    key = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    inv = inv_copy(lab, tmp_path, lambda d: d["defaults"].__setitem__("ssh_key", str(key)))
+    rc, doc = run_json("-i", str(inv), "exec", "-l", "m5", "--", "true")
+    r = doc["results"][0]
+    assert rc == 1 and r["status"] == "auth"
+    assert str(key) in r["error"] and "authorized_keys" in r["hint"]

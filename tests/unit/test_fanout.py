@@ -1,0 +1,110 @@
+"""fan_out: one result per host in order, failures classified, the others unaffected."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from labctl.context import Context
+from labctl.errors import HostError
+from labctl.fanout import HostResult, HostRun, Skipped, exit_code, fan_out
+from labctl.inventory.model import Host
+from labctl.recap import recap_table
+from labctl.transport.base import AuthFailed, CommandTimeout, HostKeyError, Unreachable
+
+
+def ctx() -> Context:
+    return Context.create(
+        inventory_path=Path("unused.yaml"), console=Console(stderr=True, force_terminal=False)
+    )
+
+
+def hosts(*names: str) -> list[Host]:
+    return [Host(name=n, address=f"10.0.0.{i + 1}") for i, n in enumerate(names)]
+
+
+def test_results_keep_host_order_and_classify_failures() -> None:
+    errors = {
+        "b": Unreachable("b is down", "power it on"),
+        "c": HostKeyError("c key changed", "labctl trust c --replace"),
+        "d": AuthFailed("d refused", "add the key"),
+        "e": CommandTimeout("e slow", "raise timeout"),
+        "f": HostError("f broke", "fix f"),
+        "g": Skipped("windows"),
+        "h": RuntimeError("a bug"),
+    }
+
+    def step(run: HostRun) -> HostResult:
+        # Finish in reverse order: the results must still come back in host order.
+        time.sleep(0.01 * (10 - len(run.host.name)))
+        if run.host.name in errors:
+            raise errors[run.host.name]
+        return HostResult(run.host.name, "ok", data=run.host.address)
+
+    names = ["a", "b", "c", "d", "e", "f", "g", "h"]
+    results = fan_out(ctx(), hosts(*names), step)
+    assert [r.host for r in results] == names
+    assert [r.status for r in results] == [
+        "ok",
+        "unreachable",
+        "hostkey",
+        "auth",
+        "timeout",
+        "failed",
+        "skipped",
+        "failed",
+    ]
+    by = {r.host: r for r in results}
+    assert by["a"].data == "10.0.0.1"
+    assert by["b"].hint == "power it on"
+    assert by["g"].error == "windows" and by["g"].ok
+    assert "internal error: RuntimeError: a bug" in (by["h"].error or "")
+    assert exit_code(results) == 1
+    assert exit_code([by["a"], by["g"]]) == 0
+
+
+def test_hosts_run_in_parallel_up_to_max_workers() -> None:
+    running = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def step(run: HostRun) -> HostResult:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return HostResult(run.host.name, "ok")
+
+    fan_out(ctx(), hosts(*"abcdefgh"), step)
+    assert peak == 8
+    peak = 0
+    fan_out(ctx(), hosts(*"abcdefgh"), step, max_workers=3)
+    assert peak == 3
+
+
+def test_no_hosts_is_no_results() -> None:
+    assert fan_out(ctx(), [], lambda run: HostResult(run.host.name, "ok")) == []
+
+
+def test_recap_lists_every_host_with_status_and_hint() -> None:
+    results = [
+        HostResult("m5", "ok", seconds=0.2, rc=0),
+        HostResult("irina", "unreachable", seconds=10.0, error="no route", hint="check the cable"),
+    ]
+    console = Console(record=True, width=200)
+    console.print(recap_table(results))
+    text = console.export_text()
+    assert "m5" in text and "ok" in text and "0.20s" in text
+    assert "unreachable" in text and "no route" in text and "check the cable" in text
+
+
+@pytest.mark.parametrize(("statuses", "code"), [(["ok", "changed", "skipped"], 0), (["ok", "cancelled"], 1)])
+def test_exit_code(statuses: list[str], code: int) -> None:
+    assert exit_code([HostResult(str(i), s) for i, s in enumerate(statuses)]) == code
