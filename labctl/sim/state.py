@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import InputError
+from labctl.fsutil import write_atomic
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
@@ -98,23 +97,6 @@ def load(sim_dir: Path) -> SimState | None:
             f"The sim state {p} is unreadable ({e}).",
             "Remove what it created by hand (ip netns list; ip link) and delete the file.",
         ) from None
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Replace `path` with `text` so a reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class Recorder:

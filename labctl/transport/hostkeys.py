@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import socket
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from labctl.fsutil import write_atomic
 
 if TYPE_CHECKING:
     import paramiko
@@ -81,13 +81,4 @@ def pin_host_key(path: Path, address: str, port: int, key: paramiko.PKey) -> Non
                 continue
             kept.append(line)
     kept.append(f"{name} {key.get_name()} {key.get_base64()}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".known_hosts.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write("\n".join(kept) + "\n")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, "\n".join(kept) + "\n", mode=0o600)

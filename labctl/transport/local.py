@@ -6,11 +6,11 @@ import os
 import selectors
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 
+from labctl.fsutil import write_atomic
 from labctl.inventory.model import Host
 from labctl.transport.base import CommandResult, LineCallback, LineSplitter
 
@@ -80,16 +80,7 @@ class LocalConnection:
         )
 
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
-        target = Path(remote_path)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(Path(remote_path), data, mode)
 
     def close(self) -> None:
         pass
