@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def facts_step(torch: bool = True) -> Any:
     def step(run: HostRun) -> HostResult:
         if run.host.is_windows:
-            raise Skipped("windows: the facts agent reads /proc and /sys (Linux only)")
+            raise Skipped("windows (the facts agent is Linux-only)")
         facts = call_agent(run, "facts", {"torch": torch})
         return HostResult(run.host.name, "ok", data=facts, extra={"mismatches": mismatches(run.host, facts)})
 

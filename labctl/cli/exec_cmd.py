@@ -94,5 +94,5 @@ def exec_(
     if c.json_mode:
         c.emit({"command": line, "results": [r.to_json() for r in results]})
     else:
-        print_recap(c.console, results, title=f"exec: {line}")
+        print_recap(c.console, results, title=f"exec: {line if len(line) <= 60 else line[:57] + '...'}")
     raise typer.Exit(exit_code(results))

@@ -62,62 +62,55 @@ def _gb(n: Any) -> str:
 
 
 def _render(console: Any, results: list[Any]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="facts", title_justify="left")
-    for col in ("host", "os", "cpu", "RAM GB (avail)", "GPUs", "NICs", "tmpfs", "python / torch", "docker"):
+    for col in ("host", "os", "cpus", "RAM GB (free)", "GPUs", "NICs", "python / torch", "docker"):
         table.add_column(col, overflow="fold")
     for r in results:
         f = r.data
         osf, cpu, mem = f.get("os", {}), f.get("cpu", {}), f.get("memory", {})
-        gpus = f.get("gpus") or []
-        gpu_txt = (
-            "\n".join(
+        gpus = f.get("gpus")
+        if isinstance(gpus, list):
+            gpu_txt = "\n".join(
                 f"{g.get('name')} {_gb(g.get('memory_total_bytes'))}GB cc{g.get('compute_capability')}"
                 for g in gpus
             )
-            if isinstance(gpus, list) and gpus
-            else "none"
+        else:
+            gpu_txt = "[red]error[/]"
+        nics = f.get("nics")
+        nic_txt = "\n".join(
+            f"{n.get('name')} {n.get('speed_mbps') or '?'}M {n.get('operstate')}"
+            + (f" {(n.get('bond') or {}).get('mode')}" if n.get("is_bond") else "")
+            + (f" >{n.get('master')}" if n.get("master") else "")
+            for n in (nics if isinstance(nics, list) else [])
         )
-        nics = f.get("nics") or []
-        nic_txt = (
-            "\n".join(
-                f"{n.get('name')} {n.get('speed_mbps') or '?'}Mb {n.get('operstate')}"
-                + (f" bond:{n.get('bond', {}).get('mode')}" if n.get("is_bond") else "")
-                + (f" in {n.get('master')}" if n.get("master") else "")
-                for n in nics
-            )
-            if isinstance(nics, list)
-            else "?"
+        dist = osf.get("distro") or {}
+        distro = (
+            f"{dist.get('id')} {dist.get('version_id') or ''}".strip()
+            if dist.get("id")
+            else osf.get("system", "?")
         )
-        mounts = f.get("mounts") or []
-        tmpfs = (
-            "\n".join(
-                f"{m.get('mountpoint')} {_gb(m.get('size_bytes'))}GB"
-                for m in mounts
-                if isinstance(m, dict)
-                and m.get("fstype") == "tmpfs"
-                and str(m.get("mountpoint", "")).startswith(("/mnt", "/srv", "/data"))
-            )
-            if isinstance(mounts, list)
-            else "?"
-        )
-        py = f.get("python", {}).get("version", "?")
         t = f.get("torch", {})
-        torch_txt = f"torch {t.get('version')} cuda {t.get('cuda')}" if t.get("version") else "no torch"
+        torch_txt = (
+            f"torch {t.get('version')}" + (f" cuda {t['cuda']}" if t.get("cuda") else "")
+            if t.get("version")
+            else "no torch"
+        )
         d = f.get("docker", {})
-        docker_txt = d.get("server_version") or ("cli only" if d.get("cli") else "no")
-        mism = r.extra.get("mismatches") or []
-        name = r.host + ("".join(f"\n[yellow]! {m}[/]" for m in mism))
+        docker_txt = d.get("server_version") or ("cli" if d.get("cli") else "no")
         table.add_row(
-            name,
-            f"{(osf.get('distro') or {}).get('pretty_name') or osf.get('system', '?')}",
-            f"{cpu.get('logical_cpus', '?')} cpus\n{cpu.get('model', '')}",
+            r.host,
+            escape(str(distro)),
+            str(cpu.get("logical_cpus", "?")),
             f"{_gb(mem.get('total_bytes'))} ({_gb(mem.get('available_bytes'))})",
-            gpu_txt,
-            nic_txt,
-            tmpfs or "-",
-            f"{py}\n{torch_txt}",
+            gpu_txt or "none",
+            nic_txt or "-",
+            f"{f.get('python', {}).get('version', '?')}\n{torch_txt}",
             str(docker_txt),
         )
     console.print(table)
+    for r in results:
+        for m in r.extra.get("mismatches") or []:
+            console.print(f"[yellow]! {r.host}:[/] {escape(m)}", soft_wrap=True)
