@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import shlex
+import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from labctl.errors import HostError
 from labctl.fanout import HostRun
 
 ROOT_MAIN = b"from labctl.agent.__main__ import main\nimport sys\nsys.exit(main())\n"
-MISSING_RC = 197  # the wrapper's "no agent of this hash here yet"
+MISSING_RC = 197
+MAX_ARGV = 100_000  # the wrapper's "no agent of this hash here yet"
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep the hash a function of the code alone
 
 
@@ -53,25 +55,36 @@ def agent_dir(run: HostRun) -> str:
     return "/var/lib/labctl/agent"
 
 
+def _ensure_dir(run: HostRun, directory: str) -> None:
+    mk = run.conn.run(f"mkdir -p {shlex.quote(directory)} && chmod 700 {shlex.quote(directory)}", timeout=30)
+    if mk.rc != 0:
+        raise HostError(
+            f"{run.host.name}: cannot create {directory} for labctl's agent: {mk.stderr.strip()}.",
+            "Give the SSH user a writable home directory, or connect as root.",
+        )
+
+
 def call_agent(run: HostRun, command: str, args: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
     """Run `command` in the host's agent and return its JSON answer (uploading it first if needed)."""
     data, digest = agent_zip()
     directory = agent_dir(run)
     path = f"{directory}/agent-{digest}.pyz"
     py = shlex.quote(run.host.python)
+    conn = run.conn
+    arg_text = json.dumps(args or {})
+    if len(arg_text) > MAX_ARGV:
+        # The kernel caps one argument at 128 KiB: send big args as a file instead.
+        arg_path = f"{directory}/args-{uuid.uuid4().hex}.json"
+        _ensure_dir(run, directory)
+        conn.put_bytes(arg_text.encode(), arg_path, mode=0o600)
+        arg_text = "@" + arg_path
     line = (
         f"[ -f {shlex.quote(path)} ] || exit {MISSING_RC}; "
-        f"exec {py} {shlex.quote(path)} {shlex.quote(command)} {shlex.quote(json.dumps(args or {}))}"
+        f"exec {py} {shlex.quote(path)} {shlex.quote(command)} {shlex.quote(arg_text)}"
     )
-    conn = run.conn
     result = conn.run(line, timeout=timeout, cancel=run.cancel)
     if result.rc == MISSING_RC:
-        mk = conn.run(f"mkdir -p {shlex.quote(directory)} && chmod 700 {shlex.quote(directory)}", timeout=30)
-        if mk.rc != 0:
-            raise HostError(
-                f"{run.host.name}: cannot create {directory} for labctl's agent: {mk.stderr.strip()}.",
-                "Give the SSH user a writable home directory, or connect as root.",
-            )
+        _ensure_dir(run, directory)
         conn.put_bytes(data, path, mode=0o600)
         result = conn.run(line, timeout=timeout, cancel=run.cancel)
     if result.cancelled:

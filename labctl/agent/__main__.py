@@ -1,8 +1,8 @@
 """Entry point: `python3 -m labctl.agent COMMAND [JSON-ARGS]` or `python3 agent.pyz COMMAND ...`.
 
 Prints exactly one JSON object on stdout. Exit 0 with the command's result, or exit 1 with
-`{"error": "...", "kind": "..."}`. JSON-ARGS is an object; `-` reads it from stdin, for args
-too long for a command line.
+`{"error": "...", "kind": "..."}`. JSON-ARGS is an object; `-` reads it from stdin and
+`@PATH` from a file (deleted once read), for args too long for a command line.
 """
 
 from __future__ import annotations
@@ -23,7 +23,15 @@ def _parse_args(argv: List[str]) -> Dict[str, Any]:
         return {}
     if len(argv) > 2:
         raise AgentError("too many arguments; " + USAGE, "bad_args")
-    text = sys.stdin.read() if argv[1] == "-" else argv[1]
+    if argv[1] == "-":
+        text = sys.stdin.read()
+    elif argv[1].startswith("@"):
+        # Args too large for a command line arrive as a file the controller uploaded.
+        with open(argv[1][1:]) as f:
+            text = f.read()
+        os.unlink(argv[1][1:])
+    else:
+        text = argv[1]
     if not text.strip():
         return {}
     try:

@@ -39,6 +39,8 @@ def ping(args: Dict[str, Any]) -> Dict[str, Any]:
 COMMANDS: Dict[str, Union[str, Handler]] = {
     "ping": ping,
     "facts": ".facts:facts_command",
+    "probe": ".provision:probe_command",
+    "apply": ".provision:apply_command",
 }
 
 

@@ -321,6 +321,9 @@ def _rename_nics(nics: Any) -> Any:
     return nics
 
 
+SIM_CACHE_GB = 2
+
+
 def host_entry(address: str, seed: Mapping[str, Any] | None, gateway: str, prefixlen: int) -> dict[str, Any]:
     """The inventory mapping of one sim host: the seed host's declaration on sim addresses and NICs.
 
@@ -342,6 +345,10 @@ def host_entry(address: str, seed: Mapping[str, Any] | None, gateway: str, prefi
         }
     if "nics" in entry:
         entry["nics"] = _rename_nics(entry["nics"])
+    mc = entry.get("model_cache")
+    if isinstance(mc, Mapping) and isinstance(mc.get("size_gb"), (int, float)):
+        # Every sim host shares this machine's RAM: a 200 GB cap would fail provision's RAM check.
+        entry["model_cache"] = {**mc, "size_gb": min(mc["size_gb"], SIM_CACHE_GB)}
     return entry
 
 

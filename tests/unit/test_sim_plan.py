@@ -15,6 +15,7 @@ from labctl.sim.plan import (
     DEFAULT_HOSTS,
     IFNAMSIZ,
     MANAGED_PATHS,
+    SIM_CACHE_GB,
     assign_addresses,
     bridge_address,
     host_entry,
@@ -135,7 +136,9 @@ def test_seed_host_is_copied_with_sim_address_nics_and_bond() -> None:
     assert entry["address"] == "10.250.0.10"
     assert entry["roles"] == ["train", "inference", "cache"]
     assert entry["gpus"] == SEED["m5"]["gpus"] and entry["ram_gb"] == 256
-    assert entry["model_cache"] == SEED["m5"]["model_cache"]
+    # Same path and source, but a cap that fits a machine shared by every sim host.
+    assert entry["model_cache"] == {**SEED["m5"]["model_cache"], "size_gb": SIM_CACHE_GB}
+    assert SEED["m5"]["model_cache"]["size_gb"] > SIM_CACHE_GB
     assert entry["nics"] == [{"name": "eth0", "speed_mbps": 1000}, {"name": "eth1", "speed_mbps": 1000}]
     assert entry["bond"] == {
         "name": "bond0",

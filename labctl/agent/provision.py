@@ -1,0 +1,276 @@
+"""Host side of `labctl provision`: read state for many resources at once, carry out ops.
+
+The controller sends plain data: `probe` gets a list of probes and answers with what it
+found, in one round trip for every resource on the host; `apply` gets the ops a plan
+computed and runs them in order, stopping at the first failure. Files are replaced
+atomically (temp file + fsync + rename), keeping mode and owner unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from typing import Any, Callable, Dict, List, Optional
+
+from .commands import AgentError
+
+MAX_CONTENT = 1 << 20  # files larger than this are compared by hash only
+
+
+def _file(p: Dict[str, Any]) -> Dict[str, Any]:
+    path = p["path"]
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return {"exists": False}
+    out: Dict[str, Any] = {
+        "exists": True,
+        "is_dir": stat.S_ISDIR(st.st_mode),
+        "mode": stat.S_IMODE(st.st_mode),
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+        "size": st.st_size,
+    }
+    if stat.S_ISREG(st.st_mode):
+        with open(path, "rb") as f:
+            data = f.read()
+        out["sha256"] = hashlib.sha256(data).hexdigest()
+        if len(data) <= MAX_CONTENT:
+            try:
+                out["text"] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                out["b64"] = base64.b64encode(data).decode()
+    return out
+
+
+def _mount(p: Dict[str, Any]) -> Dict[str, Any]:
+    path = os.path.realpath(p["path"])
+    found: Optional[Dict[str, Any]] = None
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            dev, mnt, fstype, opts = line.split()[:4]
+            mnt = mnt.replace("\\040", " ")
+            if mnt == path:
+                found = {"device": dev, "fstype": fstype, "options": opts.split(",")}
+    if found is None:
+        return {"mounted": False}
+    sv = os.statvfs(path)
+    found.update(
+        mounted=True,
+        size_bytes=sv.f_frsize * sv.f_blocks,
+        used_bytes=sv.f_frsize * (sv.f_blocks - sv.f_bfree),
+    )
+    return found
+
+
+def _meminfo(p: Dict[str, Any]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
+    return {"total_bytes": out.get("MemTotal", 0), "available_bytes": out.get("MemAvailable", 0)}
+
+
+def _command(p: Dict[str, Any]) -> Dict[str, Any]:
+    try:
+        proc = subprocess.run(
+            p["argv"] if "argv" in p else ["/bin/sh", "-c", p["cmd"]],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=float(p.get("timeout", 60)),
+        )
+    except FileNotFoundError as e:
+        return {"rc": 127, "stdout": "", "stderr": str(e)}
+    except subprocess.TimeoutExpired:
+        return {"rc": None, "stdout": "", "stderr": "timed out", "timed_out": True}
+    return {
+        "rc": proc.returncode,
+        "stdout": proc.stdout.decode("utf-8", "replace"),
+        "stderr": proc.stderr.decode("utf-8", "replace")[-4000:],
+    }
+
+
+def _which(p: Dict[str, Any]) -> Dict[str, Any]:
+    return {"path": shutil.which(p["name"])}
+
+
+def _system(p: Dict[str, Any]) -> Dict[str, Any]:
+    return {
+        "systemd": os.path.isdir("/run/systemd/system"),
+        "apt": shutil.which("apt-get") is not None,
+        "uid": os.getuid(),
+    }
+
+
+def _ids(p: Dict[str, Any]) -> Dict[str, Any]:
+    import grp
+    import pwd
+
+    out: Dict[str, Any] = {}
+    if p.get("user"):
+        try:
+            out["uid"] = pwd.getpwnam(p["user"]).pw_uid
+        except KeyError:
+            out["uid_error"] = f"no user {p['user']!r} on this host"
+    if p.get("group"):
+        try:
+            out["gid"] = grp.getgrnam(p["group"]).gr_gid
+        except KeyError:
+            out["gid_error"] = f"no group {p['group']!r} on this host"
+    return out
+
+
+PROBES: Dict[str, Callable[[Dict[str, Any]], Dict[str, Any]]] = {
+    "ids": _ids,
+    "file": _file,
+    "mount": _mount,
+    "meminfo": _meminfo,
+    "command": _command,
+    "which": _which,
+    "system": _system,
+}
+
+
+def probe_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """args: {"probes": {key: {"kind": ..., ...}}} -> {"results": {key: {...}}}."""
+    results: Dict[str, Any] = {}
+    for key, p in (args.get("probes") or {}).items():
+        fn = PROBES.get(p.get("kind", ""))
+        if fn is None:
+            results[key] = {"error": "unknown probe kind {!r}".format(p.get("kind"))}
+            continue
+        try:
+            results[key] = fn(p)
+        except Exception as e:  # one unreadable thing must not hide the others
+            results[key] = {"error": f"{type(e).__name__}: {e}"}
+    return {"results": results}
+
+
+def write_atomic(path: str, data: bytes, mode: Optional[int], uid: Optional[int], gid: Optional[int]) -> None:
+    directory = os.path.dirname(path) or "."
+    try:
+        old = os.stat(path)
+    except FileNotFoundError:
+        old = None
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".labctl")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is None:
+            mode = stat.S_IMODE(old.st_mode) if old else 0o644
+        os.chmod(tmp, mode)
+        want_uid = uid if uid is not None else (old.st_uid if old else -1)
+        want_gid = gid if gid is not None else (old.st_gid if old else -1)
+        if want_uid != -1 or want_gid != -1:
+            os.chown(tmp, want_uid, want_gid)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+            # `path` is itself a mount point (a bind-mounted file, as in containers and
+            # labctl's simulated lab): a rename cannot replace it, so copy in place.
+            _overwrite_in_place(path, data)
+            os.unlink(tmp)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _overwrite_in_place(path: str, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.write(data)
+        f.truncate()
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _op_write_file(op: Dict[str, Any]) -> str:
+    data = base64.b64decode(op["b64"]) if "b64" in op else op.get("text", "").encode("utf-8")
+    path = op["path"]
+    if op.get("backup") and os.path.exists(path):
+        shutil.copy2(path, op["backup"])
+    write_atomic(path, data, op.get("mode"), op.get("uid"), op.get("gid"))
+    return f"wrote {path} ({len(data)} bytes)"
+
+
+def _op_chmod(op: Dict[str, Any]) -> str:
+    os.chmod(op["path"], op["mode"])
+    if op.get("uid") is not None or op.get("gid") is not None:
+        uid = op.get("uid")
+        gid = op.get("gid")
+        os.chown(op["path"], -1 if uid is None else uid, -1 if gid is None else gid)
+    return "set mode {:o} on {}".format(op["mode"], op["path"])
+
+
+def _op_mkdir(op: Dict[str, Any]) -> str:
+    os.makedirs(op["path"], exist_ok=True)
+    if op.get("mode") is not None:
+        os.chmod(op["path"], op["mode"])
+    return "made {}".format(op["path"])
+
+
+def _op_remove(op: Dict[str, Any]) -> str:
+    try:
+        os.unlink(op["path"])
+    except FileNotFoundError:
+        return "{} was already gone".format(op["path"])
+    return "removed {}".format(op["path"])
+
+
+def _op_run(op: Dict[str, Any]) -> str:
+    r = _command({"argv": op["argv"], "timeout": op.get("timeout", 1800)})
+    if r["rc"] != 0:
+        raise AgentError(
+            "{} exited {}: {}".format(
+                " ".join(op["argv"]), r["rc"], (r["stderr"] or r["stdout"]).strip()[-2000:]
+            ),
+            "op_failed",
+        )
+    return "ran {}".format(" ".join(op["argv"]))
+
+
+OPS: Dict[str, Callable[[Dict[str, Any]], str]] = {
+    "write_file": _op_write_file,
+    "chmod": _op_chmod,
+    "mkdir": _op_mkdir,
+    "remove": _op_remove,
+    "run": _op_run,
+}
+
+
+def apply_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """args: {"ops": [...]}; runs them in order and stops at the first failure."""
+    done: List[str] = []
+    for i, op in enumerate(args.get("ops") or []):
+        fn = OPS.get(op.get("op", ""))
+        if fn is None:
+            raise AgentError("unknown op {!r}".format(op.get("op")), "bad_args")
+        try:
+            done.append(fn(op))
+        except (AgentError, OSError) as e:
+            message = e.message if isinstance(e, AgentError) else str(e)
+            kind = e.kind if isinstance(e, AgentError) else "op_failed"
+            raise AgentError(
+                f"op {i + 1} ({op.get('op')}) failed after {len(done)} done: {message}", kind
+            ) from None
+    return {"done": done}

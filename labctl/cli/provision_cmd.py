@@ -1,0 +1,129 @@
+"""`labctl provision`: apply a playbook's resources to hosts, idempotently."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context
+
+
+def _split(value: Optional[str]) -> set[str]:
+    return {t.strip() for t in (value or "").split(",") if t.strip()}
+
+
+def provision(
+    ctx: typer.Context,
+    playbook: Annotated[
+        Path, typer.Option("--playbook", "-p", help="Playbook YAML.", show_default=True)
+    ] = Path("playbooks/provision.yaml"),
+    limit: LimitOpt = None,
+    tags: Annotated[
+        Optional[str],
+        typer.Option("--tags", "-t", help="Only resources with these types or tags (comma list)."),
+    ] = None,
+    skip_tags: Annotated[
+        Optional[str], typer.Option("--skip-tags", help="Leave out resources with these types or tags.")
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Compute and show every change; change nothing.")
+    ] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="Show file diffs.")] = False,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Bring hosts to the state a playbook describes: RAM cache, torch env, cron jobs, files.
+
+    Each resource reads the host's state, plans the change as data, applies it and reads
+    it back to verify. A second run changes nothing. Hosts run in parallel and one host
+    failing never stops the others; on a host, a failed resource stops the ones after it.
+
+    Examples:
+
+        labctl provision --check --diff          # what would change, nothing changed
+
+        labctl provision --tags model_cache,cron --limit m5
+
+        labctl provision --skip-tags torch --json
+    """
+    from labctl.fanout import exit_code
+    from labctl.inventory.select import select_hosts
+    from labctl.provision.engine import ResourceResult
+    from labctl.provision.engine import provision as run_provision
+    from labctl.provision.playbook import load_playbook
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    book = load_playbook(playbook)
+    hosts = select_hosts(c.inventory, limit)
+
+    def on_event(r: ResourceResult) -> None:
+        if not c.json_mode:
+            _print_event(c.console, r, check, diff)
+
+    try:
+        results, host_results = run_provision(
+            c, book, hosts, tags=_split(tags), skip_tags=_split(skip_tags), check=check, on_event=on_event
+        )
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit(
+            {
+                "playbook": str(book.path),
+                "check": check,
+                "results": [r.to_json() for r in results],
+                "hosts": [
+                    {k: v for k, v in hr.to_json().items() if k not in ("data", "stdout", "stderr", "rc")}
+                    for hr in host_results
+                ],
+            }
+        )
+    else:
+        _print_recap(c.console, host_results, check)
+    raise typer.Exit(exit_code(host_results))
+
+
+STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "skipped": "cyan"}
+
+
+def _print_event(console: Any, r: Any, check: bool, diff: bool) -> None:
+    from rich.markup import escape
+
+    word = "would change" if check and r.status == "changed" else r.status
+    line = f"[{STYLE.get(r.status, '')}]{word:>12}[/] [bold]{r.host}[/] {escape(r.resource)} [dim]{r.seconds:.2f}s[/]"
+    console.print(line, soft_wrap=True)
+    for s in r.summary:
+        console.print(f"{'':>13} - {escape(s)}", soft_wrap=True)
+    if r.error:
+        console.print(f"{'':>13} [red]{escape(r.error)}[/] {escape(r.hint or '')}", soft_wrap=True)
+    if diff and r.diff:
+        from rich.syntax import Syntax
+
+        console.print(Syntax(r.diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True))
+
+
+def _print_recap(console: Any, host_results: Any, check: bool) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title="provision --check (nothing was changed)" if check else "provision", title_justify="left"
+    )
+    for col in ("host", "ok", "changed", "failed", "skipped", "time", "detail"):
+        table.add_column(
+            col, justify="right" if col in ("ok", "changed", "failed", "skipped", "time") else "left"
+        )
+    for hr in host_results:
+        e = hr.extra
+        table.add_row(
+            hr.host,
+            str(e.get("ok", 0)),
+            f"[yellow]{e.get('changed', 0)}[/]" if e.get("changed") else "0",
+            f"[red]{e.get('failed', 0)}[/]" if e.get("failed") else "0",
+            str(e.get("skipped", 0)),
+            f"{hr.seconds:.2f}s",
+            "" if hr.status in ("ok", "changed", "failed") else f"[red]{hr.status}[/] {hr.error or ''}",
+        )
+    console.print(table)

@@ -1,0 +1,1 @@
+"""`labctl provision`: playbooks of resources, each read → planned as data → applied → verified."""

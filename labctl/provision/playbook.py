@@ -1,0 +1,211 @@
+"""Playbooks: which resources apply to which hosts, validated like the inventory.
+
+    name: seed lab
+    plays:
+      - hosts: role:cache          # same syntax as --limit
+        tags: [cache]
+        resources:
+          - model_cache: {reserve_gb: 16}
+          - cron: {name: facts, schedule: "*/30 * * * *", command: "..."}
+            tags: [cron]
+
+Every error names the file, the line and the field, and exits 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from labctl.errors import InputError
+from labctl.inventory.load import InventoryError, _validation_problems, dotted
+from labctl.provision.resource import Params, load_registry
+from labctl.yamlpos import YamlSyntaxError, read_positioned
+
+PLAY_KEYS = {"name", "hosts", "tags", "resources"}
+ENTRY_KEYS = {"name", "tags"}
+DEFAULT_PLAYBOOK = Path("playbooks/provision.yaml")
+
+
+@dataclass
+class Entry:
+    type_name: str
+    params: dict[str, Any]
+    tags: list[str]
+    line: int | None
+    name: str | None = None
+
+
+@dataclass
+class Play:
+    hosts: str
+    entries: list[Entry] = field(default_factory=list)
+    name: str | None = None
+
+
+@dataclass
+class Playbook:
+    path: Path
+    name: str
+    plays: list[Play]
+
+
+class PlaybookError(InventoryError):
+    def __init__(self, path: Path, problems: list[tuple[int | None, str, str]]) -> None:
+        super().__init__(path, problems)
+        n = len(problems)
+        self.message = self.message.replace("The inventory", "The playbook", 1)
+        self.hint = f"Fix the line{'s' if n != 1 else ''} named above; `labctl provision --check` validates without changing anything."
+
+
+def _tags(
+    value: Any, loc: tuple[Any, ...], problems: list[tuple[int | None, str, str]], line: int | None
+) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(t, str) for t in value):
+        return list(value)
+    problems.append((line, dotted(loc), "tags must be a list of words, e.g. tags: [cache, cron]"))
+    return []
+
+
+def load_playbook(path: Path) -> Playbook:
+    path = Path(path)
+    if not path.exists():
+        raise InputError(
+            f"No playbook at {path}.", f"Pass one with -p, or use the default {DEFAULT_PLAYBOOK}."
+        )
+    try:
+        pos = read_positioned(path)
+    except YamlSyntaxError as e:
+        where = f":{e.line}" if e.line else ""
+        raise InputError(
+            f"{path}{where}: the YAML does not parse: {e.problem}.",
+            "Check indentation and quoting on that line.",
+        ) from None
+    registry = load_registry()
+    problems: list[tuple[int | None, str, str]] = [
+        (d.line, dotted(d.path), d.message + "; keep one") for d in pos.duplicates
+    ]
+    data = pos.data
+    if not isinstance(data, dict):
+        raise PlaybookError(path, [(1, "", "a playbook is a mapping with 'name' and 'plays'")])
+    for key in data:
+        if key not in ("name", "plays"):
+            problems.append(
+                (pos.line_of((key,)), str(key), f"unknown key '{key}'. Keys allowed here: name, plays.")
+            )
+    plays: list[Play] = []
+    raw_plays = data.get("plays")
+    if not isinstance(raw_plays, list) or not raw_plays:
+        problems.append(
+            (
+                pos.line_of(("plays",)),
+                "plays",
+                "at least one play is required: plays: [{hosts: all, resources: [...]}]",
+            )
+        )
+        raw_plays = []
+    for i, raw in enumerate(raw_plays):
+        loc: tuple[Any, ...] = ("plays", i)
+        if not isinstance(raw, dict):
+            problems.append((pos.line_of(loc), dotted(loc), "a play is a mapping with hosts and resources"))
+            continue
+        for key in raw:
+            if key not in PLAY_KEYS:
+                close = difflib.get_close_matches(str(key), sorted(PLAY_KEYS), n=1)
+                hint = f" Did you mean '{close[0]}'?" if close else ""
+                problems.append(
+                    (
+                        pos.line_of((*loc, key)),
+                        dotted((*loc, key)),
+                        f"unknown key '{key}'.{hint} Keys allowed here: {', '.join(sorted(PLAY_KEYS))}.",
+                    )
+                )
+        hosts = raw.get("hosts", "all")
+        if not isinstance(hosts, str):
+            problems.append(
+                (
+                    pos.line_of((*loc, "hosts")),
+                    dotted((*loc, "hosts")),
+                    "hosts is a --limit expression, e.g. hosts: role:cache",
+                )
+            )
+            hosts = "all"
+        play = Play(hosts=hosts, name=raw.get("name"))
+        play_tags = _tags(raw.get("tags"), (*loc, "tags"), problems, pos.line_of((*loc, "tags")))
+        entries = raw.get("resources")
+        if not isinstance(entries, list) or not entries:
+            problems.append(
+                (
+                    pos.line_of((*loc, "resources")),
+                    dotted((*loc, "resources")),
+                    "a play needs a list of resources, e.g. resources: [{model_cache: {}}]",
+                )
+            )
+            entries = []
+        for j, entry in enumerate(entries):
+            eloc = (*loc, "resources", j)
+            line = pos.line_of(eloc)
+            if not isinstance(entry, dict):
+                problems.append(
+                    (
+                        line,
+                        dotted(eloc),
+                        f"a resource is a mapping such as {{file: {{path: /x, content: y}}}}; types: {', '.join(sorted(registry))}",
+                    )
+                )
+                continue
+            types = [k for k in entry if k not in ENTRY_KEYS]
+            if len(types) != 1 or types[0] not in registry:
+                unknown = [k for k in types if k not in registry]
+                close = difflib.get_close_matches(str(unknown[0]), sorted(registry), n=1) if unknown else []
+                hint = f" Did you mean '{close[0]}'?" if close else ""
+                what = (
+                    f"unknown resource type '{unknown[0]}'.{hint}"
+                    if unknown
+                    else "give exactly one resource type per entry."
+                )
+                problems.append(
+                    (
+                        pos.line_of((*eloc, unknown[0])) if unknown else line,
+                        dotted(eloc),
+                        f"{what} Types: {', '.join(sorted(registry))}; other keys: name, tags.",
+                    )
+                )
+                continue
+            tname = types[0]
+            params = entry[tname] or {}
+            ploc = (*eloc, tname)
+            if not isinstance(params, dict):
+                problems.append(
+                    (
+                        pos.line_of(ploc),
+                        dotted(ploc),
+                        f"the parameters of {tname} must be a mapping, e.g. {tname}: {{}}",
+                    )
+                )
+                continue
+            model: type[Params] = registry[tname].params_model
+            try:
+                # Validate now for the error positions; each host validates again with its inventory defaults.
+                model.model_validate(params)
+            except ValidationError as e:
+                bad = [err for err in e.errors() if err["type"] != "missing" or tname != "model_cache"]
+                if bad:
+                    problems.extend(_validation_problems(e, model, ploc, pos))
+                    continue
+            tags = play_tags + _tags(
+                entry.get("tags"), (*eloc, "tags"), problems, pos.line_of((*eloc, "tags"))
+            )
+            play.entries.append(Entry(tname, params, tags, line, entry.get("name")))
+        plays.append(play)
+    if problems:
+        raise PlaybookError(path, problems)
+    return Playbook(path=path, name=str(data.get("name") or path.stem), plays=plays)

@@ -1,0 +1,200 @@
+"""`cron`: labctl's own scheduled jobs, never overlapping, logging to /var/log/labctl.
+
+Each job is one file, marked so re-runs find it: /etc/cron.d/labctl-NAME on hosts with
+cron, or a systemd service + timer where systemd runs (PID 1). The command runs under
+`flock -n`, so a slow run is never joined by the next one.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator
+
+from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
+from labctl.provision.resources.files import plan_file
+
+CRON_DIR = "/etc/cron.d"
+UNIT_DIR = "/etc/systemd/system"
+LOG_DIR = "/var/log/labctl"
+LOCK_DIR = "/var/lib/labctl/locks"
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}$")
+FIELD_RE = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
+RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
+FIELD_NAMES = ["minute", "hour", "day of month", "month", "day of week"]
+DOW = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+
+
+def check_schedule(schedule: str) -> list[str]:
+    fields = schedule.split()
+    if len(fields) != 5:
+        raise ValueError(f"'{schedule}' needs 5 fields (minute hour day month weekday), e.g. '0 */4 * * *'")
+    for f, (lo, hi), name in zip(fields, RANGES, FIELD_NAMES, strict=True):
+        if not FIELD_RE.match(f):
+            raise ValueError(f"{name} field '{f}' is not cron syntax (numbers, *, a-b, */n, lists)")
+        for n in re.findall(r"\d+", re.sub(r"/\d+", "", f)):
+            if not lo <= int(n) <= hi:
+                raise ValueError(f"{name} field '{f}': {n} is outside {lo}-{hi}")
+    return fields
+
+
+def _calendar_field(f: str, width: int = 2) -> str:
+    """One cron field in systemd.time syntax: `*/4` → `00/4`, `1-5` → `01..05`, lists kept."""
+
+    def one(part: str) -> str:
+        if part == "*":
+            return "*"
+        base, _, step = part.partition("/")
+        if base == "*":
+            base = "0"
+        if "-" in base:
+            a, b = base.split("-")
+            text = f"{int(a):0{width}d}..{int(b):0{width}d}"
+        else:
+            text = f"{int(base):0{width}d}"
+        return f"{text}/{step}" if step else text
+
+    return ",".join(one(p) for p in f.split(","))
+
+
+def on_calendar(schedule: str) -> str:
+    """A 5-field cron schedule as a systemd OnCalendar expression."""
+    minute, hour, dom, month, dow = check_schedule(schedule)
+    day_part = ""
+    if dow != "*":
+        days: list[str] = []
+        for part in dow.split(","):
+            if "/" in part:
+                raise ValueError(f"weekday steps ('{part}') have no systemd equivalent; list the days")
+            if "-" in part:
+                a, b = (int(x) for x in part.split("-"))
+                days.append(f"{DOW[a]}..{DOW[b]}")
+            elif part != "*":
+                days.append(DOW[int(part)])
+        day_part = ",".join(days) + " "
+    return f"{day_part}*-{_calendar_field(month)}-{_calendar_field(dom)} {_calendar_field(hour)}:{_calendar_field(minute)}:00"
+
+
+class CronParams(Params):
+    name: str = Field(description="job name (lower case, digits, - or _), e.g. name: rotate")
+    schedule: Optional[str] = Field(None, description="cron schedule, e.g. schedule: '0 */4 * * *'")
+    command: Optional[str] = Field(None, description="shell command, e.g. command: labctl rotate")
+    user: str = Field("root", description="user the job runs as")
+    state: Literal["present", "absent"] = "present"
+    backend: Literal["auto", "cron", "systemd"] = Field(
+        "auto", description="auto: a systemd timer where systemd runs, else /etc/cron.d"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"'{v}' must be lower case letters, digits, '-' or '_'")
+        return v
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            check_schedule(v)
+        return v
+
+
+def locked_command(name: str, command: str) -> str:
+    lock = f"{LOCK_DIR}/{name}.lock"
+    return f"flock -n {lock} sh -c {shlex.quote(command)}"
+
+
+def cron_file(p: CronParams) -> str:
+    assert p.schedule and p.command
+    log = f"{LOG_DIR}/{p.name}.log"
+    return (
+        f"# labctl:cron:{p.name} (written by labctl provision; edits here are overwritten)\n"
+        "SHELL=/bin/sh\n"
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        f"{p.schedule} {p.user} {locked_command(p.name, p.command)} >>{log} 2>&1\n"
+    )
+
+
+def systemd_units(p: CronParams) -> tuple[str, str]:
+    assert p.schedule and p.command
+    log = f"{LOG_DIR}/{p.name}.log"
+    service = (
+        f"# labctl:cron:{p.name}\n[Unit]\nDescription=labctl job {p.name}\n\n[Service]\nType=oneshot\nUser={p.user}\n"
+        f"ExecStart=/bin/sh -c {shlex.quote(locked_command(p.name, p.command) + f' >>{log} 2>&1')}\n"
+    )
+    timer = (
+        f"# labctl:cron:{p.name}\n[Unit]\nDescription=labctl job {p.name} ({p.schedule})\n\n"
+        f"[Timer]\nOnCalendar={on_calendar(p.schedule)}\nPersistent=true\n\n[Install]\nWantedBy=timers.target\n"
+    )
+    return service, timer
+
+
+@register
+class Cron(Resource):
+    type_name = "cron"
+    params_model = CronParams
+    description = "a scheduled labctl job (cron.d or systemd timer), flock-wrapped, logged"
+    params: CronParams
+
+    def label(self) -> str:
+        return f"cron {self.params.name}"
+
+    def _paths(self) -> dict[str, str]:
+        n = self.params.name
+        return {
+            "cron": f"{CRON_DIR}/labctl-{n}",
+            "service": f"{UNIT_DIR}/labctl-{n}.service",
+            "timer": f"{UNIT_DIR}/labctl-{n}.timer",
+        }
+
+    def probes(self) -> Probes:
+        probes: Probes = {k: {"kind": "file", "path": v} for k, v in self._paths().items()}
+        probes["system"] = {"kind": "system"}
+        probes["logdir"] = {"kind": "file", "path": LOG_DIR}
+        probes["lockdir"] = {"kind": "file", "path": LOCK_DIR}
+        if self.params.backend != "cron":
+            name = f"labctl-{self.params.name}.timer"
+            probes["enabled"] = {
+                "kind": "command",
+                "cmd": f"systemctl is-enabled {name} 2>/dev/null; systemctl is-active {name} 2>/dev/null; true",
+            }
+        return probes
+
+    def plan(self, state: State) -> Change:
+        p = self.params
+        if p.state == "present" and (not p.schedule or not p.command):
+            raise PlanError(
+                f"cron job '{p.name}' needs schedule and command.", "Add both, or set state: absent."
+            )
+        systemd = p.backend == "systemd" or (p.backend == "auto" and bool(state["system"].get("systemd")))
+        paths = self._paths()
+        change = Change()
+        present = p.state == "present"
+        for d, key in ((LOG_DIR, "logdir"), (LOCK_DIR, "lockdir")):
+            if present and not state[key].get("is_dir"):
+                change.add(f"create {d}", {"op": "mkdir", "path": d, "mode": 0o755})
+        wanted: dict[str, str | None] = {"cron": None, "service": None, "timer": None}
+        if present and systemd:
+            wanted["service"], wanted["timer"] = systemd_units(p)
+        elif present:
+            wanted["cron"] = cron_file(p)
+        for key, text in wanted.items():
+            sub = plan_file(paths[key], text, state[key], mode=0o644 if text is not None else None)
+            change.ops += sub.ops
+            change.summary += sub.summary
+            change.diffs += sub.diffs
+        timer = f"labctl-{p.name}.timer"
+        enabled = (state.get("enabled") or {}).get("stdout", "").split()
+        if systemd and present and (change.changed or enabled[:2] != ["enabled", "active"]):
+            change.add(
+                f"enable and start {timer}",
+                {"op": "run", "argv": ["systemctl", "daemon-reload"]},
+                {"op": "run", "argv": ["systemctl", "enable", "--now", timer]},
+            )
+        if not present and state["timer"].get("exists") and state["system"].get("systemd"):
+            change.ops.insert(0, {"op": "run", "argv": ["systemctl", "disable", "--now", timer]})
+            change.ops.append({"op": "run", "argv": ["systemctl", "daemon-reload"]})
+        return change

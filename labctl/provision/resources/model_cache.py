@@ -1,0 +1,179 @@
+"""`model_cache`: the RAM model cache, a tmpfs at the inventory's `model_cache.path`.
+
+Persistent through one marked /etc/fstab entry (edited atomically, with a backup). It never
+shrinks a mount below what it holds (that would lose models) and refuses a size that would
+leave the host short of RAM when the cache fills. Sizes are GiB, as tmpfs `size=NG` means.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import Field
+
+from labctl.inventory.model import Host
+from labctl.provision.resource import (
+    Change,
+    NotApplicable,
+    Params,
+    PlanError,
+    Probes,
+    Resource,
+    State,
+    probe_error,
+    register,
+)
+from labctl.provision.resources.files import file_text, plan_file
+
+GIB = 1 << 30
+FSTAB = "/etc/fstab"
+MARK = "# labctl:model_cache"
+MANIFEST_DIR = ".labctl"
+
+
+class ModelCacheParams(Params):
+    path: Optional[str] = Field(None, description="override the inventory's model_cache.path")
+    size_gb: Optional[float] = Field(
+        None, gt=0, description="override the inventory's model_cache.size_gb (GiB)"
+    )
+    reserve_gb: float = Field(
+        8, ge=0, description="RAM (GiB) that must stay free for the host with the cache full"
+    )
+    mode: str = Field(
+        "0755", pattern=r"^[0-7]{3,4}$", description='mode of the mount point, e.g. mode: "0755"'
+    )
+
+
+def fstab_entry(path: str, size_gb: float, mode: str) -> str:
+    return f"tmpfs {path} tmpfs size={_size_arg(size_gb)},mode={mode},nosuid,nodev 0 0"
+
+
+def _size_arg(size_gb: float) -> str:
+    return f"{int(size_gb)}G" if float(size_gb).is_integer() else f"{int(size_gb * 1024)}M"
+
+
+def edit_fstab(text: str, path: str, entry: str) -> str:
+    """fstab with labctl's marked entry for `path` present exactly once; pure.
+
+    An unmarked line that mounts the same path belongs to someone else: refuse rather
+    than mount twice or silently take it over.
+    """
+    lines = text.splitlines()
+    out: list[str] = []
+    skip_next = False
+    for i, line in enumerate(lines):
+        if skip_next:
+            skip_next = False
+            continue
+        if line.strip() == f"{MARK} {path}":
+            skip_next = True  # our entry follows its marker; both are rewritten below
+            continue
+        fields = line.split()
+        if fields and not line.lstrip().startswith("#") and len(fields) >= 2 and fields[1] == path:
+            raise PlanError(
+                f"{FSTAB} line {i + 1} already mounts {path} and was not written by labctl: {line.strip()!r}.",
+                "Remove that line, or point model_cache.path somewhere else.",
+            )
+        out.append(line)
+    out += [f"{MARK} {path}", entry]
+    return "\n".join(out) + "\n"
+
+
+@register
+class ModelCache(Resource):
+    type_name = "model_cache"
+    params_model = ModelCacheParams
+    description = "tmpfs RAM cache for models, with its fstab entry and manifest folder"
+    params: ModelCacheParams
+
+    @classmethod
+    def from_playbook(cls, host: Host, raw: dict[str, Any]) -> Resource:
+        params = ModelCacheParams.model_validate(raw)
+        mc = host.model_cache
+        if mc is None and (params.path is None or params.size_gb is None):
+            raise NotApplicable("no model_cache in the inventory for this host")
+        if params.path is None:
+            params.path = mc.path if mc else None
+        if params.size_gb is None:
+            params.size_gb = mc.size_gb if mc else None
+        return cls(host, params)
+
+    @property
+    def path(self) -> str:
+        assert self.params.path is not None
+        return self.params.path.rstrip("/") or "/"
+
+    @property
+    def size_gb(self) -> float:
+        assert self.params.size_gb is not None
+        return self.params.size_gb
+
+    def label(self) -> str:
+        return f"model_cache {self.path} {self.size_gb:g}G"
+
+    def probes(self) -> Probes:
+        return {
+            "mount": {"kind": "mount", "path": self.path},
+            "mem": {"kind": "meminfo"},
+            "fstab": {"kind": "file", "path": FSTAB},
+            "manifest": {"kind": "file", "path": f"{self.path}/{MANIFEST_DIR}"},
+        }
+
+    def plan(self, state: State) -> Change:
+        for key in ("mount", "mem", "fstab"):
+            if probe_error(state, key):
+                raise PlanError(f"cannot read the host's {key}: {probe_error(state, key)}.")
+        path, size = self.path, int(self.size_gb * GIB)
+        total = int(state["mem"]["total_bytes"])
+        reserve = int(self.params.reserve_gb * GIB)
+        if total - size < reserve:
+            biggest = max(0.0, (total - reserve) / GIB)
+            raise PlanError(
+                f"a {self.size_gb:g} GiB cache at {path} would leave {self.host.name} {(total - size) / GIB:.1f} GiB "
+                f"of its {total / GIB:.1f} GiB RAM once full, under the {self.params.reserve_gb:g} GiB reserve.",
+                f"Set model_cache.size_gb to at most {biggest:.0f} in the inventory, or lower reserve_gb in the playbook.",
+            )
+        change = Change()
+        mount: dict[str, Any] = state["mount"]
+        opts = f"size={_size_arg(self.size_gb)},mode={self.params.mode},nosuid,nodev"
+        if not mount.get("mounted"):
+            change.add(
+                f"mount a {self.size_gb:g} GiB tmpfs at {path}",
+                {"op": "mkdir", "path": path},
+                {"op": "run", "argv": ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", path]},
+            )
+        elif mount.get("fstype") != "tmpfs":
+            raise PlanError(
+                f"{path} is already a {mount.get('fstype')} mount ({mount.get('device')}), not a tmpfs.",
+                "Unmount it or point model_cache.path elsewhere; labctl will not mount over it.",
+            )
+        elif int(mount.get("size_bytes", 0)) != size:
+            used = int(mount.get("used_bytes", 0))
+            if used > size:
+                raise PlanError(
+                    f"{path} holds {used / GIB:.1f} GiB; shrinking it to {self.size_gb:g} GiB would lose models.",
+                    "Evict models first (labctl cache evict), or keep size_gb at least that large.",
+                )
+            change.add(
+                f"resize the tmpfs at {path} from {int(mount['size_bytes']) / GIB:g} to {self.size_gb:g} GiB",
+                {"op": "run", "argv": ["mount", "-o", f"remount,size={_size_arg(self.size_gb)}", path]},
+            )
+        fstab = state["fstab"]
+        current = file_text(fstab) or ""
+        wanted = edit_fstab(current, path, fstab_entry(path, self.size_gb, self.params.mode))
+        if wanted != current:
+            fs_change = plan_file(FSTAB, wanted, fstab)
+            for op in fs_change.ops:
+                if op["op"] == "write_file":
+                    op["backup"] = FSTAB + ".labctl.bak"
+            change.add(
+                f"persist it in {FSTAB} (backup {FSTAB}.labctl.bak)",
+                *fs_change.ops,
+                diff="".join(fs_change.diffs),
+            )
+        if not state.get("manifest", {}).get("is_dir") or not mount.get("mounted"):
+            change.add(
+                f"create the manifest folder {path}/{MANIFEST_DIR}",
+                {"op": "mkdir", "path": f"{path}/{MANIFEST_DIR}", "mode": 0o755},
+            )
+        return change
