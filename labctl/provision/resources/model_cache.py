@@ -28,6 +28,7 @@ from labctl.provision.resources.files import file_text, plan_file
 GIB = 1 << 30
 FSTAB = "/etc/fstab"
 MARK = "# labctl:model_cache"
+BACKUP = "/var/lib/labctl/backup/fstab"  # labctl's own folder, not /etc
 MANIFEST_DIR = ".labctl"
 
 
@@ -165,9 +166,10 @@ class ModelCache(Resource):
             fs_change = plan_file(FSTAB, wanted, fstab)
             for op in fs_change.ops:
                 if op["op"] == "write_file":
-                    op["backup"] = FSTAB + ".labctl.bak"
+                    op["backup"] = BACKUP
             change.add(
-                f"persist it in {FSTAB} (backup {FSTAB}.labctl.bak)",
+                f"persist it in {FSTAB} (the old one kept as {BACKUP})",
+                {"op": "mkdir", "path": BACKUP.rsplit("/", 1)[0], "mode": 0o700},
                 *fs_change.ops,
                 diff="".join(fs_change.diffs),
             )
