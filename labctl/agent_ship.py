@@ -7,6 +7,7 @@ is uploaded once per version; later calls find it by hash and run straight away.
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import io
@@ -21,6 +22,29 @@ from labctl.errors import HostError
 from labctl.fanout import HostRun
 
 ROOT_MAIN = b"from labctl.agent.__main__ import main\nimport sys\nsys.exit(main())\n"
+# Runs the agent from a zip held in memory (argv), for calls that must not write to the
+# host, such as `provision --check` before the agent is cached there.
+IN_MEMORY = r"""
+import base64, importlib.abc, importlib.util, io, sys, zipfile
+z = zipfile.ZipFile(io.BytesIO(base64.b64decode(sys.argv[1])))
+names = set(z.namelist())
+class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        base = name.replace(".", "/")
+        for cand, pkg in ((base + "/__init__.py", True), (base + ".py", False)):
+            if cand in names:
+                return importlib.util.spec_from_loader(name, self, origin="mem:" + cand, is_package=pkg)
+        return None
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        name = module.__spec__.origin[4:]
+        exec(compile(z.read(name), name, "exec"), module.__dict__)
+sys.meta_path.insert(0, Finder())
+sys.argv = ["agent"] + sys.argv[2:]
+from labctl.agent.__main__ import main
+sys.exit(main())
+"""
 MISSING_RC = 197
 MAX_ARGV = 100_000  # the wrapper's "no agent of this hash here yet"
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep the hash a function of the code alone
@@ -64,8 +88,13 @@ def _ensure_dir(run: HostRun, directory: str) -> None:
         )
 
 
-def call_agent(run: HostRun, command: str, args: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
-    """Run `command` in the host's agent and return its JSON answer (uploading it first if needed)."""
+def call_agent(
+    run: HostRun, command: str, args: dict[str, Any] | None = None, timeout: float = 120.0, read_only: bool = False
+) -> Any:
+    """Run `command` in the host's agent and return its JSON answer (uploading it first if needed).
+
+    `read_only`: write nothing on the host; an agent not cached there yet runs from memory.
+    """
     data, digest = agent_zip()
     directory = agent_dir(run)
     path = f"{directory}/agent-{digest}.pyz"
@@ -83,7 +112,11 @@ def call_agent(run: HostRun, command: str, args: dict[str, Any] | None = None, t
         f"exec {py} {shlex.quote(path)} {shlex.quote(command)} {shlex.quote(arg_text)}"
     )
     result = conn.run(line, timeout=timeout, cancel=run.cancel)
-    if result.rc == MISSING_RC:
+    if result.rc == MISSING_RC and read_only:
+        blob = base64.b64encode(data).decode()
+        line = f"exec {py} -c {shlex.quote(IN_MEMORY)} {blob} {shlex.quote(command)} {shlex.quote(arg_text)}"
+        result = conn.run(line, timeout=timeout, cancel=run.cancel)
+    elif result.rc == MISSING_RC:
         _ensure_dir(run, directory)
         conn.put_bytes(data, path, mode=0o600)
         result = conn.run(line, timeout=timeout, cancel=run.cancel)

@@ -7,6 +7,7 @@ torch) overlap, and on its own terms: a section that raises or overruns records
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -131,6 +132,20 @@ def docker_facts() -> Dict[str, Any]:
     return facts
 
 
+TORCH_ENV_RECORD = "/var/lib/labctl/envs/torch.json"
+
+
+def torch_env_facts() -> Dict[str, Any]:
+    """The virtualenv `labctl provision` built (torch_env), as its last verification recorded it."""
+    try:
+        with open(TORCH_ENV_RECORD) as f:
+            record: Dict[str, Any] = json.load(f)
+    except FileNotFoundError:
+        return {"provisioned": False}
+    record["provisioned"] = True
+    return record
+
+
 # Section name -> gatherer, in the order they appear in the answer.
 SECTIONS: Dict[str, Callable[[], Any]] = {
     "os": os_facts,
@@ -142,6 +157,7 @@ SECTIONS: Dict[str, Callable[[], Any]] = {
     "disks": gather_disks,
     "python": python_facts,
     "torch": torch_facts,
+    "torch_env": torch_env_facts,
     "docker": docker_facts,
 }
 LINUX_ONLY = frozenset(("cpu", "memory", "nics", "mounts", "disks"))

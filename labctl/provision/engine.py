@@ -81,8 +81,9 @@ def _build(host: Host, entry: Entry) -> Resource:
         raise PlanError(f"{entry.type_name}: {where}: {first['msg']} (playbook line {entry.line}).") from None
 
 
-def _probe(run: HostRun, probes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    answer = call_agent(run, "probe", {"probes": probes})
+def _probe(run: HostRun, probes: dict[str, dict[str, Any]], check: bool = False) -> dict[str, Any]:
+    # --check must leave hosts byte-for-byte as they were: not even the agent is cached.
+    answer = call_agent(run, "probe", {"probes": probes}, read_only=check)
     return dict(answer.get("results", {}))
 
 
@@ -121,7 +122,7 @@ def provision_host(
             resources.append((e, None, f"failed: {err.message}"))
     live = [(i, r) for i, (_, r, _) in enumerate(resources) if r is not None]
     probes = {f"{i}/{k}": v for i, r in live for k, v in r.probes().items()}
-    found = _probe(run, probes) if probes else {}
+    found = _probe(run, probes, check) if probes else {}
     touched = failed = False
     for i, (entry, res, note) in enumerate(resources):
         start = time.monotonic()
