@@ -89,7 +89,11 @@ def _ensure_dir(run: HostRun, directory: str) -> None:
 
 
 def call_agent(
-    run: HostRun, command: str, args: dict[str, Any] | None = None, timeout: float = 120.0, read_only: bool = False
+    run: HostRun,
+    command: str,
+    args: dict[str, Any] | None = None,
+    timeout: float = 120.0,
+    read_only: bool = False,
 ) -> Any:
     """Run `command` in the host's agent and return its JSON answer (uploading it first if needed).
 
