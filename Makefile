@@ -38,6 +38,12 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) inventory show
 	$(BIN)/labctl -i $(SIM_INV) facts
 	$(BIN)/labctl -i $(SIM_INV) exec -- 'hostname -I; cat /proc/loadavg'
+	@echo "== provision: what would change (nothing is changed) =="
+	$(BIN)/labctl -i $(SIM_INV) provision --check --diff
+	@echo "== provision for real (torch_env left out: the sim cannot reach download.pytorch.org) =="
+	$(BIN)/labctl -i $(SIM_INV) provision --skip-tags torch
+	@echo "== provision again: nothing left to change =="
+	$(BIN)/labctl -i $(SIM_INV) provision --skip-tags torch
 	@echo "The simulated lab is still up: try '$(BIN)/labctl -i $(SIM_INV) exec -- uname -a', then 'make sim-down'."
 
 bench: install deps
