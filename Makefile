@@ -49,6 +49,7 @@ demo: install deps
 bench: install deps
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/exec_fanout.py --out docs/benchmarks.md
+	$(BIN)/python bench/provision_nochange.py --out docs/benchmarks.md
 
 sim-down: install
 	$(BIN)/labctl sim down

@@ -175,11 +175,12 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
-def update_section(path: Path, md: str) -> None:
+def update_section(path: Path, md: str, begin: str = MARK_BEGIN, end: str = MARK_END) -> None:
+    """Replace the section between `begin` and `end` in `path` (append it if absent)."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if MARK_BEGIN in text and MARK_END in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        _, tail = rest.split(MARK_END, 1)
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
         text = head + md + tail
     else:
         text = text.rstrip() + "\n\n" + md + "\n"

@@ -116,6 +116,9 @@ def test_edit_fstab_keeps_one_marked_entry() -> None:
     resized = edit_fstab(once, "/mnt/c", "tmpfs /mnt/c tmpfs size=3G 0 0")
     assert once == twice
     assert resized.count("/mnt/c tmpfs") == 1 and "size=3G" in resized and resized.startswith("a b c\n")
+    # A line another tool appends after ours stays where it is, and ours is not moved.
+    appended = once + "tmpfs /mnt/other tmpfs size=1G 0 0\n"
+    assert edit_fstab(appended, "/mnt/c", "tmpfs /mnt/c tmpfs size=1G 0 0") == appended
 
 
 def test_model_cache_without_inventory_entry_is_not_applicable() -> None:
@@ -249,7 +252,20 @@ def test_file_template_uses_host_values() -> None:
     res = File.from_playbook(
         host(roles=["train", "cache"]), {"path": "/f", "content": "H=$name R=$roles", "template": True}
     )
-    assert res.plan({"file": {"exists": False}}).ops[0]["text"] == "H=m5 R=train,cache"
+    assert (
+        res.plan({"file": {"exists": False}, "parent": {"is_dir": True}}).ops[0]["text"]
+        == "H=m5 R=train,cache"
+    )
+
+
+def test_file_creates_its_missing_folder_first() -> None:
+    res = File.from_playbook(host(), {"path": "/var/lib/labctl/bench/host.txt", "content": "x"})
+    change = res.plan({"file": {"exists": False}, "parent": {"exists": False}})
+    assert change.ops[0] == {"op": "mkdir", "path": "/var/lib/labctl/bench", "mode": 0o755}
+    assert change.ops[1]["op"] == "write_file"
+    assert change.summary[0] == "create the folder /var/lib/labctl/bench"
+    with pytest.raises(PlanError, match="not a folder"):
+        res.plan({"file": {"exists": False}, "parent": {"exists": True, "is_dir": False}})
 
 
 def test_edit_lines() -> None:

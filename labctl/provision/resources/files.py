@@ -117,6 +117,28 @@ def plan_file(
     return change
 
 
+def with_parent(path: str, parent: dict[str, Any], change: Change) -> Change:
+    """`change`, preceded by creating the folder `path` goes in when it is missing."""
+    if not change.changed or parent.get("is_dir"):
+        return change
+    folder = path.rsplit("/", 1)[0] or "/"
+    if parent.get("exists"):
+        raise PlanError(
+            f"{folder} exists but is not a folder, so {path} cannot be written.",
+            "Remove it or choose another path.",
+        )
+    out = Change()
+    out.add(f"create the folder {folder}", {"op": "mkdir", "path": folder, "mode": 0o755})
+    out.ops += change.ops
+    out.summary += change.summary
+    out.diffs += change.diffs
+    return out
+
+
+def parent_probe(path: str) -> dict[str, Any]:
+    return {"kind": "file", "path": path.rsplit("/", 1)[0] or "/"}
+
+
 def owner_ids(state: State, key: str) -> tuple[int | None, int | None]:
     ids = state.get(key) or {}
     for err_key in ("uid_error", "gid_error", "error"):
@@ -144,7 +166,10 @@ class File(Resource):
         return string.Template(p.content).safe_substitute(host_vars(self.host)) if p.template else p.content
 
     def probes(self) -> Probes:
-        probes: Probes = {"file": {"kind": "file", "path": self.params.path}}
+        probes: Probes = {
+            "file": {"kind": "file", "path": self.params.path},
+            "parent": parent_probe(self.params.path),
+        }
         if self.params.owner or self.params.group:
             probes["ids"] = {"kind": "ids", "user": self.params.owner, "group": self.params.group}
         return probes
@@ -154,9 +179,10 @@ class File(Resource):
         if err:
             raise PlanError(f"cannot read {self.params.path}: {err}.")
         uid, gid = owner_ids(state, "ids") if "ids" in state else (None, None)
-        return plan_file(
+        change = plan_file(
             self.params.path, self.desired(), state["file"], parse_mode(self.params.mode), uid, gid
         )
+        return with_parent(self.params.path, state.get("parent", {"is_dir": True}), change)
 
 
 class LineParams(Params):
@@ -225,7 +251,7 @@ class Line(Resource):
         return f"line in {self.params.path}"
 
     def probes(self) -> Probes:
-        return {"file": {"kind": "file", "path": self.params.path}}
+        return {"file": {"kind": "file", "path": self.params.path}, "parent": parent_probe(self.params.path)}
 
     def plan(self, state: State) -> Change:
         p = self.params
@@ -241,4 +267,5 @@ class Line(Resource):
         new = edit_lines(current, p.line, p.regexp, p.state == "present")
         if st.get("exists") and new == current:
             return Change()
-        return plan_file(p.path, new, st, parse_mode(p.mode) if not st.get("exists") else None)
+        change = plan_file(p.path, new, st, parse_mode(p.mode) if not st.get("exists") else None)
+        return with_parent(p.path, state.get("parent", {"is_dir": True}), change)

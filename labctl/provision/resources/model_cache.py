@@ -54,20 +54,26 @@ def _size_arg(size_gb: float) -> str:
 
 
 def edit_fstab(text: str, path: str, entry: str) -> str:
-    """fstab with labctl's marked entry for `path` present exactly once; pure.
+    """fstab with labctl's marked entry for `path` present exactly once, where it was; pure.
 
     An unmarked line that mounts the same path belongs to someone else: refuse rather
-    than mount twice or silently take it over.
+    than mount twice or silently take it over. Lines others add around ours stay put, and
+    ours is rewritten in place, so a tool appending after it does not make us move it.
     """
     lines = text.splitlines()
     out: list[str] = []
-    skip_next = False
+    placed = skip_next = False
     for i, line in enumerate(lines):
         if skip_next:
             skip_next = False
-            continue
+            fields = line.split()
+            if len(fields) >= 2 and fields[1] == path and not line.lstrip().startswith("#"):
+                continue  # our old entry, replaced by the one written with the marker
         if line.strip() == f"{MARK} {path}":
-            skip_next = True  # our entry follows its marker; both are rewritten below
+            if not placed:
+                out += [line.strip(), entry]
+                placed = True
+            skip_next = True
             continue
         fields = line.split()
         if fields and not line.lstrip().startswith("#") and len(fields) >= 2 and fields[1] == path:
@@ -76,7 +82,8 @@ def edit_fstab(text: str, path: str, entry: str) -> str:
                 "Remove that line, or point model_cache.path somewhere else.",
             )
         out.append(line)
-    out += [f"{MARK} {path}", entry]
+    if not placed:
+        out += [f"{MARK} {path}", entry]
     return "\n".join(out) + "\n"
 
 
