@@ -44,12 +44,20 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) provision --skip-tags torch
 	@echo "== provision again: nothing left to change =="
 	$(BIN)/labctl -i $(SIM_INV) provision --skip-tags torch
+	@echo "== a 0.5 GB model on the storage host, synced host to host into m5's RAM cache, then every load stage =="
+	$(BIN)/labctl -i $(SIM_INV) bench make-model --size-gb 0.5 --host irina --name tinylm-demo
+	$(BIN)/labctl -i $(SIM_INV) cache sync tinylm-demo --host m5
+	$(BIN)/labctl -i $(SIM_INV) cache status
+	@# The sim's hosts share this machine's disk: the controller's venv stands in for m5's torch_env.
+	$(BIN)/labctl -i $(SIM_INV) bench model-load --host m5 --model tinylm-demo --python $(CURDIR)/$(BIN)/python --plot $(SIM_DIR)/model-load.png
 	@echo "The simulated lab is still up: try '$(BIN)/labctl -i $(SIM_INV) exec -- uname -a', then 'make sim-down'."
 
 bench: install deps
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/exec_fanout.py --out docs/benchmarks.md
 	$(BIN)/python bench/provision_nochange.py --out docs/benchmarks.md
+	$(BIN)/python bench/loader_cpu.py --out docs/benchmarks.md
+	$(BIN)/python bench/cache_sync.py --out docs/benchmarks.md
 
 sim-down: install
 	$(BIN)/labctl sim down

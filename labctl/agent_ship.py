@@ -20,6 +20,7 @@ from typing import Any
 
 from labctl.errors import HostError
 from labctl.fanout import HostRun
+from labctl.transport.base import LineCallback
 
 ROOT_MAIN = b"from labctl.agent.__main__ import main\nimport sys\nsys.exit(main())\n"
 # Runs the agent from a zip held in memory (argv), for calls that must not write to the
@@ -94,10 +95,13 @@ def call_agent(
     args: dict[str, Any] | None = None,
     timeout: float = 120.0,
     read_only: bool = False,
+    on_line: LineCallback | None = None,
 ) -> Any:
     """Run `command` in the host's agent and return its JSON answer (uploading it first if needed).
 
     `read_only`: write nothing on the host; an agent not cached there yet runs from memory.
+    `on_line`: called with ("stdout" | "stderr", line) as output arrives, for long-running
+    commands that report progress on stderr.
     """
     data, digest = agent_zip()
     directory = agent_dir(run)
@@ -115,15 +119,15 @@ def call_agent(
         f"[ -f {shlex.quote(path)} ] || exit {MISSING_RC}; "
         f"exec {py} {shlex.quote(path)} {shlex.quote(command)} {shlex.quote(arg_text)}"
     )
-    result = conn.run(line, timeout=timeout, cancel=run.cancel)
+    result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     if result.rc == MISSING_RC and read_only:
         blob = base64.b64encode(data).decode()
         line = f"exec {py} -c {shlex.quote(IN_MEMORY)} {blob} {shlex.quote(command)} {shlex.quote(arg_text)}"
-        result = conn.run(line, timeout=timeout, cancel=run.cancel)
+        result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     elif result.rc == MISSING_RC:
         _ensure_dir(run, directory)
         conn.put_bytes(data, path, mode=0o600)
-        result = conn.run(line, timeout=timeout, cancel=run.cancel)
+        result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     if result.cancelled:
         raise HostError(f"{run.host.name}: cancelled.")
     if result.timed_out:

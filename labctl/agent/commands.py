@@ -41,6 +41,17 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "facts": ".facts:facts_command",
     "probe": ".provision:probe_command",
     "apply": ".provision:apply_command",
+    "cache_state": ".cache:state_command",
+    "cache_list": ".cache:list_command",
+    "cache_serve": ".cache:serve_command",
+    "cache_pull": ".cache:pull_command",
+    "cache_evict": ".cache:evict_command",
+    "cache_pin": ".cache:pin_command",
+    "cache_touch": ".cache:touch_command",
+    "cache_verify": ".cache:verify_command",
+    "read_cold": ".bench_load:read_cold_command",
+    "load_stages": ".bench_load:load_stages_command",
+    "make_model": ".modelgen:make_model_command",
 }
 
 

@@ -1,0 +1,138 @@
+"""`labctl bench`: measure what the lab does, each stage against its ceiling and the seed's figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+
+app = typer.Typer(help="Measure model loading (and make models to measure with).", no_args_is_help=True)
+
+
+@app.command("make-model")
+def make_model(
+    ctx: typer.Context,
+    size_gb: Annotated[float, typer.Option("--size-gb", help="Approximate size of the weights in GB.")] = 1.0,
+    name: Annotated[Optional[str], typer.Option("--name", help="Folder name (default tinylm-SIZEg).")] = None,
+    host: Annotated[
+        Optional[str], typer.Option("--host", help="Where to write it (default: the storage host).")
+    ] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Write a safetensors checkpoint of a real small transformer on a host's model folder.
+
+    The weights are written on the host itself by labctl's agent (no torch needed there,
+    nothing crosses the network), as `storage.models/NAME/` with `config.json`, so
+    `bench model-load` can build the model and run real forward passes.
+
+    Example: labctl bench make-model --size-gb 2 --host irina
+    """
+    from labctl.agent_ship import call_agent
+    from labctl.errors import InputError
+    from labctl.fanout import HostResult, HostRun, fan_out
+    from labctl.inventory.select import select_hosts
+    from labctl.recap import print_recap
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    inv = c.inventory
+    hosts = select_hosts(inv, host) if host else [h for h in inv.hosts.values() if h.storage]
+    if not hosts or any(h.storage is None for h in hosts):
+        raise InputError(
+            f"No storage host to write the model on{f' ({host} has no storage section)' if host else ''}.",
+            "Give a host with storage: {models: /srv/models} in the inventory, with --host.",
+        )
+    target = hosts[0]
+    assert target.storage is not None
+    folder = name or f"tinylm-{size_gb:g}g"
+    path = f"{target.storage.models.rstrip('/')}/{folder}"
+
+    def step(run: HostRun) -> HostResult:
+        ans = call_agent(run, "make_model", {"path": path, "size_gb": size_gb, "dtype": dtype}, timeout=3600)
+        return HostResult(run.host.name, "changed", data=ans)
+
+    try:
+        results = fan_out(c, [target], step, label=f"writing {size_gb:g} GB model")
+    finally:
+        c.close()
+    r = results[0]
+    if c.json_mode:
+        c.emit(r.to_json() | {"model": folder})
+    elif r.ok:
+        d = r.data
+        c.console.print(
+            f"[green]wrote[/] {target.name}:{d['path']} ({d['bytes'] / 1e9:.2f} GB in {d['seconds']:.1f} s)"
+        )
+    else:
+        print_recap(c.console, results, title="make-model")
+    raise typer.Exit(0 if r.ok else 1)
+
+
+@app.command("model-load")
+def model_load(
+    ctx: typer.Context,
+    host: Annotated[
+        Optional[str], typer.Option("--host", help="Host to load on (default: the first with a model_cache).")
+    ] = None,
+    model: Annotated[
+        Optional[str], typer.Option("--model", "-m", help="Model name in the storage host's model folder.")
+    ] = None,
+    file: Annotated[
+        Optional[str], typer.Option("--file", help="A .safetensors file or model folder already on the host.")
+    ] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda:N.")] = "cpu",
+    python: Annotated[
+        Optional[str],
+        typer.Option(
+            "--python", help="Interpreter with torch on the host (default: its provisioned torch_env)."
+        ),
+    ] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option("--plot", help="Write a stacked-bar PNG of the stages here.")
+    ] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", help="Also write the JSON result to this file.")
+    ] = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Measure every stage of loading a model onto a device, each against its ceiling.
+
+    Stages: network (storage host → RAM cache, labctl's cache sync), storage_cold (a read
+    with the file's pages dropped), ram_cache (cache → host memory), h2d (pinned host →
+    GPU), cuda_init, warmup (build the model, first forward pass) and forward (steady).
+    Each shows seconds, GB/s, the ceiling measured or known for it and the share reached,
+    beside the seed's figures (48 GB: 384 s over 1 Gb, 192 s bonded, ~15 s from RAM, ~40 s
+    warm-up) scaled to this model. Stages that cannot run (no GPU) say why.
+
+    Examples:
+
+        labctl bench model-load --host m5 --model tinylm-1g --device cuda:0 --plot load.png
+
+        labctl bench model-load --file /mnt/model-cache/tinylm-1g --json
+    """
+    from labctl.bench_model_load import measure_model_load, render_table, write_plot
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        result = measure_model_load(c, host=host, model=model, file=file, device=device, python=python)
+    finally:
+        c.close()
+    if out:
+        import json
+
+        out.write_text(json.dumps(result, indent=2))
+    if plot:
+        write_plot(result, plot)
+    if c.json_mode:
+        c.emit(result)
+    else:
+        render_table(c.console, result)
+        if plot:
+            c.console.print(f"chart: {plot}")

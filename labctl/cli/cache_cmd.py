@@ -1,0 +1,543 @@
+"""`labctl cache`: fill a host's RAM model cache from the storage host, and keep it in bounds."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+
+app = typer.Typer(
+    help=(
+        "The RAM model cache: copy models into it host to host (sync), see what it holds (status), "
+        "evict, verify, pin."
+    ),
+    no_args_is_help=True,
+)
+
+HostOpt = Annotated[
+    str,
+    typer.Option(
+        "--host",
+        help="Cache host(s): a name, a comma list or role:NAME (hosts with a model_cache).",
+        show_default=False,
+    ),
+]
+HostsOpt = Annotated[
+    Optional[str],
+    typer.Option("--host", help="Cache host(s); default every host with a model_cache.", show_default=False),
+]
+StreamsOpt = Annotated[
+    int,
+    typer.Option(
+        "--streams",
+        min=1,
+        max=64,
+        help="Parallel TCP streams per copy (a layer3+4 bond spreads them over its links).",
+    ),
+]
+
+
+@app.command("sync")
+def sync_cmd(
+    ctx: typer.Context,
+    models: Annotated[list[str], typer.Argument(help="Model names in the storage host's model folder.")],
+    host: HostOpt,
+    streams: StreamsOpt = 4,
+    chunk_mb: Annotated[
+        int,
+        typer.Option("--chunk-mb", min=1, max=1024, help="Chunk size in MiB: the unit hashed and resumed."),
+    ] = 64,
+    port: Annotated[
+        int,
+        typer.Option("--port", min=0, max=65535, help="Port the storage host listens on (0: any free one)."),
+    ] = 0,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Copy models from the storage host (model_cache.source) into a host's RAM cache.
+
+    The storage host serves the files and the cache host pulls them over parallel TCP
+    streams, host to host: the data never passes through this machine. Every chunk is
+    checked by sha256; an interrupted copy resumes; a model is listed as cached only once
+    complete and verified. When the cache lacks room, least recently used unpinned models
+    are evicted first; when room cannot be made, nothing is copied. Models already cached
+    are left alone.
+
+    Examples:
+
+        labctl cache sync tinylm-1g --host m5
+
+        labctl cache sync llama-8b qwen-7b --host m5 --streams 4 --json
+    """
+    from labctl.cache import check_models, prepare, resolve_target, sync_prepared
+    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+    from labctl.inventory.select import select_hosts
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    names = check_models(models)
+    chunk = chunk_mb << 20
+    try:
+        targets = [resolve_target(c.inventory, h.name) for h in select_hosts(c.inventory, host)]
+        # Servers start on the storage hosts while the caches' states are read: one round trip.
+        prepared = prepare(c, targets, names, chunk, port)
+        bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
+
+        def step(run: HostRun) -> HostResult:
+            p = prepared[run.host.name]
+            data = sync_prepared(run, p, names, streams=streams, chunk_size=chunk, on_progress=bars.update)
+            return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
+
+        with bars:
+            results = fan_out(c, [t.host for t in targets], step, progress=False)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit({"results": [_flat(r) for r in results]})
+    else:
+        _render_sync(c.console, results, verbose)
+    raise typer.Exit(exit_code(results))
+
+
+@app.command("status")
+def status_cmd(
+    ctx: typer.Context,
+    host: HostsOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """What each cache holds: models, sizes, when last used, pinned, when verified; and its room.
+
+    Examples:
+
+        labctl cache status
+
+        labctl cache status --host m5 --json | jq '.results[0].models'
+    """
+    from labctl.cache import cache_hosts, cache_state
+    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    hosts = cache_hosts(c.inventory, host)
+
+    def step(run: HostRun) -> HostResult:
+        assert run.host.model_cache is not None
+        return HostResult(run.host.name, "ok", data=cache_state(run, run.host.model_cache))
+
+    try:
+        results = fan_out(c, hosts, step, label="cache status")
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit({"results": [_status_json(r) for r in results]})
+    else:
+        _render_status(c.console, results)
+    raise typer.Exit(exit_code(results))
+
+
+@app.command("evict")
+def evict_cmd(
+    ctx: typer.Context,
+    models: Annotated[list[str], typer.Argument(help="Cached models to remove.")],
+    host: HostOpt,
+    force: Annotated[bool, typer.Option("--force", help="Evict pinned models too.")] = False,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Remove models from a host's cache (its partial copy too). Pinned ones need --force.
+
+    Example:
+
+        labctl cache evict tinylm-1g --host m5
+    """
+    from labctl.agent_ship import call_agent
+    from labctl.cache import cache_hosts, check_models
+    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    names = check_models(models)
+    hosts = cache_hosts(c.inventory, host)
+
+    def step(run: HostRun) -> HostResult:
+        assert run.host.model_cache is not None
+        data = call_agent(
+            run, "cache_evict", {"cache": run.host.model_cache.path, "models": names, "force": force}
+        )
+        if data["pinned"]:
+            return HostResult(
+                run.host.name,
+                "failed",
+                data=data,
+                error=f"{', '.join(data['pinned'])} {'is' if len(data['pinned']) == 1 else 'are'} pinned; not evicted.",
+                hint=f"Unpin first (labctl cache unpin NAME --host {run.host.name}) or pass --force.",
+            )
+        return HostResult(run.host.name, "changed" if data["evicted"] else "ok", data=data)
+
+    try:
+        results = fan_out(c, hosts, step, label="cache evict")
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit({"results": [_flat(r) for r in results]})
+    else:
+        from labctl.cache import fmt_bytes
+
+        for r in results:
+            d = r.data or {}
+            for e in d.get("evicted", []):
+                kind = " (partial copy)" if e.get("partial") else ""
+                c.console.print(
+                    f"[yellow]evicted[/] {r.host} {e['name']}{kind}: {fmt_bytes(e['bytes'])} freed"
+                )
+            for n in d.get("not_cached", []):
+                c.console.print(f"[dim]not cached[/] {r.host} {n}")
+        _print_failures(c.console, results)
+    raise typer.Exit(exit_code(results))
+
+
+@app.command("verify")
+def verify_cmd(
+    ctx: typer.Context,
+    models: Annotated[
+        Optional[list[str]], typer.Argument(help="Models to check (default: all cached).")
+    ] = None,
+    host: HostsOpt = None,
+    repair: Annotated[
+        bool, typer.Option("--repair/--no-repair", help="Re-fetch corrupt models from the storage host.")
+    ] = True,
+    streams: StreamsOpt = 4,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Re-hash cached models against their recorded chunk hashes; re-fetch corrupt ones.
+
+    A corrupt model leaves the cache's listing at once; its good chunks are kept, and only the
+    bad ones are fetched again from the storage host.
+
+    Examples:
+
+        labctl cache verify --host m5
+
+        labctl cache verify tinylm-1g --host m5 --no-repair --json
+    """
+    from labctl.cache import cache_hosts, check_models, verify_host
+    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    names = check_models(models) if models else []
+    hosts = cache_hosts(c.inventory, host)
+    bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
+
+    def step(run: HostRun) -> HostResult:
+        data = verify_host(run, names, repair=repair, streams=streams, on_progress=bars.update)
+        bad = [m for m in data["models"] if m["status"] != "ok"]
+        unrepaired = [m["name"] for m in bad if not m.get("repaired")]
+        if unrepaired:
+            return HostResult(
+                run.host.name,
+                "failed",
+                data=data,
+                error=f"{', '.join(unrepaired)}: "
+                + "; ".join(
+                    f"{m['name']} {m['status'].replace('_', ' ')}" for m in bad if m["name"] in unrepaired
+                )
+                + ".",
+                hint="Run without --no-repair to re-fetch corrupt models." if not repair else "",
+            )
+        return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
+
+    try:
+        with bars:
+            results = fan_out(c, hosts, step, label="cache verify", progress=not bars.enabled)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit({"results": [_flat(r) for r in results]})
+    else:
+        _render_verify(c.console, results)
+    raise typer.Exit(exit_code(results))
+
+
+def _pin(
+    ctx: typer.Context, model: str, host: str, pinned: bool, inventory: Any, json_out: bool, verbose: int
+) -> None:
+    from labctl.agent_ship import call_agent
+    from labctl.cache import cache_hosts, check_models
+    from labctl.errors import HostError
+    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    name = check_models([model])[0]
+    hosts = cache_hosts(c.inventory, host)
+
+    def step(run: HostRun) -> HostResult:
+        assert run.host.model_cache is not None
+        try:
+            data = call_agent(
+                run, "cache_pin", {"cache": run.host.model_cache.path, "model": name, "pinned": pinned}
+            )
+        except HostError as e:
+            if "is not in the cache" in e.message:
+                raise HostError(
+                    f"{run.host.name}: {name} is not in its cache {run.host.model_cache.path}.",
+                    f"Sync it first: labctl cache sync {name} --host {run.host.name}.",
+                ) from None
+            raise
+        return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
+
+    try:
+        results = fan_out(c, hosts, step, label="cache pin")
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit({"results": [_flat(r) for r in results]})
+    else:
+        for r in results:
+            if r.ok:
+                word = "pinned" if pinned else "unpinned"
+                note = "" if r.status == "changed" else " (already)"
+                c.console.print(f"{r.host} {name}: {word}{note}")
+        _print_failures(c.console, results)
+    raise typer.Exit(exit_code(results))
+
+
+@app.command("pin")
+def pin_cmd(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(help="A cached model.")],
+    host: HostOpt,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Pin a cached model: eviction never removes it (only `cache evict --force` does)."""
+    _pin(ctx, model, host, True, inventory, json_out, verbose)
+
+
+@app.command("unpin")
+def unpin_cmd(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(help="A cached model.")],
+    host: HostOpt,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Unpin a model: it may be evicted again when room is needed (least recently used first)."""
+    _pin(ctx, model, host, False, inventory, json_out, verbose)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+class Bars:
+    """One rich progress bar per cache host, fed by the pull's progress lines (stderr only)."""
+
+    def __init__(self, console: Any, enabled: bool) -> None:
+        self.console = console
+        self.enabled = enabled
+        self.progress: Any = None
+        self.tasks: dict[str, Any] = {}
+        self.meters: dict[str, Any] = {}
+
+    def __enter__(self) -> Bars:
+        if self.enabled:
+            from rich.progress import BarColumn, Progress, TextColumn
+
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.percentage:>3.0f}%"),
+                TextColumn("{task.fields[sizes]}"),
+                TextColumn("{task.fields[rate]}"),
+                TextColumn("ETA {task.fields[eta]}"),
+                console=self.console,
+                transient=True,
+            )
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def update(self, host: str, event: dict[str, Any]) -> None:
+        if self.progress is None:
+            return
+        from labctl.cache import RateMeter, fmt_bytes, fmt_duration, fmt_rate
+
+        done, total = float(event.get("done", 0)), float(event.get("total", 0)) or 1.0
+        if host not in self.tasks:
+            self.meters[host] = RateMeter()
+            self.tasks[host] = self.progress.add_task(host, total=total, sizes="", rate="", eta="")
+        meter = self.meters[host]
+        meter.update(time.monotonic(), done)
+        self.progress.update(
+            self.tasks[host],
+            completed=done,
+            total=total,
+            sizes=f"{fmt_bytes(done)}/{fmt_bytes(total)}",
+            rate=fmt_rate(meter.rate()),
+            eta=fmt_duration(meter.eta(total)),
+        )
+
+
+def _flat(r: Any) -> dict[str, Any]:
+    d = {k: v for k, v in r.to_json().items() if k not in ("stdout", "stderr", "rc", "data")}
+    d.update(r.data or {})
+    return d
+
+
+def _status_json(r: Any) -> dict[str, Any]:
+    d = _flat(r)
+    if isinstance(d.get("models"), dict):
+        d["models"] = [
+            {k: v for k, v in m.items() if k != "files"} | {"files": len(m.get("files", []))}
+            for m in d["models"].values()
+        ]
+    return d
+
+
+def _print_failures(console: Any, results: Any) -> None:
+    from labctl.console import render_error
+
+    for r in results:
+        if not r.ok:
+            msg = r.error or r.status
+            if not msg.startswith(r.host):
+                msg = f"{r.host}: {msg}"
+            render_error(console, "", f"{msg} {r.hint or ''}".strip())
+
+
+def _render_sync(console: Any, results: Any, verbose: int) -> None:
+    from rich.table import Table
+
+    from labctl.cache import fmt_bytes, fmt_duration, fmt_rate
+
+    table = Table(title="cache sync", title_justify="left")
+    for col in ("host", "model", "result", "size", "copied", "resumed", "time", "rate"):
+        right = col in ("size", "copied", "resumed", "time", "rate")
+        table.add_column(col, justify="right" if right else "left", overflow="fold", no_wrap=right)
+    for r in results:
+        d = r.data or {}
+        for m in d.get("models", []):
+            action = m["action"]
+            word = {
+                "cached": "[green]cached[/]",
+                "fetch": "[yellow]copied[/]",
+                "resume": "[yellow]resumed[/]",
+                "replace": "[yellow]replaced[/]",  # the source's files changed
+            }.get(action, action)
+            moved = action != "cached"
+            table.add_row(
+                r.host,
+                m["name"],
+                word,
+                fmt_bytes(m["bytes"]),
+                fmt_bytes(m.get("fetched_bytes")) if moved else "-",
+                fmt_bytes(m.get("resumed_bytes")) if m.get("resumed_bytes") else "-",
+                fmt_duration(d.get("seconds")) if moved else "-",
+                fmt_rate(d.get("rate_bytes_per_s")) if moved else "-",
+            )
+    if table.rows:
+        console.print(table)
+    for r in results:
+        d = r.data or {}
+        for e in d.get("evicted", []):
+            what = "partial copy of " if e.get("partial") else ""
+            console.print(
+                f"[yellow]evicted[/] {what}{e['name']} from {r.host} ({fmt_bytes(e['bytes'])}) to make room"
+            )
+        served = d.get("served") or {}
+        if served and verbose:
+            console.print(
+                f"[dim]{d['source']} ({d['source_address']}:{d.get('port')}) sent {fmt_bytes(served.get('bytes_sent'))} "
+                f"to {', '.join(served.get('peers', []))} over {d.get('streams')} streams[/]"
+            )
+    _print_failures(console, results)
+
+
+def _render_status(console: Any, results: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from labctl.cache import fmt_age, fmt_bytes
+
+    for r in results:
+        if not r.ok:
+            continue
+        d = r.data
+        now = float(d.get("now") or time.time())
+        kind = d.get("fstype") if d.get("mounted") else "not a mount: size from the inventory"
+        title = (
+            f"{r.host}: {d['cache']} ({kind}) {fmt_bytes(d['used_bytes'])} of {fmt_bytes(d['capacity_bytes'])} used, "
+            f"{fmt_bytes(d['free_bytes'])} free"
+        )
+        table = Table(title=escape(title), title_justify="left")
+        for col in ("model", "size", "last used", "pinned", "verified", "source"):
+            table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+        models = sorted(d.get("models", {}).values(), key=lambda m: -(m.get("last_used") or 0))
+        for m in models:
+            present = m.get("present", True)
+            table.add_row(
+                escape(m["name"]),
+                fmt_bytes(m.get("bytes")),
+                fmt_age(m.get("last_used"), now),
+                "[bold]yes[/]" if m.get("pinned") else "",
+                ("[green]yes[/] " + fmt_age(m.get("verified_at"), now))
+                if present
+                else "[red]missing on disk[/]",
+                escape(str(m.get("source") or "").split(":")[0]),
+            )
+        for p in d.get("partials", []):
+            pct = 100.0 * p["done_bytes"] / p["total_bytes"] if p.get("total_bytes") else 0.0
+            table.add_row(
+                f"[dim]{escape(p['name'])}[/]",
+                fmt_bytes(p.get("total_bytes")),
+                "",
+                "",
+                f"[yellow]partial {pct:.0f}%[/] (sync again to resume)",
+                escape(str(p.get("source") or "").split(":")[0]),
+            )
+        for u in d.get("untracked", []):
+            table.add_row(f"[dim]{escape(u)}[/]", "", "", "", "[dim]not labctl's[/]", "")
+        if not table.rows:
+            table.add_row("[dim](empty)[/]", "", "", "", "", "")
+        console.print(table)
+    _print_failures(console, results)
+
+
+def _render_verify(console: Any, results: Any) -> None:
+    from rich.table import Table
+
+    from labctl.cache import fmt_bytes, fmt_duration
+
+    table = Table(title="cache verify", title_justify="left")
+    for col in ("host", "model", "result", "size", "time", "detail"):
+        table.add_column(col, justify="right" if col in ("size", "time") else "left", overflow="fold")
+    for r in results:
+        for m in (r.data or {}).get("models", []):
+            status = m["status"]
+            if status == "ok":
+                word, detail = "[green]ok[/]", ""
+            elif status == "corrupt":
+                word = "[yellow]repaired[/]" if m.get("repaired") else "[red]corrupt[/]"
+                files = ", ".join(b["path"] for b in m.get("bad", []))
+                detail = f"{m.get('bad_chunks', 0)} bad chunk(s) in {files}"
+                if m.get("repaired"):
+                    detail += f"; re-fetched {fmt_bytes(m.get('refetched_bytes'))}"
+            else:
+                word, detail = f"[red]{status.replace('_', ' ')}[/]", ""
+            table.add_row(
+                r.host, m["name"], word, fmt_bytes(m.get("bytes")), fmt_duration(m.get("seconds")), detail
+            )
+    if table.rows:
+        console.print(table)
+    _print_failures(console, results)
