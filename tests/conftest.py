@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,38 @@ def labctl(*args: str, timeout: float = 120, check: bool = False) -> subprocess.
     if check and proc.returncode != 0:
         raise AssertionError(f"labctl {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+@contextmanager
+def m5_cache(lab: object) -> Iterator[None]:
+    """m5's RAM cache mounted by `labctl provision` for the block, and m5 put back as it was.
+
+    Tests of provision expect a host that was never provisioned; whoever mounts the cache
+    for its own tests undoes it: cache emptied, unmounted, fstab restored from labctl's backup.
+    """
+    inv = str(lab.inventory_path)  # type: ignore[attr-defined]
+
+    def on_m5(cmd: str) -> str:
+        proc = labctl("-i", inv, "--json", "exec", "-l", "m5", "--", cmd)
+        return str(json.loads(proc.stdout)["results"][0]["stdout"])
+
+    mounted = on_m5("stat -f -c %T /mnt/model-cache 2>/dev/null || true").strip() == "tmpfs"
+    if not mounted:
+        labctl(
+            "-i",
+            inv,
+            "provision",
+            "-p",
+            str(REPO / "playbooks/provision.yaml"),
+            "--tags",
+            "model_cache",
+            "-l",
+            "m5",
+            check=True,
+        )
+    try:
+        yield
+    finally:
+        on_m5("rm -rf /mnt/model-cache/* /mnt/model-cache/.labctl; true")
+        if not mounted:
+            on_m5("umount /mnt/model-cache && cat /var/lib/labctl/backup/fstab > /etc/fstab")

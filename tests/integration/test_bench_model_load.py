@@ -9,25 +9,21 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, labctl
+from tests.conftest import labctl, m5_cache
 
 pytestmark = pytest.mark.integration
 
 
 def test_make_model_then_measure_every_stage(lab: Any, tmp_path: Path) -> None:
     inv = str(lab.inventory_path)
-    prov = labctl(
-        "-i",
-        inv,
-        "provision",
-        "-p",
-        str(REPO / "playbooks/provision.yaml"),
-        "--tags",
-        "model_cache",
-        "-l",
-        "m5",
-    )
-    assert prov.returncode == 0, prov.stderr
+    with m5_cache(lab):
+        try:
+            measure_every_stage(inv, tmp_path)
+        finally:
+            labctl("-i", inv, "exec", "-l", "irina", "--", "rm -rf /srv/models/bench-m")
+
+
+def measure_every_stage(inv: str, tmp_path: Path) -> None:
     made = labctl(
         "--json",
         "-i",

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO, labctl
+from tests.conftest import REPO, labctl, m5_cache
 
 pytestmark = pytest.mark.integration
 SEED = str(REPO / "playbooks" / "provision.yaml")
@@ -53,27 +53,21 @@ def status(inv: Any, host: str = "m5") -> dict[str, Any]:
 def inv(lab: Any) -> Iterator[Path]:
     """The lab's inventory, with m5's cache mounted by `labctl provision` and test models on irina."""
     path = lab.inventory_path
-    mounted = sh(path, "m5", f"stat -f -c %T {CACHE} 2>/dev/null || true").strip() == "tmpfs"
-    if not mounted:
-        rc, doc = run_json(path, "provision", "-p", SEED, "--tags", "model_cache", "-l", "m5")
-        assert rc == 0, doc
-    sh(
-        path,
-        "irina",
-        f"mkdir -p {MODELS}/tiny && head -c 40M /dev/urandom > {MODELS}/tiny/model.safetensors && "
-        f"echo '{{\"hidden_size\": 8}}' > {MODELS}/tiny/config.json && "
-        f"head -c 5M /dev/urandom > {MODELS}/one.safetensors && head -c 24M /dev/urandom > {MODELS}/mid.safetensors && "
-        f"for m in a b c d; do head -c 80M /dev/urandom > {MODELS}/$m.safetensors; done && "
-        f"head -c 300M /dev/zero > {MODELS}/huge.bin",
-    )
-    try:
-        yield path
-    finally:
-        sh(path, "irina", f"rm -rf {MODELS}")
-        sh(path, "m5", f"umount {SMALL} 2>/dev/null; rm -rf {CACHE}/* {CACHE}/.labctl; true")
-        if not mounted:
-            # Undo the provision: unmount, and put back the fstab it backed up.
-            sh(path, "m5", f"umount {CACHE} && cat /var/lib/labctl/backup/fstab > /etc/fstab")
+    with m5_cache(lab):
+        sh(
+            path,
+            "irina",
+            f"mkdir -p {MODELS}/tiny && head -c 40M /dev/urandom > {MODELS}/tiny/model.safetensors && "
+            f"echo '{{\"hidden_size\": 8}}' > {MODELS}/tiny/config.json && "
+            f"head -c 5M /dev/urandom > {MODELS}/one.safetensors && head -c 24M /dev/urandom > {MODELS}/mid.safetensors && "
+            f"for m in a b c d; do head -c 80M /dev/urandom > {MODELS}/$m.safetensors; done && "
+            f"head -c 300M /dev/zero > {MODELS}/huge.bin",
+        )
+        try:
+            yield path
+        finally:
+            sh(path, "irina", f"rm -rf {MODELS}")
+            sh(path, "m5", f"umount {SMALL} 2>/dev/null; true")
 
 
 def test_sync_copies_host_to_host_and_lists_verified_models(inv: Path, lab: Any) -> None:
