@@ -27,11 +27,11 @@ lint: install
 	$(BIN)/mypy labctl
 
 test: install deps
-	$(BIN)/pytest -q -m "not integration" tests
-	$(BIN)/pytest -q -m integration tests
+	$(BIN)/pytest -q -rs -m "not integration" tests
+	$(BIN)/pytest -q -rs -m integration tests
 
 test-unit: install
-	$(BIN)/pytest -q -m "not integration" tests
+	$(BIN)/pytest -q -rs -m "not integration" tests
 
 demo: install deps
 	$(BIN)/labctl sim up
