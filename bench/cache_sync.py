@@ -44,7 +44,7 @@ SHARD = 500_000_000
 CACHE = "/mnt/model-cache"
 
 sys.path.insert(0, str(REPO))  # run as a script: make the `bench` package importable
-from bench.exec_fanout import update_section  # noqa: E402
+from bench.common import machine, publish  # noqa: E402
 
 # Plain TCP, one stream, from memory: the ceiling the shaped link gives any copy tool.
 TCP_SERVER = """
@@ -195,7 +195,7 @@ def main() -> int:
     ssh_v = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
     rsync_v = subprocess.run(["rsync", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     result = {
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+        "machine": machine(),
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"),
         "model_bytes": nbytes,
@@ -205,12 +205,7 @@ def main() -> int:
         "tools": [ssh_v, rsync_v],
         "rows": rows,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    md = render(result)
-    print(md)
-    if args.out:
-        update_section(args.out, md, MARK_BEGIN, MARK_END)
+    publish(result, render(result), args.json, args.out, MARK_BEGIN, MARK_END)
     return 0
 
 

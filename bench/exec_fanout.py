@@ -10,7 +10,6 @@ open fresh connections). Also times `labctl --help` and checks it imports no hea
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -25,6 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 MARK_BEGIN = "<!-- bench:exec_fanout:begin -->"
 MARK_END = "<!-- bench:exec_fanout:end -->"
+
+sys.path.insert(0, str(REPO))  # run as a script: make the `bench` package importable
+from bench.common import machine, publish  # noqa: E402
+
 HEAVY = ("torch", "paramiko", "pydantic", "yaml", "cryptography", "matplotlib", "docker", "pynvml")
 
 
@@ -133,19 +136,14 @@ def main() -> int:
 
     help_s, heavy_loaded = help_startup(max(args.reps, 10))
     result = {
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+        "machine": machine(),
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"),
         "rows": rows,
         "help_median_s": help_s,
         "help_heavy_imports": heavy_loaded,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    md = render(result)
-    print(md)
-    if args.out:
-        update_section(args.out, md)
+    publish(result, render(result), args.json, args.out, MARK_BEGIN, MARK_END)
     return 0
 
 
@@ -173,18 +171,6 @@ def render(r: dict) -> str:
         MARK_END,
     ]
     return "\n".join(lines)
-
-
-def update_section(path: Path, md: str, begin: str = MARK_BEGIN, end: str = MARK_END) -> None:
-    """Replace the section between `begin` and `end` in `path` (append it if absent)."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        text = head + md + tail
-    else:
-        text = text.rstrip() + "\n\n" + md + "\n"
-    path.write_text(text)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import shutil
@@ -40,7 +39,7 @@ MARK_END = "<!-- bench:loader_cpu:end -->"
 GB = 1e9
 
 sys.path.insert(0, str(REPO))  # run as a script: make `bench` and `labctl` importable
-from bench.exec_fanout import update_section  # noqa: E402
+from bench.common import machine, publish  # noqa: E402
 from labctl.agent.loader import load_file  # noqa: E402
 from labctl.agent.modelgen import make_model  # noqa: E402
 
@@ -169,8 +168,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     result = {
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"{platform.system()} {platform.release()}",
+        "machine": machine(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "safetensors": safetensors.__version__,
@@ -185,12 +183,7 @@ def main() -> int:
         "rows": rows,
         "runs_seconds": times,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    md = render(result)
-    print(md)
-    if args.out:
-        update_section(args.out, md, MARK_BEGIN, MARK_END)
+    publish(result, render(result), args.json, args.out, MARK_BEGIN, MARK_END)
     return 0
 
 

@@ -31,7 +31,8 @@ MARK_BEGIN = "<!-- bench:provision_nochange:begin -->"
 MARK_END = "<!-- bench:provision_nochange:end -->"
 
 sys.path.insert(0, str(REPO))  # run as a script: make the `bench` package importable
-from bench.exec_fanout import ansible_inventory, update_section  # noqa: E402
+from bench.common import machine, publish  # noqa: E402
+from bench.exec_fanout import ansible_inventory  # noqa: E402
 
 HOST_TEXT = "# written by bench/provision_nochange.py\nbench=provision_nochange\n"
 CACHE_GB = 1
@@ -350,19 +351,14 @@ def main() -> int:
         [str(BIN / "ansible-playbook"), "--version"], capture_output=True, text=True
     ).stdout.split("\n", 1)[0]
     result = {
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+        "machine": machine(),
         "python": platform.python_version(),
         "ansible": ansible_version.strip(),
         "date": time.strftime("%Y-%m-%d"),
         "reps": args.reps,
         "rows": rows,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    md = render(result)
-    print(md)
-    if args.out:
-        update_section(args.out, md, MARK_BEGIN, MARK_END)
+    publish(result, render(result), args.json, args.out, MARK_BEGIN, MARK_END)
     return 0
 
 

@@ -71,12 +71,10 @@ def agent_zip() -> tuple[bytes, str]:
 
 def agent_dir(run: HostRun) -> str:
     """Root keeps agents in /var/lib/labctl (a managed path); other users in their cache."""
-    if run.host.connection == "local" or run.host.user != "root":
-        return (
-            str(Path.home() / ".cache/labctl/agent")
-            if run.host.connection == "local"
-            else ".cache/labctl/agent"
-        )
+    if run.host.connection == "local":
+        return str(Path.home() / ".cache/labctl/agent")
+    if run.host.user != "root":
+        return ".cache/labctl/agent"  # relative: the SSH session starts in the user's home
     return "/var/lib/labctl/agent"
 
 
@@ -150,6 +148,7 @@ def call_agent(
             f"{(result.stderr or result.stdout).strip()[-400:]}",
             f"Check that {run.host.python} is Python 3.8 or newer.",
         ) from None
-    if result.rc != 0 or (isinstance(answer, dict) and "error" in answer and result.rc != 0):
-        raise HostError(f"{run.host.name}: agent '{command}' failed: {answer.get('error', answer)}.")
+    if result.rc != 0:
+        error = answer.get("error", answer) if isinstance(answer, dict) else answer
+        raise HostError(f"{run.host.name}: agent '{command}' failed: {error}.")
     return answer
