@@ -52,6 +52,10 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "read_cold": ".bench_load:read_cold_command",
     "load_stages": ".bench_load:load_stages_command",
     "make_model": ".modelgen:make_model_command",
+    "train_preflight": ".train_host:preflight_command",
+    "train_spawn": ".train_host:spawn_command",
+    "train_ps": ".train_host:ps_command",
+    "train_status": ".train_host:status_command",
 }
 
 

@@ -13,7 +13,17 @@ from typing import Annotated, Optional
 import typer
 
 from labctl import __version__
-from labctl.cli import bench_cmd, cache_cmd, exec_cmd, facts_cmd, inventory_cmd, provision_cmd, sim, trust_cmd
+from labctl.cli import (
+    bench_cmd,
+    cache_cmd,
+    exec_cmd,
+    facts_cmd,
+    inventory_cmd,
+    provision_cmd,
+    sim,
+    train_cmd,
+    trust_cmd,
+)
 from labctl.errors import EXIT_INTERRUPTED, LabctlError
 
 app = typer.Typer(
@@ -60,6 +70,7 @@ app.command("exec")(exec_cmd.exec_)
 app.command("facts")(facts_cmd.facts)
 app.command("provision")(provision_cmd.provision)
 app.add_typer(cache_cmd.app, name="cache")
+app.add_typer(train_cmd.app, name="train")
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(sim.app, name="sim")
 

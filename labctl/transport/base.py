@@ -69,6 +69,7 @@ class Connection(Protocol):
         env: dict[str, str] | None = None,
         on_line: LineCallback | None = None,
         cancel: threading.Event | None = None,
+        watchdog: bool = True,
     ) -> CommandResult: ...
 
     def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None: ...

@@ -1,0 +1,306 @@
+"""The host's side of `labctl train`: preflight facts, detached launch, finding and stopping a run.
+
+Every process of a run carries LABCTL_RUN_ID and LABCTL_HOST in its environment (the
+controller sets them for torchrun, which passes them to its workers), so a run's processes
+are found by reading /proc/*/environ, whatever became of the process that started them.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from .commands import AgentError
+from .facts import torch_env_facts
+from .gpus import GpuQueryError, gather_gpus
+from .nics import gather_nics
+
+ORCHESTRA_STATE = "/var/lib/labctl/orchestra/warm.json"
+TORCH_PROBE_TIMEOUT_S = 180.0
+# The agent's import root: the zipapp itself when shipped (…/agent-x.pyz/labctl/agent/this.py).
+IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _torch_probe(python: str) -> Dict[str, Any]:
+    """torch's build facts as the training interpreter sees them (it may be a venv, not the agent's)."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); "
+        "from labctl.agent.gpus import torch_facts; print(json.dumps(torch_facts()))"
+    )
+    try:
+        proc = subprocess.run(
+            [python, "-c", code, IMPORT_ROOT],
+            capture_output=True,
+            text=True,
+            timeout=TORCH_PROBE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        return {"installed": False, "error": "no interpreter at " + python}
+    except subprocess.TimeoutExpired:
+        return {"installed": False, "error": f"importing torch took over {TORCH_PROBE_TIMEOUT_S:.0f} s"}
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return {"installed": False, "error": lines[-1][:300] if lines else f"exit {proc.returncode}"}
+    try:
+        return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        return {"installed": False, "error": "the torch probe printed no JSON"}
+
+
+def _iface_for(address: str) -> Dict[str, Any]:
+    """The interface that carries `address` (the one other hosts reach this one on)."""
+    for nic in gather_nics():
+        for cidr in nic.get("addresses") or []:
+            if cidr.split("/")[0] == address:
+                return {
+                    "name": nic["name"],
+                    "is_bond": bool(nic.get("is_bond")),
+                    "speed_mbps": nic.get("speed_mbps"),
+                }
+    if address.startswith("127.") or address in ("::1", "localhost"):
+        return {"name": "lo", "is_bond": False, "speed_mbps": None}
+    return {"name": None}
+
+
+def _port_state(port: int) -> Dict[str, Any]:
+    """Whether the rendezvous port is free; port 0 asks for a free one."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # TIME_WAIT from a previous run must not count as taken; a listener still does.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("", port))
+        return {"port": s.getsockname()[1], "free": True}
+    except OSError as exc:
+        return {"port": port, "free": False, "error": os.strerror(exc.errno or errno.EADDRINUSE)}
+    finally:
+        s.close()
+
+
+def _disk(path: str) -> Dict[str, Any]:
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    try:
+        st = os.statvfs(probe)
+    except OSError as exc:
+        return {"path": path, "error": str(exc)}
+    return {
+        "path": path,
+        "checked": probe,
+        "free_bytes": st.f_bavail * st.f_frsize,
+        "writable": os.access(probe, os.W_OK),
+    }
+
+
+def _orchestra() -> Dict[str, Any]:
+    try:
+        with open(ORCHESTRA_STATE) as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        return {"present": False, "path": ORCHESTRA_STATE}
+    except (OSError, ValueError) as exc:
+        return {"present": False, "path": ORCHESTRA_STATE, "error": str(exc)}
+    return {"present": True, "path": ORCHESTRA_STATE, "state": state}
+
+
+def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """Everything the controller's preflight checks, in one round trip."""
+    env = torch_env_facts()
+    python = args.get("python") or (env.get("python") if env.get("provisioned") else None) or sys.executable
+    out: Dict[str, Any] = {
+        "python": python,
+        "python_source": "given"
+        if args.get("python")
+        else ("torch_env" if env.get("provisioned") else "inventory"),
+        "torch": _torch_probe(python),
+        "cpu_count": os.cpu_count() or 1,
+        "iface": _iface_for(str(args.get("address") or "")),
+        "disk": _disk(str(args.get("checkpoint_dir") or "/var/lib/labctl")),
+    }
+    try:
+        out["gpu_source"], out["gpus"] = gather_gpus()
+    except GpuQueryError as exc:
+        out["gpu_source"], out["gpus"], out["gpu_error"] = "error", [], str(exc)
+    if args.get("port") is not None:
+        out["rendezvous"] = _port_state(int(args["port"]))
+    if args.get("orchestra"):
+        out["orchestra"] = _orchestra()
+    return out
+
+
+def _environ(pid: int) -> Optional[Dict[str, str]]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:  # gone, or not ours to read
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key in (b"LABCTL_RUN_ID", b"LABCTL_HOST"):
+            env[key.decode()] = value.decode("utf-8", "replace")
+    return env
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
+    except OSError:
+        return ""
+
+
+def run_processes(run_id: str, host: str) -> List[Dict[str, Any]]:
+    """Processes of `run_id` started for `host` (hosts sharing a kernel, as in the sim, stay apart)."""
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        env = _environ(int(name))
+        if not env or env.get("LABCTL_RUN_ID") != run_id:
+            continue
+        if host and env.get("LABCTL_HOST") not in (None, host):
+            continue
+        pid = int(name)
+        try:
+            pgid = os.getpgid(pid)
+        except OSError:
+            continue
+        found.append({"pid": pid, "pgid": pgid, "cmd": _cmdline(pid)})
+    return found
+
+
+def _signal_all(procs: List[Dict[str, Any]], sig: int) -> None:
+    # The groups first (torchrun and its workers share one), then stragglers that left it.
+    for pgid in sorted({p["pgid"] for p in procs}):
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
+    for p in procs:
+        try:
+            os.kill(p["pid"], sig)
+        except OSError:
+            pass
+
+
+def ps_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """The run's processes here; with stop: SIGTERM, wait `grace` s, SIGKILL, and report what is left."""
+    run_id = str(args.get("run_id") or "")
+    host = str(args.get("host") or "")
+    if not run_id:
+        raise AgentError("run_id is required", "bad_args")
+    procs = run_processes(run_id, host)
+    if not args.get("stop") or not procs:
+        return {"processes": procs, "stopped": [], "remaining": procs}
+    grace = float(args.get("grace", 10))
+    _signal_all(procs, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    left = procs
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = run_processes(run_id, host)
+    killed = bool(left)
+    if left:
+        _signal_all(left, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = run_processes(run_id, host)
+    _mark_stopped(args.get("log_dir"))
+    return {"processes": procs, "stopped": procs, "killed": killed, "remaining": left}
+
+
+def _mark_stopped(log_dir: Any) -> None:
+    if not log_dir or not os.path.isdir(str(log_dir)):
+        return
+    path = os.path.join(str(log_dir), "stopped")
+    with open(path, "w") as f:
+        f.write(str(time.time()))
+
+
+def spawn_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """Start `line` detached from the SSH session (for --detach); output to LOG_DIR/console.log."""
+    line = str(args.get("line") or "")
+    log_dir = str(args.get("log_dir") or "")
+    if not line or not log_dir:
+        raise AgentError("line and log_dir are required", "bad_args")
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
+    console = os.path.join(log_dir, "console.log")
+    rc_path = os.path.join(log_dir, "rc")
+    # The shell records torchrun's exit code, so `status` can tell finished from killed.
+    script = f"{line} > {shlex.quote(console)} 2>&1 </dev/null; echo $? > {shlex.quote(rc_path)}.tmp && mv {shlex.quote(rc_path)}.tmp {shlex.quote(rc_path)}"
+    proc = subprocess.Popen(
+        ["sh", "-c", script],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own session: closing the SSH channel does not reach it
+        close_fds=True,
+    )
+    record = {"pid": proc.pid, "pgid": proc.pid, "started": time.time(), "line": line}
+    tmp = os.path.join(log_dir, "run.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, os.path.join(log_dir, "run.json"))
+    return record
+
+
+def _last_event(console: str) -> Optional[Dict[str, Any]]:
+    """The newest rank-0 event in a console log (read from its tail only)."""
+    try:
+        with open(console, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            tail = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(tail):
+        _, sep, rest = line.partition("[rank0]:")
+        if sep and rest.startswith("{"):
+            try:
+                event = json.loads(rest)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and "event" in event:
+                return event
+    return None
+
+
+def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """State of a detached run here: running, exited (rc), or stopped; and its newest event."""
+    run_id = str(args.get("run_id") or "")
+    log_dir = str(args.get("log_dir") or "")
+    host = str(args.get("host") or "")
+    procs = run_processes(run_id, host)
+    out: Dict[str, Any] = {"run_id": run_id, "processes": len(procs), "log_dir": log_dir}
+    rc_path = os.path.join(log_dir, "rc")
+    if procs:
+        out["state"] = "running"
+    elif os.path.exists(os.path.join(log_dir, "stopped")):
+        out["state"] = "stopped"
+    elif os.path.exists(rc_path):
+        with open(rc_path) as f:
+            text = f.read().strip()
+        out["rc"] = int(text) if text.lstrip("-").isdigit() else None
+        out["state"] = "finished" if out["rc"] == 0 else "failed"
+    elif os.path.isdir(log_dir):
+        out["state"] = "gone"  # no process, no exit code: killed from outside, or the host rebooted
+    else:
+        out["state"] = "unknown"
+    out["last_event"] = _last_event(os.path.join(log_dir, "console.log"))
+    return out

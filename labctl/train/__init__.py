@@ -1,0 +1,1 @@
+"""`labctl train`: phases, preflight, torchrun launch over SSH, and hand-off to Slurm / Kubeflow."""

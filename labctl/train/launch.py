@@ -1,0 +1,367 @@
+"""Carry a LaunchSpec out over SSH: preflight, start torchrun on every host, stream, stop, verify.
+
+Attached runs: each host's torchrun runs under the transport's watchdog (transport/wrap.py),
+in its own process group, so it dies when labctl dies or the SSH session drops. Ctrl-C or a
+failed host cancels every host (SIGTERM to the group, SIGKILL after `stop_grace`), and then
+every host is asked for processes still carrying the run's id and those are stopped too: the
+run ends with a list of what remains, which should be empty.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from labctl.agent_ship import agent_dir, agent_zip, call_agent
+from labctl.context import Context
+from labctl.errors import HostError, InputError
+from labctl.fanout import HostResult, HostRun, fan_out
+from labctl.inventory.model import Host
+from labctl.train.phases import Settings
+from labctl.train.plan import Problem, plan_run
+from labctl.train.spec import LaunchSpec, NodeSpec
+from labctl.transport.wrap import wrap_with_watchdog
+
+RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$")
+PREFLIGHT_TIMEOUT_S = 240.0
+
+
+class PreflightFailed(HostError):
+    def __init__(self, problems: list[Problem]) -> None:
+        lines = "\n  ".join(p.line() for p in problems)
+        n = len(problems)
+        super().__init__(
+            f"Preflight found {n} problem{'s' if n != 1 else ''}; nothing was launched:\n  {lines}",
+            "Fix them and run again; `--dry-run` repeats the checks without launching.",
+        )
+        self.problems = problems
+
+
+def host_log_dir(host: Host, run_id: str) -> str:
+    return f"{'/var/lib/labctl' if host.user == 'root' else '.cache/labctl'}/runs/{run_id}"
+
+
+def agent_path(ctx: Context, host: Host) -> str:
+    _, digest = agent_zip()
+    return f"{agent_dir(HostRun(ctx, host, threading.Event()))}/agent-{digest}.pyz"
+
+
+def linux_hosts(hosts: list[Host]) -> list[Host]:
+    windows = [h.name for h in hosts if h.is_windows]
+    if windows:
+        raise InputError(
+            f"Cannot train on {', '.join(windows)}: torchrun over SSH needs Linux hosts.",
+            "Leave them out with --limit (e.g. --limit 'role:train,!workstation').",
+        )
+    return hosts
+
+
+def preflight(
+    ctx: Context,
+    hosts: list[Host],
+    settings: Settings,
+    phase: int,
+    python: str | None,
+    orchestra_hosts: list[Host],
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Every host's preflight answer (one agent round trip each), and the orchestra hosts'."""
+    train_names = {h.name for h in hosts}
+    everyone = hosts + [h for h in orchestra_hosts if h.name not in train_names]
+    orchestra_names = {h.name for h in orchestra_hosts}
+
+    def step(run: HostRun) -> HostResult:
+        args: dict[str, Any] = {
+            "python": python or settings.python,
+            "address": run.host.address,
+            "checkpoint_dir": settings.checkpoint_path(phase),
+            "orchestra": run.host.name in orchestra_names,
+        }
+        if run.host.name == hosts[0].name:
+            args["port"] = settings.port
+        answer = call_agent(run, "train_preflight", args, timeout=PREFLIGHT_TIMEOUT_S)
+        return HostResult(run.host.name, "ok", data=answer)
+
+    results = fan_out(ctx, everyone, step, label="preflight")
+    failed = [r for r in results if not r.ok]
+    if failed:
+        problems = [
+            Problem(r.host, r.error or r.status, r.hint or "check the host (labctl facts).") for r in failed
+        ]
+        raise PreflightFailed(problems)
+    by_name = {r.host: r.data for r in results}
+    return (
+        {h.name: by_name[h.name] for h in hosts},
+        {h.name: by_name[h.name] for h in orchestra_hosts},
+    )
+
+
+def prepare(
+    ctx: Context,
+    *,
+    settings: Settings,
+    phase: int,
+    run_id: str,
+    hosts: list[Host],
+    device: str | None,
+    python: str | None,
+    script: str | None,
+    script_args: tuple[str, ...],
+) -> LaunchSpec:
+    """Preflight every host and plan the run; raises PreflightFailed with every problem found."""
+    inv = ctx.inventory
+    orchestra = (
+        [h for h in inv.hosts.values() if "inference" in h.roles] if settings.requires_orchestra else []
+    )
+    probes, orchestra_probes = preflight(ctx, hosts, settings, phase, python, orchestra)
+    log_dir = host_log_dir(hosts[0], run_id)
+    remote_script = f"{log_dir}/{Path(script).name}" if script else None
+    spec, problems = plan_run(
+        settings=settings,
+        phase=phase,
+        run_id=run_id,
+        hosts=hosts,
+        probes=probes,
+        device_override=device,
+        log_dir=log_dir,
+        pythonpath={h.name: agent_path(ctx, h) for h in hosts},
+        script=remote_script,
+        script_args=script_args,
+        orchestra_probes=orchestra_probes,
+    )
+    if problems or spec is None:
+        raise PreflightFailed(problems)
+    return spec
+
+
+def ship_script(ctx: Context, spec: LaunchSpec, hosts: list[Host], script: Path) -> None:
+    """Copy the user's script into the run's folder on every host."""
+    data = script.read_bytes()
+
+    def step(run: HostRun) -> HostResult:
+        mk = run.conn.run(f"mkdir -p {shlex.quote(spec.log_dir)}", timeout=30)
+        if mk.rc != 0:
+            raise HostError(f"{run.host.name}: cannot create {spec.log_dir}: {mk.stderr.strip()}")
+        run.conn.put_bytes(data, str(spec.script), mode=0o600)
+        return HostResult(run.host.name, "ok")
+
+    results = fan_out(ctx, hosts, step, label="copying the script")
+    bad = [r for r in results if not r.ok]
+    if bad:
+        raise HostError(
+            "Could not copy the script to " + ", ".join(f"{r.host} ({r.error})" for r in bad) + ".",
+            "Check the hosts' disks and permissions; nothing was launched.",
+        )
+
+
+def format_event(event: dict[str, Any]) -> str:
+    kind = event.get("event")
+    if kind == "step":
+        return (
+            f"step {event.get('step')}/{event.get('steps')}  loss {float(event.get('loss', 0)):.4f}  "
+            f"lr {float(event.get('lr', 0)):.2e}  {float(event.get('tokens_per_s', 0)):,.0f} tok/s"
+            + (f"  restart {event['restart']}" if event.get("restart") else "")
+        )
+    if kind == "start":
+        resumed = event.get("resumed_from")
+        return (
+            f"start: {event.get('world_size')} processes on {event.get('device')} ({event.get('precision')}), "
+            f"{int(event.get('params') or 0):,} parameters, "
+            + (f"resumed from step {resumed}" if resumed is not None else "from scratch")
+            + (f", restart {event['restart']}" if event.get("restart") else "")
+        )
+    if kind == "checkpoint":
+        return f"checkpoint at step {event.get('step')}: {event.get('path')} ({float(event.get('seconds', 0)):.2f} s)"
+    if kind == "done":
+        return f"done at step {event.get('step')}, loss {float(event.get('loss', 0)):.4f}"
+    return json.dumps(event)
+
+
+@dataclass
+class Stream:
+    """Routes every host's lines: all to per-host files, rank 0's events to metrics, chosen ranks to the screen."""
+
+    folder: Path
+    ranks: set[int] | None  # None: every rank
+    show: Callable[[str, str, str], None] | None  # (host/rank label, text, stream)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    files: dict[str, IO[str]] = field(default_factory=dict)
+    first_step_at: float | None = None
+
+    def open(self, hosts: list[str]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for h in hosts:
+            self.files[h] = open(self.folder / f"{h}.log", "a", buffering=1)  # noqa: SIM115 (closed in close())
+        self.metrics = open(self.folder / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        if hasattr(self, "metrics"):
+            self.metrics.close()
+
+    def line(self, host: str, stream: str, text: str) -> None:
+        m = RANK_LINE.match(text)
+        rank = int(m.group(1)) if m else None
+        body = m.group(2) if m else text
+        event = None
+        if rank == 0 and body.startswith("{"):
+            try:
+                parsed = json.loads(body)
+                event = parsed if isinstance(parsed, dict) and "event" in parsed else None
+            except ValueError:
+                event = None
+        with self.lock:
+            self.files[host].write(text + "\n")
+            if event is not None:
+                event = {**event, "host": host}
+                self.events.append(event)
+                self.metrics.write(json.dumps(event) + "\n")
+                if event.get("event") == "step" and self.first_step_at is None:
+                    self.first_step_at = time.monotonic()
+            if self.show is None:
+                return
+            if rank is None:
+                # torchrun's own lines: restarts, rendezvous and failures matter; its INFO chatter does not.
+                if any(
+                    w in text
+                    for w in ("ERROR", "Traceback", "Error", "WARNING", "restart", "Restart", "failed")
+                ):
+                    self.show(f"{host}/torchrun", text, "stderr")
+                return
+            if self.ranks is None or rank in self.ranks:
+                self.show(f"{host}/{rank}", format_event(event) if event else body, stream)
+
+
+@dataclass
+class Outcome:
+    results: list[HostResult]
+    events: list[dict[str, Any]]
+    remaining: dict[str, list[dict[str, Any]]]
+    interrupted: bool = False
+    failed_host: str | None = None
+    first_step_seconds: float | None = None
+
+
+def _command(spec: LaunchSpec, node: NodeSpec, grace: int) -> str:
+    inner = f"mkdir -p {shlex.quote(spec.log_dir)} && cd {shlex.quote(spec.log_dir)} && exec {spec.shell_line(node)}"
+    return wrap_with_watchdog(inner, grace=grace)
+
+
+def run_attached(
+    ctx: Context,
+    spec: LaunchSpec,
+    hosts: list[Host],
+    stream: Stream,
+    grace: int,
+    timeout: float | None = None,
+) -> Outcome:
+    by_name = {h.name: h for h in hosts}
+    nodes = {n.host: n for n in spec.nodes}
+    abort = threading.Event()
+    failed: list[str] = []
+    started = time.monotonic()
+
+    def step(run: HostRun) -> HostResult:
+        name = run.host.name
+
+        # fan_out's cancel (Ctrl-C) and another host's failure both stop this host.
+        def relay() -> None:
+            run.cancel.wait()
+            abort.set()
+
+        threading.Thread(target=relay, daemon=True).start()
+        res = run.conn.run(
+            _command(spec, nodes[name], grace),
+            timeout=timeout,
+            cancel=abort,
+            on_line=lambda s, t: stream.line(name, s, t),
+            watchdog=False,  # wrapped above, with the run's own grace period
+        )
+        if res.rc not in (0, None) and not abort.is_set():
+            failed.append(name)
+            abort.set()
+        if res.cancelled:
+            why = (
+                f"stopped because {failed[0]} failed" if failed and failed[0] != name else "stopped by Ctrl-C"
+            )
+            return HostResult(name, "cancelled", error=why, rc=None)
+        if res.timed_out:
+            return HostResult(name, "timeout", error=f"stopped after {timeout:g} s")
+        if res.rc == 0:
+            return HostResult(name, "ok", rc=0)
+        tail = [ln for ln in (res.stderr or res.stdout).splitlines() if ln.strip()][-3:]
+        return HostResult(
+            name, "failed", rc=res.rc, error=f"torchrun exited {res.rc}: " + " | ".join(tail)[-400:]
+        )
+
+    interrupted = False
+    try:
+        results = fan_out(ctx, [by_name[n.host] for n in spec.nodes], step, label="training", progress=False)
+    except KeyboardInterrupt:
+        abort.set()
+        interrupted = True
+        results = []
+    remaining = stop_everywhere(ctx, spec.run_id, [by_name[n.host] for n in spec.nodes], grace, spec.log_dir)
+    first = stream.first_step_at - started if stream.first_step_at else None
+    return Outcome(results, stream.events, remaining, interrupted, failed[0] if failed else None, first)
+
+
+def stop_everywhere(
+    ctx: Context, run_id: str, hosts: list[Host], grace: int, log_dir: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """SIGTERM, then SIGKILL after `grace`, every process of the run on every host; what is left."""
+
+    def step(run: HostRun) -> HostResult:
+        answer = call_agent(
+            run,
+            "train_ps",
+            {"run_id": run_id, "host": run.host.name, "stop": True, "grace": grace, "log_dir": log_dir},
+            timeout=grace + 60,
+        )
+        return HostResult(run.host.name, "ok", data=answer)
+
+    results = fan_out(ctx, hosts, step, label="checking no process of the run remains")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        if r.ok:
+            out[r.host] = list(r.data.get("remaining") or [])
+        else:
+            out[r.host] = [{"pid": None, "cmd": f"could not check: {r.error}"}]
+    return out
+
+
+def run_detached(ctx: Context, spec: LaunchSpec, hosts: list[Host]) -> list[HostResult]:
+    by_name = {h.name: h for h in hosts}
+    nodes = {n.host: n for n in spec.nodes}
+
+    def step(run: HostRun) -> HostResult:
+        answer = call_agent(
+            run,
+            "train_spawn",
+            {"line": spec.shell_line(nodes[run.host.name]), "log_dir": spec.log_dir},
+            timeout=60,
+        )
+        return HostResult(run.host.name, "ok", data=answer)
+
+    return fan_out(ctx, [by_name[n.host] for n in spec.nodes], step, label="starting")
+
+
+def host_status(ctx: Context, record: dict[str, Any], hosts: list[Host]) -> list[HostResult]:
+    def step(run: HostRun) -> HostResult:
+        answer = call_agent(
+            run,
+            "train_status",
+            {"run_id": record["run_id"], "host": run.host.name, "log_dir": record["log_dir"]},
+            timeout=60,
+        )
+        return HostResult(run.host.name, "ok", data=answer)
+
+    return fan_out(ctx, hosts, step, label="asking the hosts")

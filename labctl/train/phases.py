@@ -1,0 +1,307 @@
+"""Training phases: a YAML file of settings per phase, validated like the inventory.
+
+    name: cet-training
+    defaults: {hosts: role:train, gpus: [Tesla V100], steps: 2000, ...}
+    phases:
+      1: {name: cold_start, strategy: single_gpu_debug, batch_size_per_gpu: 2048, ...}
+
+A phase's settings are the built-in defaults, then the file's `defaults`, then the phase,
+then `--set key=value` (dotted keys reach nested settings: `--set model.d_model=64`).
+Every error names the file, the line and the field, and exits 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from labctl.errors import InputError
+from labctl.inventory.load import InventoryError, _validation_problems, dotted
+from labctl.yamlpos import YamlSyntaxError, read_positioned
+
+DEFAULT_PHASES = Path("playbooks/train.yaml")
+STRATEGIES = ("single_gpu_debug", "multi_gpu_full", "multi_gpu_conservative")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GradScaling(_Strict):
+    enabled: bool = True
+    initial_scale: float = Field(default=65536.0, gt=0)
+    growth_factor: float = Field(default=2.0, gt=1)
+    backoff_factor: float = Field(default=0.5, gt=0, lt=1)
+    growth_interval: int = Field(default=2000, ge=1)
+
+
+class ModelShape(_Strict):
+    vocab: int = Field(default=256, ge=2, description="vocab: 256 (the reference corpus is bytes)")
+    d_model: int = Field(default=256, ge=8)
+    n_layers: int = Field(default=4, ge=1)
+    n_heads: int = Field(default=4, ge=1)
+    d_ff: int = Field(default=1024, ge=8)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelShape:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
+        return self
+
+
+class Settings(_Strict):
+    """Everything one phase needs. Every key has a default, so a file names only what differs."""
+
+    name: Optional[str] = None
+    strategy: Literal["single_gpu_debug", "multi_gpu_full", "multi_gpu_conservative"] = Field(
+        "multi_gpu_full", description="strategy: single_gpu_debug, multi_gpu_full or multi_gpu_conservative"
+    )
+    hosts: str = Field("role:train", description="hosts: role:train (the --limit syntax)")
+    gpus: list[str] = Field(
+        default_factory=list, description='gpus: ["Tesla V100"] (GPU models that train; empty = all)'
+    )
+    device: Literal["auto", "cuda", "cpu"] = Field(default="auto", description="device: auto, cuda or cpu")
+    cpu_procs: int = Field(
+        default=1, ge=1, description="cpu_procs: 1 (processes per host when training on CPU)"
+    )
+    port: int = Field(default=29500, ge=0, le=65535, description="port: 29500 (0 picks a free one)")
+    max_restarts: int = Field(default=3, ge=0)
+    rdzv_timeout: int = Field(default=900, ge=10)
+    stop_grace: int = Field(
+        default=10, ge=1, description="stop_grace: 10 (seconds between SIGTERM and SIGKILL)"
+    )
+    python: Optional[str] = Field(
+        default=None, description="python: /opt/venv/bin/python (default: the torch_env)"
+    )
+    script: Optional[str] = None
+    steps: int = Field(default=1000, ge=1)
+    batch_size_per_gpu: int = Field(default=32, ge=1)
+    accumulation_steps: int = Field(default=1, ge=1)
+    seq_len: int = Field(default=128, ge=2)
+    model: ModelShape = Field(default_factory=lambda: ModelShape())
+    lr: float = Field(default=3e-4, gt=0)
+    warmup_steps: int = Field(default=100, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    grad_clip: Optional[float] = Field(default=1.0, gt=0)
+    mixed_precision: bool = False
+    gradient_scaling: GradScaling = Field(default_factory=lambda: GradScaling())
+    ema: bool = False
+    ema_decay: float = Field(default=0.999, gt=0, lt=1)
+    dynamic_batch_sizing: bool = False
+    bucket_cap_mb: int = Field(default=25, ge=1)
+    checkpoint_dir: str = Field(
+        "/var/lib/labctl/train/phase{phase}", description="checkpoint_dir: /data/ckpt/phase{phase}"
+    )
+    checkpoint_every: int = Field(default=200, ge=1)
+    keep_checkpoints: int = Field(default=3, ge=1)
+    log_every: int = Field(default=10, ge=1)
+    seed: int = 0
+    requires_orchestra: bool = Field(
+        False, description="requires_orchestra: true (phase 3 needs the warm set)"
+    )
+    nccl_debug: str = "WARN"
+    env: dict[str, str] = Field(default_factory=dict, description="env: {NCCL_IB_DISABLE: '1'}")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_as_text(cls, v: Any) -> Any:
+        # Environment values are text; `NCCL_IB_DISABLE: 1` in YAML means "1".
+        if isinstance(v, dict):
+            return {
+                k: (str(x).lower() if isinstance(x, bool) else str(x)) if isinstance(x, (int, float)) else x
+                for k, x in v.items()
+            }
+        return v
+
+    def trainer_settings(self, phase: int, run_id: str, metrics_path: str) -> dict[str, Any]:
+        """What the reference trainer reads (labctl/agent/trainer.py)."""
+        return {
+            "phase": phase,
+            "run_id": run_id,
+            "steps": self.steps,
+            "batch_size": self.batch_size_per_gpu,
+            "accumulation_steps": self.accumulation_steps,
+            "seq_len": self.seq_len,
+            "model": self.model.model_dump(),
+            "lr": self.lr,
+            "warmup_steps": self.warmup_steps,
+            "weight_decay": self.weight_decay,
+            "grad_clip": self.grad_clip,
+            "mixed_precision": self.mixed_precision,
+            "gradient_scaling": self.gradient_scaling.model_dump(),
+            "ema": self.ema,
+            "ema_decay": self.ema_decay,
+            "dynamic_batch_sizing": self.dynamic_batch_sizing,
+            "bucket_cap_mb": self.bucket_cap_mb,
+            "checkpoint_dir": self.checkpoint_path(phase),
+            "checkpoint_every": self.checkpoint_every,
+            "keep_checkpoints": self.keep_checkpoints,
+            "metrics_path": metrics_path,
+            "log_every": self.log_every,
+            "seed": self.seed,
+        }
+
+    def checkpoint_path(self, phase: int) -> str:
+        return self.checkpoint_dir.replace("{phase}", str(phase))
+
+
+class PhasesFile(BaseModel):
+    path: Path
+    name: str
+    defaults: dict[str, Any]
+    phases: dict[int, dict[str, Any]]
+
+    def settings(self, phase: int, overrides: list[str] | None = None) -> Settings:
+        if phase not in self.phases:
+            raise InputError(
+                f"No phase {phase} in {self.path}.",
+                f"Phases there: {', '.join(str(p) for p in sorted(self.phases))}.",
+            )
+        merged = _merge(_merge({}, self.defaults), self.phases[phase])
+        for text in overrides or []:
+            merged = _merge(merged, parse_override(text))
+        try:
+            return Settings.model_validate(merged)
+        except ValidationError as e:
+            problems = _validation_problems(e, Settings, (), _NoPositions())  # type: ignore[arg-type]
+            lines = "\n  ".join(f"{fld}: {msg}" for _, fld, msg in problems)
+            raise InputError(
+                f"Phase {phase}'s settings (from {self.path} and --set) have problems:\n  {lines}",
+                "Fix the --set values or the file.",
+            ) from None
+
+
+class _NoPositions:
+    """Stands in for PositionedYaml where the values came from the command line."""
+
+    def line_of(self, _path: Any) -> None:
+        return None
+
+
+def _merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in layer.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "env":
+            out[k] = _merge(out[k], v)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = {**out[k], **v}
+        else:
+            out[k] = v
+    return out
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """`steps=40` or `model.d_model=64` → a nested mapping; the value is read as YAML."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise InputError(
+            f"--set {text!r} is not KEY=VALUE.", "Write e.g. --set steps=40 or --set model.d_model=64"
+        )
+    parts = key.split(".")
+    allowed: Any = Settings
+    for i, part in enumerate(parts):
+        fields = getattr(allowed, "model_fields", None)
+        if fields is None:
+            break
+        if part not in fields:
+            close = difflib.get_close_matches(part, list(fields), n=1)
+            hint = f" Did you mean '{'.'.join([*parts[:i], close[0]])}'?" if close else ""
+            raise InputError(
+                f"--set {key}: unknown setting '{part}'.{hint}",
+                f"Settings: {', '.join(fields)}.",
+            )
+        annotation = fields[part].annotation
+        allowed = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    out: dict[str, Any] = {parts[-1]: value}
+    for part in reversed(parts[:-1]):
+        out = {part: out}
+    return out
+
+
+def load_phases(path: Path | None = None) -> PhasesFile:
+    path = Path(path or DEFAULT_PHASES)
+    if not path.exists():
+        raise InputError(
+            f"No phases file at {path}.", f"Pass one with -f, or use the default {DEFAULT_PHASES}."
+        )
+    try:
+        pos = read_positioned(path)
+    except YamlSyntaxError as e:
+        where = f":{e.line}" if e.line else ""
+        raise InputError(
+            f"{path}{where}: the YAML does not parse: {e.problem}.",
+            "Check indentation and quoting on that line.",
+        ) from None
+    problems: list[tuple[int | None, str, str]] = [
+        (d.line, dotted(d.path), d.message + "; keep one") for d in pos.duplicates
+    ]
+    data = pos.data
+    if not isinstance(data, dict):
+        raise PhasesError(path, [(1, "", "a phases file is a mapping with 'name', 'defaults' and 'phases'")])
+    for key in data:
+        if key not in ("name", "defaults", "phases"):
+            close = difflib.get_close_matches(str(key), ["name", "defaults", "phases"], n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            problems.append(
+                (
+                    pos.line_of((key,)),
+                    str(key),
+                    f"unknown key '{key}'.{hint} Keys allowed here: name, defaults, phases.",
+                )
+            )
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        problems.append((pos.line_of(("defaults",)), "defaults", "defaults is a mapping of settings"))
+        defaults = {}
+    else:
+        problems += _check_layer(defaults, ("defaults",), pos)
+    raw_phases = data.get("phases")
+    phases: dict[int, dict[str, Any]] = {}
+    if not isinstance(raw_phases, dict) or not raw_phases:
+        problems.append(
+            (pos.line_of(("phases",)), "phases", "at least one phase is required: phases: {1: {steps: 100}}")
+        )
+        raw_phases = {}
+    for key, layer in raw_phases.items():
+        loc = ("phases", key)
+        if not isinstance(key, int) or isinstance(key, bool) or key < 1:
+            problems.append((pos.line_of(loc), dotted(loc), "phases are numbered 1, 2, 3 ..."))
+            continue
+        if not isinstance(layer, dict):
+            problems.append(
+                (pos.line_of(loc), dotted(loc), "a phase is a mapping of settings, e.g. {steps: 100}")
+            )
+            continue
+        found = _check_layer(layer, loc, pos)
+        problems += found
+        if not found:
+            # Each layer alone is valid; the merged phase must be too (e.g. n_heads dividing d_model).
+            phases[key] = layer
+    if problems:
+        raise PhasesError(path, problems)
+    return PhasesFile(path=path, name=str(data.get("name") or path.stem), defaults=defaults, phases=phases)
+
+
+def _check_layer(layer: dict[str, Any], loc: tuple[Any, ...], pos: Any) -> list[tuple[int | None, str, str]]:
+    try:
+        Settings.model_validate(layer)
+    except ValidationError as e:
+        return _validation_problems(e, Settings, loc, pos)
+    return []
+
+
+class PhasesError(InventoryError):
+    def __init__(self, path: Path, problems: list[tuple[int | None, str, str]]) -> None:
+        super().__init__(path, problems)
+        n = len(problems)
+        self.message = self.message.replace("The inventory", "The phases file", 1)
+        self.hint = f"Fix the line{'s' if n != 1 else ''} named above; `labctl train --phase N --dry-run` validates without launching."

@@ -1,0 +1,417 @@
+"""Preflight and placement as pure functions: host probes + settings → a LaunchSpec or problems.
+
+Nothing here touches a host; `labctl/agent/train_host.py:preflight_command` gathers what is
+read here, one round trip per host. Every problem names the host and the fix, and any
+problem means nothing is launched.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from labctl.inventory.model import Host
+from labctl.provision.resource import PlanError
+from labctl.train.phases import Settings
+from labctl.train.spec import LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec, NodeSpec
+
+Cap = tuple[int, int]
+ORCHESTRA_HINT = (
+    "Load the warm set first (the rotation state lives in /var/lib/labctl/orchestra/warm.json), "
+    "or train without it: --set requires_orchestra=false."
+)
+
+
+@dataclass
+class Problem:
+    host: str
+    message: str
+    fix: str
+
+    def line(self) -> str:
+        return f"{self.host}: {self.message} Fix: {self.fix}"
+
+
+@dataclass
+class TrainGpu:
+    name: str
+    cap: Cap | None
+    index: int | None  # None: declared in the inventory, not seen on the host
+
+
+@dataclass
+class Placement:
+    host: Host
+    device: str
+    gpus: list[TrainGpu] = field(default_factory=list)
+    nproc: int = 1
+
+
+def arch_caps(arch_list: list[str]) -> tuple[list[Cap], bool]:
+    """torch.cuda.get_arch_list() → (cubin architectures, whether any PTX is embedded)."""
+    caps: list[Cap] = []
+    ptx = False
+    for a in arch_list:
+        m = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", a)
+        if not m:
+            continue
+        cap = (int(m.group(2)), int(m.group(3)))
+        if m.group(1) == "compute":
+            ptx = True
+        caps.append(cap)
+    return caps, ptx
+
+
+def runs_on(arch_list: list[str], cap: Cap) -> bool:
+    from labctl.provision.resources.torch_env import supports
+
+    caps, ptx = arch_caps(arch_list)
+    return supports(caps, ptx, cap)
+
+
+def _matches(name: str, wanted: list[str]) -> bool:
+    return not wanted or any(w.lower() in name.lower() for w in wanted)
+
+
+def train_gpus(host: Host, probe: dict[str, Any], wanted: list[str]) -> list[TrainGpu]:
+    """The GPUs that train on `host`: found on the host (which wins), else declared in the inventory."""
+    from labctl.provision.resources.torch_env import KNOWN_CAPS, declared_caps, parse_cap
+
+    real = probe.get("gpus") or []
+    if real:
+        out: list[TrainGpu] = []
+        for g in real:
+            name = str(g.get("name") or "GPU")
+            if not _matches(name, wanted):
+                continue
+            cap_text = g.get("compute_capability") or g.get("compute_cap")
+            cap = parse_cap(str(cap_text)) if cap_text else None
+            if cap is None:
+                known = [
+                    c for k, c in sorted(KNOWN_CAPS.items(), key=lambda kv: -len(kv[0])) if k in name.lower()
+                ]
+                cap = known[0] if known else None
+            out.append(TrainGpu(name, cap, int(g.get("index", len(out)))))
+        return out
+    try:
+        declared = declared_caps(host)
+    except PlanError:
+        declared = [(g.model, None) for g in host.gpus for _ in range(g.count)]  # type: ignore[misc]
+    return [TrainGpu(n, c, None) for n, c in declared if _matches(n, wanted)]
+
+
+def _fmt_cap(cap: Cap | None) -> str:
+    return f"sm_{cap[0]}{cap[1]}" if cap else "sm_?"
+
+
+def check_host(
+    host: Host, probe: dict[str, Any], settings: Settings, device: str
+) -> tuple[Placement | None, list[Problem]]:
+    """One host's placement and what is wrong with it."""
+    problems: list[Problem] = []
+    torch = probe.get("torch") or {}
+    py = probe.get("python", host.python)
+    if not torch.get("installed"):
+        why = f" ({torch['error']})" if torch.get("error") else ""
+        problems.append(
+            Problem(
+                host.name,
+                f"no torch importable by {py}{why}.",
+                f"provision it (labctl provision --tags torch_env --limit {host.name}) or pass --python PATH_WITH_TORCH.",
+            )
+        )
+    gpus = train_gpus(host, probe, settings.gpus)
+    strategy_one = settings.strategy == "single_gpu_debug"
+    if device == "cpu":
+        nproc = 1 if strategy_one else settings.cpu_procs
+        return (Placement(host, "cpu", [], nproc) if not problems else None), problems
+    if not gpus:
+        which = f" matching {settings.gpus}" if settings.gpus else ""
+        problems.append(
+            Problem(
+                host.name,
+                f"no GPU{which} to train on.",
+                "choose hosts with such GPUs (--limit), change `gpus:` in the phases file, or train on CPUs with --device cpu.",
+            )
+        )
+        return None, problems
+    if gpus[0].index is None:
+        source = probe.get("gpu_error") or "neither NVML nor nvidia-smi found one"
+        problems.append(
+            Problem(
+                host.name,
+                f"the inventory declares {', '.join(sorted({g.name for g in gpus}))} but no GPU answers on the host ({source}).",
+                "install or repair the NVIDIA driver (labctl facts shows what the host sees), or train on CPUs with --device cpu.",
+            )
+        )
+    if torch.get("installed"):
+        version = torch.get("version", "?")
+        if not torch.get("cuda"):
+            names = ", ".join(f"{g.name} ({_fmt_cap(g.cap)})" for g in _unique(gpus))
+            problems.append(
+                Problem(
+                    host.name,
+                    f"torch {version} at {py} is a CPU build: it has no kernels for {names}.",
+                    f"install a CUDA build that supports them (labctl provision --tags torch_env --limit {host.name}, "
+                    "cuda: auto picks one), or train on CPUs with --device cpu.",
+                )
+            )
+        else:
+            arch_list = list(torch.get("arch_list") or [])
+            bad = [
+                g for g in _unique(gpus) if g.cap is not None and arch_list and not runs_on(arch_list, g.cap)
+            ]
+            if bad:
+                from labctl.provision.resources.torch_env import variants_for
+
+                base = str(version).split("+")[0]
+                fits = [
+                    v for v in variants_for(base) if _variant_runs(base, v, [g.cap for g in gpus if g.cap])
+                ]
+                problems.append(
+                    Problem(
+                        host.name,
+                        f"torch {version} has no kernels for "
+                        + ", ".join(f"{g.name} ({_fmt_cap(g.cap)})" for g in bad)
+                        + f" (its architectures: {' '.join(arch_list)}).",
+                        (f"use torch_env with cuda: {fits[0]}" if fits else "use an older torch build")
+                        + f" (labctl provision --tags torch_env --limit {host.name}), or leave those GPUs out with `gpus:`.",
+                    )
+                )
+            if gpus[0].index is not None and not torch.get("cuda_available"):
+                problems.append(
+                    Problem(
+                        host.name,
+                        f"torch {version} cannot use the GPUs: {torch.get('cuda_error') or 'torch.cuda.is_available() is False'}.",
+                        "check the driver against the torch CUDA build (labctl facts).",
+                    )
+                )
+    nproc = 1 if strategy_one else len(gpus)
+    chosen = gpus[:nproc]
+    return (Placement(host, "cuda", chosen, nproc) if not problems else None), problems
+
+
+def _variant_runs(version: str, variant: str, caps: list[Cap]) -> bool:
+    from labctl.provision.resources.torch_env import build_archs, supports
+
+    archs, ptx = build_archs(version, variant) or ([], False)
+    return all(supports(archs, ptx, c) for c in caps)
+
+
+def _unique(gpus: list[TrainGpu]) -> list[TrainGpu]:
+    seen: dict[tuple[str, Cap | None], TrainGpu] = {}
+    for g in gpus:
+        seen.setdefault((g.name, g.cap), g)
+    return list(seen.values())
+
+
+def choose_device(settings: Settings, override: str | None, hosts: list[Host], probes: dict[str, Any]) -> str:
+    wanted = override or settings.device
+    if wanted != "auto":
+        return wanted
+    with_gpus = [h.name for h in hosts if train_gpus(h, probes.get(h.name, {}), settings.gpus)]
+    return "cuda" if with_gpus else "cpu"
+
+
+def checkpoint_bytes(settings: Settings) -> int:
+    """A checkpoint's size: fp32 weights + AdamW's two moments (+ EMA), with 10% to spare."""
+    from labctl.agent.tinylm import make_config, param_count
+
+    m = settings.model
+    cfg = make_config(
+        vocab=m.vocab,
+        d_model=m.d_model,
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        d_ff=m.d_ff,
+        max_seq=settings.seq_len,
+    )
+    per_param = 4 * (3 + (1 if settings.ema else 0))
+    return int(param_count(cfg) * per_param * 1.1)
+
+
+def plan_run(
+    *,
+    settings: Settings,
+    phase: int,
+    run_id: str,
+    hosts: list[Host],
+    probes: dict[str, dict[str, Any]],
+    device_override: str | None,
+    log_dir: str,
+    pythonpath: dict[str, str],
+    script: str | None = None,
+    script_args: tuple[str, ...] = (),
+    orchestra_probes: dict[str, dict[str, Any]] | None = None,
+) -> tuple[LaunchSpec | None, list[Problem]]:
+    problems: list[Problem] = []
+    device = choose_device(settings, device_override, hosts, probes)
+    placements: list[Placement] = []
+    for h in hosts:
+        placement, found = check_host(h, probes[h.name], settings, device)
+        problems += found
+        if placement:
+            placements.append(placement)
+    problems += _cross_host_checks(hosts, probes, device)
+    head = hosts[0]
+    rdzv = probes[head.name].get("rendezvous") or {}
+    port = int(rdzv.get("port") or settings.port)
+    if rdzv and not rdzv.get("free"):
+        problems.append(
+            Problem(
+                head.name,
+                f"the rendezvous port {settings.port} is taken ({rdzv.get('error', 'in use')}); another run may hold it.",
+                "stop that run (labctl train status / stop), or pick another port: --set port=0 takes a free one.",
+            )
+        )
+    need = (settings.keep_checkpoints + 1) * checkpoint_bytes(settings)
+    ckpt = settings.checkpoint_path(phase)
+    for h in hosts:
+        p = probes[h.name]
+        iface = (p.get("iface") or {}).get("name")
+        if not iface:
+            problems.append(
+                Problem(
+                    h.name,
+                    f"no network interface carries its inventory address {h.address}, so NCCL/gloo would guess one.",
+                    "set the host's `address:` to its address on the training network (the bond where there is one).",
+                )
+            )
+        disk = p.get("disk") or {}
+        if disk.get("error") or not disk.get("writable", True):
+            problems.append(
+                Problem(
+                    h.name,
+                    f"cannot write checkpoints under {ckpt} ({disk.get('error') or 'not writable'}).",
+                    "set checkpoint_dir to a writable path: --set checkpoint_dir=/data/ckpt/phase{phase}.",
+                )
+            )
+        elif disk.get("free_bytes") is not None and disk["free_bytes"] < need:
+            problems.append(
+                Problem(
+                    h.name,
+                    f"{disk['free_bytes'] / 1e9:.1f} GB free at {disk.get('checked', ckpt)}; {settings.keep_checkpoints} checkpoints "
+                    f"of this model need {need / 1e9:.1f} GB.",
+                    "free space, lower keep_checkpoints, or move checkpoint_dir.",
+                )
+            )
+    if settings.requires_orchestra:
+        problems += orchestra_problems(orchestra_probes or {})
+    if problems:
+        return None, problems
+    nodes = tuple(
+        NodeSpec(
+            host=pl.host.name,
+            address=pl.host.address,
+            nproc=pl.nproc,
+            device=pl.device,
+            python=str(probes[pl.host.name].get("python") or pl.host.python),
+            gpu_indices=tuple(g.index for g in pl.gpus if g.index is not None),
+            gpu_names=tuple(g.name for g in pl.gpus),
+            iface=(probes[pl.host.name].get("iface") or {}).get("name"),
+            env=node_env(pl, probes[pl.host.name], settings, run_id, pythonpath.get(pl.host.name, "")),
+        )
+        for pl in placements
+    )
+    metrics = f"{log_dir}/metrics.jsonl"
+    spec = LaunchSpec(
+        run_id=run_id,
+        phase=phase,
+        dist_backend="nccl" if device == "cuda" else "gloo",
+        nodes=nodes,
+        head_address=head.address,
+        port=port,
+        max_restarts=settings.max_restarts,
+        settings=settings.trainer_settings(phase, run_id, metrics),
+        script=script,
+        script_args=script_args,
+        rdzv_timeout=settings.rdzv_timeout,
+        log_dir=log_dir,
+    )
+    return spec, []
+
+
+def _cross_host_checks(hosts: list[Host], probes: dict[str, dict[str, Any]], device: str) -> list[Problem]:
+    out: list[Problem] = []
+    versions = {h.name: (probes[h.name].get("torch") or {}).get("version") for h in hosts}
+    distinct = {v for v in versions.values() if v}
+    if len(distinct) > 1:
+        listing = ", ".join(f"{n} {v}" for n, v in versions.items())
+        out.append(
+            Problem(
+                "all",
+                f"torch versions differ across hosts ({listing}); DDP needs the same version everywhere.",
+                "pin one version in the torch_env resource and provision every training host.",
+            )
+        )
+    if device == "cuda":
+        nccl = {h.name: (probes[h.name].get("torch") or {}).get("nccl") for h in hosts}
+        if len({v for v in nccl.values() if v}) > 1:
+            listing = ", ".join(f"{n} {v}" for n, v in nccl.items())
+            out.append(
+                Problem(
+                    "all",
+                    f"NCCL versions differ across hosts ({listing}); collectives between them can hang or fail.",
+                    "install the same torch CUDA build on every training host.",
+                )
+            )
+    return out
+
+
+def orchestra_problems(probes: dict[str, dict[str, Any]]) -> list[Problem]:
+    if not probes:
+        return [
+            Problem(
+                "all",
+                "this phase needs the LLM orchestra's warm set, but no host has the `inference` role to hold it.",
+                "give the orchestra's hosts role inference in the inventory, or --set requires_orchestra=false.",
+            )
+        ]
+    out = []
+    for name, p in probes.items():
+        orch = p.get("orchestra") or {}
+        if not orch.get("present"):
+            why = f" ({orch['error']})" if orch.get("error") else ""
+            out.append(
+                Problem(
+                    name,
+                    f"this phase needs the LLM orchestra's warm set loaded, but there is no rotation state at "
+                    f"{orch.get('path', 'the orchestra state file')}{why}: the orchestra has not been rotated in here yet.",
+                    ORCHESTRA_HINT,
+                )
+            )
+            continue
+        models = (orch.get("state") or {}).get("models") or []
+        cold = [str(m.get("name", "?")) for m in models if m.get("state") != "loaded"]
+        if not models or cold:
+            what = f"not loaded: {', '.join(cold)}" if cold else "the warm set is empty"
+            out.append(Problem(name, f"the orchestra's warm set is not ready ({what}).", ORCHESTRA_HINT))
+    return out
+
+
+def node_env(
+    pl: Placement, probe: dict[str, Any], settings: Settings, run_id: str, pythonpath: str
+) -> dict[str, str]:
+    env = {
+        RUN_ENV: run_id,
+        "LABCTL_HOST": pl.host.name,
+        "LABCTL_TRAIN_DEVICE": pl.device,
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
+        "PYTHONUNBUFFERED": "1",
+        # Threads per process: the host's cores shared by its workers, not every worker taking all.
+        "OMP_NUM_THREADS": str(max(1, int(probe.get("cpu_count") or 1) // pl.nproc)),
+    }
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    iface = (probe.get("iface") or {}).get("name")
+    if iface:
+        env["GLOO_SOCKET_IFNAME"] = iface
+        env["NCCL_SOCKET_IFNAME"] = iface
+    if pl.device == "cuda":
+        env["NCCL_DEBUG"] = settings.nccl_debug
+        # nvidia-smi numbers GPUs in PCI bus order; CUDA's default order is fastest first.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in pl.gpus if g.index is not None)
+    env.update(settings.env)
+    return env

@@ -1,0 +1,94 @@
+"""A training run as data: what runs where, computed before anything is launched.
+
+`LaunchSpec` is the one description every backend renders: the SSH launcher turns each
+node into a `torch.distributed.run` command line, `--dry-run` prints those, and the Slurm
+and Kubeflow backends write the same run as a job file.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+# The reference trainer ships inside the agent zipapp (labctl/agent/trainer.py); torchrun
+# runs it as a module with the zipapp on PYTHONPATH.
+TRAINER_MODULE = "labctl.agent.trainer"
+# torchrun prefixes every worker line with this (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE), so
+# the controller can tell ranks apart: "[rank3]:text".
+LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
+RUN_ENV = "LABCTL_RUN_ID"  # set on every process of a run; `stop` and the cleanup check find them by it
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One host's part of a run."""
+
+    host: str
+    address: str  # how the other nodes reach this one (the inventory address)
+    nproc: int  # worker processes on this host (GPUs, or CPU processes)
+    device: str  # "cuda" or "cpu"
+    python: str  # interpreter with torch on this host
+    gpu_indices: tuple[int, ...] = ()  # nvidia-smi / PCI bus order; becomes CUDA_VISIBLE_DEVICES
+    gpu_names: tuple[str, ...] = ()
+    iface: str | None = None  # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME (the bond where there is one)
+    env: dict[str, str] = field(default_factory=dict)  # the full per-host environment for torchrun
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    run_id: str
+    phase: int
+    dist_backend: str  # "nccl" or "gloo"
+    nodes: tuple[NodeSpec, ...]
+    head_address: str  # c10d rendezvous endpoint host (the first node)
+    port: int
+    max_restarts: int
+    settings: dict[str, Any]  # the phase's resolved settings, handed to the trainer as JSON
+    script: str | None = None  # a user's script instead of the reference trainer
+    script_args: tuple[str, ...] = ()
+    rdzv_timeout: int = 900  # seconds nodes wait for each other at (re-)rendezvous
+    log_dir: str = ""  # per-run folder on each host (torchrun's --log-dir lives under it)
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.nproc for n in self.nodes)
+
+    def entry_argv(self, settings_arg: str | None = None) -> list[str]:
+        """What torchrun runs: the reference trainer as a module, or the user's script."""
+        if self.script:
+            return [self.script, *self.script_args]
+        import json
+
+        return ["-m", TRAINER_MODULE, "--settings", settings_arg or json.dumps(self.settings, sort_keys=True)]
+
+    def torchrun_argv(self, node: NodeSpec) -> list[str]:
+        argv = [
+            node.python,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={self.nnodes}",
+            f"--nproc-per-node={node.nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.head_address}:{self.port}",
+            f"--rdzv-id={self.run_id}",
+            # The head hosts the c10d store; saying so beats torchrun's hostname guess.
+            f"--rdzv-conf=timeout={self.rdzv_timeout},is_host={'1' if node.address == self.head_address else '0'}",
+            f"--max-restarts={self.max_restarts}",
+            "--tee=3",
+        ]
+        if self.log_dir:
+            argv.append(f"--log-dir={self.log_dir}/torchrun")
+        # Rank 0's node becomes MASTER_ADDR for the workers; by default that is its hostname,
+        # which other hosts may not resolve. Its inventory address always works.
+        argv.append(f"--local-addr={node.address}")
+        return argv + self.entry_argv()
+
+    def shell_line(self, node: NodeSpec) -> str:
+        """The exact command line for one host, environment included (what --dry-run prints)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(node.env.items()))
+        return f"env {env} {shlex.join(self.torchrun_argv(node))}"
