@@ -33,6 +33,11 @@ test: install deps
 test-unit: install
 	$(BIN)/pytest -q -rs -m "not integration" tests
 
+# A model small enough for two simulated hosts sharing this machine's CPUs.
+DEMO_TRAIN = --set steps=60 --set batch_size_per_gpu=8 --set seq_len=64 --set model.d_model=64 \
+	--set model.n_layers=2 --set model.n_heads=4 --set model.d_ff=256 --set lr=3e-3 --set warmup_steps=5 \
+	--set log_every=10 --set checkpoint_every=20 --set checkpoint_dir=/var/lib/labctl/train/demo-phase1
+
 demo: install deps
 	$(BIN)/labctl sim up
 	$(BIN)/labctl -i $(SIM_INV) inventory show
@@ -50,6 +55,11 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) cache status
 	@# The sim's hosts share this machine's disk: the controller's venv stands in for m5's torch_env.
 	$(BIN)/labctl -i $(SIM_INV) bench model-load --host m5 --model tinylm-demo --python $(CURDIR)/$(BIN)/python --plot $(SIM_DIR)/model-load.png
+	@echo "== training, phase 1: the preflight refuses m5 (it declares a V100; the sim has no GPU and a CPU torch) =="
+	-$(BIN)/labctl -i $(SIM_INV) train --phase 1 --dry-run --python $(CURDIR)/$(BIN)/python
+	@echo "== training, phase 1 on m5 + irina as CPU processes (gloo), a small model, checkpoints every 20 steps =="
+	$(BIN)/labctl -i $(SIM_INV) train --phase 1 --limit m5,irina --device cpu --python $(CURDIR)/$(BIN)/python $(DEMO_TRAIN)
+	$(BIN)/labctl -i $(SIM_INV) train status
 	@echo "The simulated lab is still up: try '$(BIN)/labctl -i $(SIM_INV) exec -- uname -a', then 'make sim-down'."
 
 bench: install deps
@@ -58,6 +68,8 @@ bench: install deps
 	$(BIN)/python bench/provision_nochange.py --out docs/benchmarks.md
 	$(BIN)/python bench/loader_cpu.py --out docs/benchmarks.md
 	$(BIN)/python bench/cache_sync.py --out docs/benchmarks.md
+	$(BIN)/python bench/train_overhead.py
+	$(BIN)/python bench/train_launch.py --out docs/benchmarks.md
 
 sim-down: install
 	$(BIN)/labctl sim down

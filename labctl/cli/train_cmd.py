@@ -93,6 +93,16 @@ def train(
     image: Annotated[
         Optional[str], typer.Option("--image", help="Container image for --backend k8s.")
     ] = None,
+    partition: Annotated[
+        Optional[str], typer.Option("--partition", help="Slurm partition for --backend slurm.")
+    ] = None,
+    time_limit: Annotated[
+        Optional[str], typer.Option("--time", help="Slurm time limit, e.g. 2-00:00:00.")
+    ] = None,
+    min_nodes: Annotated[
+        Optional[int],
+        typer.Option("--min-nodes", min=1, help="k8s elastic minReplicas (default: every node)."),
+    ] = None,
     detach: Annotated[
         bool,
         typer.Option(
@@ -152,6 +162,9 @@ def train(
             backend=backend.value,
             output=output,
             image=image,
+            partition=partition,
+            time_limit=time_limit,
+            min_nodes=min_nodes,
             detach=detach,
             ranks=_ranks(ranks),
         )
@@ -161,7 +174,8 @@ def train(
 
 def _launch(c: Any, *, phase: int, file: Path | None, sets: list[str], limit: str | None, device: str | None,
             python: str | None, script: Path | None, script_args: tuple[str, ...], dry_run: bool, backend: str,
-            output: Path | None, image: str | None, detach: bool, ranks: set[int] | None) -> None:  # fmt: skip
+            output: Path | None, image: str | None, partition: str | None, time_limit: str | None,
+            min_nodes: int | None, detach: bool, ranks: set[int] | None) -> None:  # fmt: skip
     from labctl.errors import InputError
     from labctl.inventory.select import select_hosts
     from labctl.train import launch, runs
@@ -192,14 +206,30 @@ def _launch(c: Any, *, phase: int, file: Path | None, sets: list[str], limit: st
         from labctl.train.backends import write_job
 
         folder = output or runs.runs_dir(c.inventory.path) / run_id / backend
-        paths = write_job(spec, backend, folder, image=image)
+        spec = _for_cluster(
+            spec, settings.checkpoint_dir == type(settings).model_fields["checkpoint_dir"].default
+        )
+        paths = write_job(
+            spec,
+            backend,
+            folder,
+            image=image,
+            partition=partition,
+            time_limit=time_limit,
+            min_nodes=min_nodes,
+        )
         if c.json_mode:
             c.emit({"run_id": run_id, "backend": backend, "files": [str(p) for p in paths]})
         else:
             for p in paths:
                 c.console.print(f"wrote {p}")
-            submit = "sbatch" if backend == "slurm" else "kubectl apply -f"
-            c.console.print(f"[dim]Submit with: {submit} {paths[0]}[/]")
+            # sbatch runs the script from where it is submitted, and it finds the trainer beside it.
+            submit = (
+                f"cd {shlex.quote(str(paths[0].parent))} && sbatch {paths[0].name}"
+                if backend == "slurm"
+                else f"kubectl apply -f {shlex.quote(str(paths[0]))}"
+            )
+            c.console.print(f"Submit with: {submit}")
         return
     if script is not None:
         launch.ship_script(c, spec, hosts, script)
@@ -237,6 +267,16 @@ def _launch(c: Any, *, phase: int, file: Path | None, sets: list[str], limit: st
                 )
         raise typer.Exit(0 if ok else 1)
     _attached(c, spec, hosts, settings.stop_grace, root, run_id, ranks)
+
+
+def _for_cluster(spec: Any, default_ckpt: bool) -> Any:
+    """The run's paths for a cluster job: relative to where the job starts, not under /var/lib/labctl."""
+    import dataclasses
+
+    settings = {**spec.settings, "metrics_path": f"labctl-runs/{spec.run_id}/metrics.jsonl"}
+    if default_ckpt:
+        settings["checkpoint_dir"] = f"checkpoints/phase{spec.phase}"
+    return dataclasses.replace(spec, settings=settings, log_dir="")
 
 
 def _attached(
@@ -300,7 +340,7 @@ def _attached(
 
         if outcome.results:
             print_recap(c.console, outcome.results, title=f"train {run_id}")
-        if steps:
+        if steps and steps[0].get("loss") is not None and steps[-1].get("loss") is not None:
             c.console.print(
                 f"loss {steps[0]['loss']:.4f} at step {steps[0]['step']} → {steps[-1]['loss']:.4f} at step {steps[-1]['step']}"
                 + (f"; {summary['restarts']} restart(s)" if summary["restarts"] else "")
@@ -391,7 +431,8 @@ def status(
         c.console.print(f"No runs recorded in {root}.")
         return
     table = Table(title="training runs")
-    for col in ("run", "phase", "state", "hosts", "last event"):
+    table.add_column("run", no_wrap=True)
+    for col in ("phase", "state", "hosts", "last event"):
         table.add_column(col)
     for r in rows:
         events = [s.get("last_event") for s in r["host_state"].values() if s.get("last_event")]

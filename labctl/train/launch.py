@@ -160,12 +160,16 @@ def ship_script(ctx: Context, spec: LaunchSpec, hosts: list[Host], script: Path)
         )
 
 
+def _num(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(float(value), fmt)
+
+
 def format_event(event: dict[str, Any]) -> str:
     kind = event.get("event")
     if kind == "step":
         return (
-            f"step {event.get('step')}/{event.get('steps')}  loss {float(event.get('loss', 0)):.4f}  "
-            f"lr {float(event.get('lr', 0)):.2e}  {float(event.get('tokens_per_s', 0)):,.0f} tok/s"
+            f"step {event.get('step')}/{event.get('steps')}  loss {_num(event.get('loss'), '.4f')}  "
+            f"lr {_num(event.get('lr'), '.2e')}  {_num(event.get('tokens_per_s'), ',.0f')} tok/s"
             + (f"  restart {event['restart']}" if event.get("restart") else "")
         )
     if kind == "start":
@@ -177,9 +181,14 @@ def format_event(event: dict[str, Any]) -> str:
             + (f", restart {event['restart']}" if event.get("restart") else "")
         )
     if kind == "checkpoint":
-        return f"checkpoint at step {event.get('step')}: {event.get('path')} ({float(event.get('seconds', 0)):.2f} s)"
+        return f"checkpoint at step {event.get('step')}: {event.get('path')} ({_num(event.get('seconds'), '.2f')} s)"
     if kind == "done":
-        return f"done at step {event.get('step')}, loss {float(event.get('loss', 0)):.4f}"
+        return f"done at step {event.get('step')}, loss {_num(event.get('loss'), '.4f')}"
+    if kind == "batch_resize":
+        return (
+            f"batch resized at step {event.get('step')}: {event.get('previous_batch_size')} → "
+            f"{event.get('batch_size')} x {event.get('accumulation_steps')} ({event.get('reason')})"
+        )
     return json.dumps(event)
 
 

@@ -76,8 +76,9 @@ class LaunchSpec:
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={self.head_address}:{self.port}",
             f"--rdzv-id={self.run_id}",
-            # The head hosts the c10d store; saying so beats torchrun's hostname guess.
-            f"--rdzv-conf=timeout={self.rdzv_timeout},is_host={'1' if node.address == self.head_address else '0'}",
+            # join_timeout is the c10d key that bounds the wait (plain `timeout` is ignored). The head
+            # hosts the store; saying so beats torchrun's hostname guess.
+            f"--rdzv-conf=join_timeout={self.rdzv_timeout},is_host={'1' if node.address == self.head_address else '0'}",
             f"--max-restarts={self.max_restarts}",
             "--tee=3",
         ]

@@ -127,7 +127,7 @@ def test_overrides_reach_nested_settings_and_typos_are_named() -> None:
     assert s.env == {"NCCL_IB_DISABLE": "1"}
     with pytest.raises(InputError, match="Did you mean 'steps'"):
         parse_override("stpes=3")
-    with pytest.raises(InputError, match="Did you mean 'model.d_model'"):
+    with pytest.raises(InputError, match=r"Did you mean 'model\.d_model'"):
         parse_override("model.dmodel=3")
     with pytest.raises(InputError, match="n_heads"):
         settings(1, "model.d_model=65")

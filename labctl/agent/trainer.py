@@ -1,0 +1,811 @@
+"""The reference trainer that `labctl train` launches under torchrun: tinylm on a synthetic corpus.
+
+    python -m labctl.agent.trainer --settings '{"steps": 200, ...}'
+    python -m labctl.agent.trainer --settings @settings.json
+    python -m torch.distributed.run --nproc-per-node=2 ... -m labctl.agent.trainer --settings ...
+
+Without torchrun's environment (or with WORLD_SIZE 1) it is one process: no process group, no
+DDP. With WORLD_SIZE > 1 it joins the process group (nccl on CUDA, gloo on the CPU or when
+LABCTL_TRAIN_DEVICE=cpu) and trains a DDP-wrapped model.
+
+Rank 0 prints one JSON object per line on stdout, each with an "event" key: "start", "step"
+(every `log_every` steps and on the last), "checkpoint", "batch_resize" and "done", and
+appends the same lines to `metrics_path`. Other ranks print nothing on stdout. A failure is
+one line on stderr ("labctl trainer: error: ...") and a non-zero exit.
+
+Like the rest of the agent package this module imports without torch (torch is imported
+inside functions) and keeps to Python 3.8 syntax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
+
+from .ckpt import FORMAT, CheckpointDir, choose_common, config_mismatch, pt_name
+from .corpus import Corpus
+from .tinylm import make_config
+
+# What a run gets for each setting the controller leaves out (standalone use).
+DEFAULTS: Dict[str, Any] = {
+    "phase": 0,
+    "run_id": "local",
+    "steps": 100,
+    "batch_size": 16,
+    "accumulation_steps": 1,
+    "seq_len": 64,
+    "model": {"vocab": 256, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 256},
+    "lr": 3e-3,
+    "warmup_steps": 10,
+    "weight_decay": 0.01,
+    "grad_clip": 1.0,
+    "mixed_precision": True,
+    "gradient_scaling": {
+        "enabled": True,
+        "initial_scale": 65536.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 2000,
+    },
+    "ema": False,
+    "ema_decay": 0.999,
+    "dynamic_batch_sizing": False,
+    "bucket_cap_mb": 25,
+    "checkpoint_dir": "checkpoints",
+    "checkpoint_every": 100,
+    "keep_checkpoints": 3,
+    "metrics_path": None,
+    "log_every": 10,
+    "seed": 0,
+}
+MIN_LR_RATIO = 0.1  # the cosine decays to 10% of lr
+DEVICE_ENV = "LABCTL_TRAIN_DEVICE"  # "cpu" forces the CPU (and gloo) where CUDA exists
+
+
+class TrainerError(Exception):
+    """A failure with a message that says it all: reported as one line, no traceback."""
+
+
+def _fail(key: str, want: str, value: Any) -> TrainerError:
+    return TrainerError(f"settings: {key} must be {want}, got {value!r}")
+
+
+def _int(s: Mapping[str, Any], key: str, minimum: int, label: Optional[str] = None) -> int:
+    value = s[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise _fail(label or key, f"an integer >= {minimum}", value)
+    return value
+
+
+def _float(s: Mapping[str, Any], key: str, minimum: float, label: Optional[str] = None) -> float:
+    value = s[key]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= minimum:
+        raise _fail(label or key, f"a number >= {minimum}", value)
+    return float(value)
+
+
+def _bool(s: Mapping[str, Any], key: str) -> bool:
+    value = s[key]
+    if not isinstance(value, bool):
+        raise _fail(key, "true or false", value)
+    return value
+
+
+def resolve_settings(raw: Mapping[str, Any]) -> Dict[str, Any]:
+    """The settings with defaults filled in (nested objects key by key), checked and typed."""
+    if not isinstance(raw, Mapping):
+        raise TrainerError(f"settings must be a JSON object, got {type(raw).__name__}")
+    s = copy.deepcopy(DEFAULTS)
+    for key, value in raw.items():
+        if key in ("model", "gradient_scaling") and isinstance(value, Mapping):
+            merged = dict(s[key])
+            merged.update(value)
+            s[key] = merged
+        else:
+            s[key] = value
+    for key in ("model", "gradient_scaling"):
+        if not isinstance(s[key], dict):
+            raise _fail(key, "an object", s[key])
+    _int(s, "phase", 0)
+    if not isinstance(s["run_id"], str):
+        raise _fail("run_id", "a string", s["run_id"])
+    for key in ("steps", "batch_size", "accumulation_steps", "seq_len", "log_every", "keep_checkpoints"):
+        _int(s, key, 1)
+    for key in ("warmup_steps", "checkpoint_every", "bucket_cap_mb", "seed"):
+        _int(s, key, 0)
+    s["lr"] = _float(s, "lr", 0.0)
+    s["weight_decay"] = _float(s, "weight_decay", 0.0)
+    if s["grad_clip"] is not None:
+        s["grad_clip"] = _float(s, "grad_clip", 0.0)
+    s["ema_decay"] = _float(s, "ema_decay", 0.0)
+    if s["ema_decay"] >= 1.0:
+        raise _fail("ema_decay", "below 1", s["ema_decay"])
+    for key in ("mixed_precision", "ema", "dynamic_batch_sizing"):
+        _bool(s, key)
+    for key in ("checkpoint_dir", "metrics_path"):
+        if s[key] is not None and not isinstance(s[key], str):
+            raise _fail(key, "a path or null", s[key])
+    gs = s["gradient_scaling"]
+    _bool(gs, "enabled")
+    gs["initial_scale"] = _float(gs, "initial_scale", 1e-30, "gradient_scaling.initial_scale")
+    gs["growth_factor"] = _float(gs, "growth_factor", 1.0, "gradient_scaling.growth_factor")
+    gs["backoff_factor"] = _float(gs, "backoff_factor", 0.0, "gradient_scaling.backoff_factor")
+    _int(gs, "growth_interval", 1, "gradient_scaling.growth_interval")
+    m = s["model"]
+    try:
+        s["model_config"] = make_config(
+            vocab=m.get("vocab"),
+            d_model=m.get("d_model"),
+            n_layers=m.get("n_layers"),
+            n_heads=m.get("n_heads"),
+            d_ff=m.get("d_ff"),
+            max_seq=s["seq_len"],
+            tie_embeddings=bool(m.get("tie_embeddings", False)),
+            dtype="fp32",
+        )
+    except ValueError as exc:
+        raise TrainerError(f"settings: model: {exc}") from None
+    return s
+
+
+def load_settings(arg: Optional[str]) -> Dict[str, Any]:
+    """--settings' value: JSON text, or @PATH of a JSON file (left in place: every rank reads it)."""
+    if arg is None:
+        text = "{}"
+    elif arg.startswith("@"):
+        try:
+            with open(arg[1:]) as f:
+                text = f.read()
+        except OSError as exc:
+            raise TrainerError(f"cannot read settings file {arg[1:]}: {exc.strerror}") from None
+    else:
+        text = arg
+    try:
+        raw = json.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        raise TrainerError(f"--settings is not valid JSON: {exc}") from None
+    return resolve_settings(raw)
+
+
+def lr_factor(completed: int, warmup: int, total: int) -> float:
+    """The lr multiplier for the step after `completed` steps: linear warmup, cosine to 10%."""
+    if completed < warmup:
+        return (completed + 1) / warmup
+    progress = min(1.0, (completed - warmup) / max(1, total - warmup))
+    return MIN_LR_RATIO + (1.0 - MIN_LR_RATIO) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class DistEnv:
+    """What torchrun tells a worker through its environment (all 0/1 without torchrun)."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        def num(key: str, default: int) -> int:
+            value = environ.get(key, "")
+            try:
+                return int(value) if value.strip() else default
+            except ValueError:
+                raise TrainerError(f"environment: {key}={value!r} is not an integer") from None
+
+        self.world_size = num("WORLD_SIZE", 1)
+        self.distributed = self.world_size > 1
+        self.rank = num("RANK", 0) if self.distributed else 0
+        self.local_rank = num("LOCAL_RANK", 0) if self.distributed else 0
+        self.local_world_size = num("LOCAL_WORLD_SIZE", 1) if self.distributed else 1
+        self.restart = num("TORCHELASTIC_RESTART_COUNT", 0)
+        self.device_pref = environ.get(DEVICE_ENV, "").strip().lower()
+        # The inventory's name for this host (the controller sets it), for reports.
+        self.host = environ.get("LABCTL_HOST") or socket.gethostname()
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError)
+
+
+class Trainer:
+    """One worker's training: setup() once, then run() (or train_steps() for a benchmark)."""
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        out: Optional[IO[str]] = None,
+        environ: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        self.s = resolve_settings(settings)
+        self.env = DistEnv(os.environ if environ is None else environ)
+        self.out = sys.stdout if out is None else out
+        self.is_rank0 = self.env.rank == 0
+        self.steps: int = self.s["steps"]
+        self.batch_size: int = self.s["batch_size"]
+        self.acc: int = self.s["accumulation_steps"]
+        self.seq_len: int = self.s["seq_len"]
+        self.log_every: int = self.s["log_every"]
+        self.ckpt_every: int = self.s["checkpoint_every"]
+        self.model_config: Dict[str, Any] = self.s["model_config"]
+        self.restart = self.env.restart
+        self.metrics: Optional[IO[str]] = None
+        self.ckdir: Optional[CheckpointDir] = (
+            CheckpointDir(self.s["checkpoint_dir"]) if self.s["checkpoint_dir"] else None
+        )
+        self.pg_initialized = False
+        self.backend: Optional[str] = None
+        self.notes: List[str] = []
+        self.resumed_from: Optional[int] = None
+        self.skipped: List[Dict[str, Any]] = []
+        self.step = 0  # optimizer steps completed
+        self.last_loss: Optional[float] = None
+        self.hosts = 1
+        self.t0 = time.perf_counter()
+
+    # -- output ---------------------------------------------------------------------------
+
+    def emit(self, event: Dict[str, Any]) -> None:
+        """A JSON line on stdout and in metrics_path, from rank 0 only."""
+        if not self.is_rank0:
+            return
+        line = json.dumps(event) + "\n"
+        self.out.write(line)
+        self.out.flush()
+        if self.metrics is not None:
+            self.metrics.write(line)
+            self.metrics.flush()
+
+    def _open_metrics(self) -> None:
+        path = self.s["metrics_path"]
+        if not path or not self.is_rank0:
+            return
+        parent = os.path.dirname(os.path.abspath(path))
+        os.makedirs(parent, exist_ok=True)
+        self.metrics = open(path, "a")  # noqa: SIM115 (open for the whole run, closed by close())
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def _device(self) -> Any:
+        import torch
+
+        pref = self.env.device_pref
+        if pref not in ("", "auto", "cpu", "cuda"):
+            raise TrainerError(f"{DEVICE_ENV} must be cpu, cuda or auto, got {pref!r}")
+        if pref == "cpu" or (pref != "cuda" and not torch.cuda.is_available()):
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise TrainerError(f"{DEVICE_ENV}=cuda but torch sees no CUDA device")
+        count = torch.cuda.device_count()
+        if self.env.local_rank >= count:
+            raise TrainerError(
+                f"local rank {self.env.local_rank} has no GPU: torch sees {count} "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+            )
+        torch.cuda.set_device(self.env.local_rank)
+        return torch.device("cuda", self.env.local_rank)
+
+    def _init_dist(self) -> None:
+        import torch.distributed as dist
+
+        if not self.env.distributed:
+            return
+        if self.device.type == "cuda":
+            dist.init_process_group("nccl", device_id=self.device)
+            self.backend = "nccl"
+        else:
+            dist.init_process_group("gloo")
+            self.backend = "gloo"
+        self.pg_initialized = True
+
+    def gather(self, obj: Any) -> List[Any]:
+        """Every rank's `obj`, in rank order (just [obj] in a single process)."""
+        if not self.env.distributed:
+            return [obj]
+        import torch.distributed as dist
+
+        out: List[Any] = [None] * self.env.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def _precision(self, infos: Sequence[Dict[str, Any]]) -> None:
+        """Choose autocast and gradient scaling; every rank must choose the same.
+
+        One GPU below compute capability 8.0 (no bf16) puts every rank on fp16: a scaler on
+        some ranks but not others would average scaled gradients with unscaled ones.
+        """
+        import torch
+
+        self.amp_dtype: Any = None
+        self.scaler: Any = None
+        self.precision = "fp32"
+        if not self.s["mixed_precision"]:
+            return
+        if self.device.type != "cuda":
+            self.notes.append("mixed_precision ignored on the CPU: training in fp32")
+            return
+        caps = [tuple(i["capability"]) for i in infos if i.get("capability")]
+        if min(caps) >= (8, 0):
+            self.amp_dtype, self.precision = torch.bfloat16, "bf16"
+            return
+        self.amp_dtype, self.precision = torch.float16, "fp16"
+        gs = self.s["gradient_scaling"]
+        if gs["enabled"]:
+            self.scaler = torch.amp.GradScaler(
+                "cuda",
+                init_scale=gs["initial_scale"],
+                growth_factor=gs["growth_factor"],
+                backoff_factor=gs["backoff_factor"],
+                growth_interval=gs["growth_interval"],
+            )
+        else:
+            self.notes.append("fp16 without gradient scaling: small gradients may underflow to zero")
+
+    def setup(self) -> None:
+        import torch
+
+        from .tinylm import build_model
+
+        self.device = self._device()
+        self._init_dist()
+        cap = list(torch.cuda.get_device_capability(self.device)) if self.device.type == "cuda" else None
+        infos = self.gather({"local_rank": self.env.local_rank, "capability": cap})
+        self.hosts = sum(1 for i in infos if i["local_rank"] == 0)
+        self._precision(infos)
+        self._open_metrics()
+
+        torch.manual_seed(self.s["seed"])
+        self.module = build_model(self.model_config, device=self.device)
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        self.param_names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        decay = [p for p in self.params if p.dim() >= 2]
+        no_decay = [p for p in self.params if p.dim() < 2]
+        groups = [
+            {"params": decay, "weight_decay": self.s["weight_decay"]},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        fused = True if self.device.type == "cuda" else None
+        self.opt = torch.optim.AdamW(groups, lr=self.s["lr"], fused=fused)
+        self.ema: Optional[List[Any]] = None
+        if self.s["ema"]:
+            self.ema = [p.detach().clone() for p in self.params]
+        self.corpus = Corpus(self.s["seed"], self.model_config["vocab"], self.seq_len)
+        self.corpus.to(self.device)
+        self._resume()
+        if self.s["dynamic_batch_sizing"] and self.device.type == "cuda":
+            # Before DDP exists: its gradient hooks would all-reduce the probe's gradients.
+            self._fit_micro_batch()
+        self.model: Any = self.module
+        if self.env.distributed:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            # Wrapped after loading: DDP broadcasts rank 0's weights, so every replica starts equal.
+            self.model = DDP(
+                self.module,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                bucket_cap_mb=self.s["bucket_cap_mb"],
+            )
+        self._loss_sum = torch.zeros((), device=self.device)
+        self._param_data = [p.detach() for p in self.params]
+        self._vocab = self.model_config["vocab"]
+        self._tokens_per_step = self.batch_size * self.acc * self.env.world_size * self.seq_len
+        self.t0 = time.perf_counter()
+        self._last_log = (self.step, self.t0)
+
+    def _resume(self) -> None:
+        """Load the newest checkpoint valid on every host, if there is one."""
+        import torch
+
+        mine = None
+        if self.ckdir is not None and self.env.local_rank == 0:
+            # One process per host hashes the host's checkpoints; its local peers read the same folder.
+            self.ckdir.clean_temp()
+            valid, skipped = self.ckdir.scan()
+            mine = {"host": self.env.host, "valid": valid, "skipped": skipped}
+        reports = [r for r in self.gather(mine) if r is not None]
+        chosen = choose_common([r["valid"] for r in reports])
+        for r in reports:
+            for entry in r["skipped"]:
+                self.skipped.append(dict(entry, host=r["host"]))
+            for step in r["valid"]:
+                if chosen is None or step > chosen:
+                    elsewhere = [o["host"] for o in reports if step not in o["valid"]]
+                    self.skipped.append(
+                        {
+                            "host": r["host"],
+                            "step": step,
+                            "path": os.path.join(self.s["checkpoint_dir"], pt_name(step)),
+                            "reason": "not valid on every host (missing or invalid on "
+                            + ", ".join(elsewhere)
+                            + ")",
+                        }
+                    )
+        self.skipped.sort(key=lambda e: (-e["step"], e["host"]))
+        if self.is_rank0:
+            for entry in self.skipped:
+                print(
+                    f"labctl trainer: skipping checkpoint {entry['path']} on {entry['host']}: {entry['reason']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if chosen is None or self.ckdir is None:
+            return
+        where = self.ckdir.pt_path(chosen)
+        manifest = self.ckdir.manifest(chosen)
+        diffs = config_mismatch(manifest.get("model") or {}, self.model_config)
+        if diffs:
+            raise TrainerError(
+                f"checkpoint dir {self.ckdir.path} holds {pt_name(chosen)} of a different model ("
+                + "; ".join(diffs)
+                + "): resuming needs the same model; use a new checkpoint_dir or empty this one"
+            )
+        state = torch.load(where, map_location=self.device, weights_only=True)
+        if state.get("format") != FORMAT or state.get("step") != chosen:
+            raise TrainerError(f"{where} is not a step-{chosen} checkpoint of this trainer")
+        self.module.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        # The settings, not the checkpoint, own the hyper-parameters: a resumed run may change them.
+        self.opt.param_groups[0]["weight_decay"] = self.s["weight_decay"]
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None:
+            saved = state.get("ema")
+            for i, name in enumerate(self.param_names):
+                self.ema[i].copy_(saved[name] if saved else self.params[i].detach())
+            if not saved:
+                self.notes.append(f"{pt_name(chosen)} has no EMA: the EMA restarts from its weights")
+        self.step = chosen
+        self.resumed_from = chosen
+
+    def _fit_micro_batch(self) -> None:
+        """Find a micro-batch that fits before the first step, the same on every rank.
+
+        An OOM in the middle of a DDP step cannot be retried (the other ranks are already
+        inside the gradient all-reduce), so every CUDA run with dynamic_batch_sizing probes one
+        forward/backward on its own at the configured size, halving until it fits. The probe
+        does not hold the optimizer's state yet; a single process still retries later OOMs.
+        """
+        import torch
+
+        while True:
+            try:
+                x, y = self.corpus.batch(1, 0, 0, 1, self.batch_size, 1)
+                with self._autocast():
+                    logits = self.module(x)
+                torch.nn.functional.cross_entropy(
+                    logits.float().view(-1, logits.shape[-1]), y.reshape(-1)
+                ).backward()
+                fits = True
+            except torch.cuda.OutOfMemoryError:
+                fits = False
+            self.opt.zero_grad(set_to_none=True)
+            if fits:
+                break
+            torch.cuda.empty_cache()
+            if not self._shrink(self.step + 1, "CUDA out of memory in the start-up probe"):
+                raise TrainerError(f"CUDA out of memory with a micro-batch of {self.batch_size}")
+        smallest = min(self.gather(self.batch_size))
+        while self.batch_size > smallest:
+            if not self._shrink(self.step + 1, "another rank needed a smaller micro-batch"):
+                break
+
+    def _shrink(self, step: int, reason: str) -> bool:
+        """Halve the micro-batch (about; it must divide the per-rank batch) and raise accumulation."""
+        total = self.batch_size * self.acc
+        smaller = [d for d in range(self.batch_size // 2, 0, -1) if total % d == 0]
+        if not smaller:
+            return False
+        previous = self.batch_size
+        self.batch_size = smaller[0]
+        self.acc = total // self.batch_size
+        self.emit(
+            {
+                "event": "batch_resize",
+                "step": step,
+                "batch_size": self.batch_size,
+                "accumulation_steps": self.acc,
+                "previous_batch_size": previous,
+                "reason": reason,
+                "restart": self.restart,
+            }
+        )
+        return True
+
+    # -- the step loop ------------------------------------------------------------------------
+
+    def _autocast(self) -> Any:
+        import torch
+
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def lr_at(self, step: int) -> float:
+        return self.s["lr"] * lr_factor(step - 1, self.s["warmup_steps"], self.steps)
+
+    def _train_step(self, step: int) -> Any:
+        """One optimizer step; returns the on-device sum of its micro-batches' losses."""
+        import torch
+        from torch.nn import functional as F
+
+        model, opt, scaler, acc = self.model, self.opt, self.scaler, self.acc
+        lr = self.lr_at(step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        loss_sum = self._loss_sum
+        loss_sum.zero_()
+        ws, rank, vocab = self.env.world_size, self.env.rank, self._vocab
+        for micro in range(acc):
+            x, y = self.corpus.batch(step, micro, rank, ws, self.batch_size, acc)
+            # Gradients are all-reduced on the last micro-step only.
+            sync = model.no_sync() if self.env.distributed and micro < acc - 1 else contextlib.nullcontext()
+            with sync:
+                with self._autocast():
+                    logits = model(x)
+                loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
+                scaled = loss / acc if acc > 1 else loss
+                if scaler is not None:
+                    scaler.scale(scaled).backward()
+                else:
+                    scaled.backward()
+            loss_sum += loss.detach()
+        clip = self.s["grad_clip"]
+        if clip:
+            if scaler is not None:
+                scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(self.params, clip)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(self.ema, self._param_data, 1.0 - self.s["ema_decay"])
+        return loss_sum
+
+    def _step_with_retry(self, step: int) -> Any:
+        while True:
+            try:
+                return self._train_step(step)
+            except Exception as exc:
+                if not (_is_oom(exc) and self.s["dynamic_batch_sizing"]):
+                    raise
+                if self.env.distributed:
+                    raise TrainerError(
+                        f"CUDA out of memory at step {step} with a micro-batch of {self.batch_size} on "
+                        f"rank {self.env.rank}: a DDP step cannot be retried; lower batch_size"
+                    ) from exc
+                del exc
+                import torch
+
+                self.opt.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                if not self._shrink(step, "CUDA out of memory"):
+                    raise
+
+    def train_steps(self, first: int, last: int) -> Optional[float]:
+        """Steps first..last (1-based); returns the last logged loss. The loop a benchmark times."""
+        log_every, ckpt_every, steps = self.log_every, self.ckpt_every, self.steps
+        for step in range(first, last + 1):
+            loss_sum = self._step_with_retry(step)
+            self.step = step
+            # Only logging steps synchronise with the device (.item()) or build JSON.
+            if step % log_every == 0 or step == steps:
+                self._log(step, loss_sum)
+            if step == steps or (ckpt_every and step % ckpt_every == 0):
+                self.save(step)
+        return self.last_loss
+
+    def _log(self, step: int, loss_sum: Any) -> None:
+        if self.env.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(loss_sum)
+        loss = loss_sum.item() / (self.acc * self.env.world_size)
+        if not math.isfinite(loss):
+            raise TrainerError(f"loss is {loss} at step {step}: training diverged")
+        loss = round(loss, 6)
+        now = time.perf_counter()
+        last_step, last_time = self._last_log
+        rate = (step - last_step) * self._tokens_per_step / max(now - last_time, 1e-9)
+        self._last_log = (step, now)
+        self.last_loss = loss
+        self.emit(
+            {
+                "event": "step",
+                "step": step,
+                "steps": self.steps,
+                "loss": loss,
+                "lr": self.lr_at(step),
+                "tokens_per_s": round(rate, 1),
+                "seconds": round(now - self.t0, 3),
+                "restart": self.restart,
+            }
+        )
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _state(self, step: int) -> Dict[str, Any]:
+        ema = None
+        if self.ema is not None:
+            ema = {name: self.ema[i] for i, name in enumerate(self.param_names)}
+        return {
+            "format": FORMAT,
+            "step": step,
+            "model": self.module.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": {
+                "name": "warmup_cosine",
+                "completed_steps": step,
+                "lr": self.s["lr"],
+                "warmup_steps": self.s["warmup_steps"],
+                "total_steps": self.steps,
+                "min_lr_ratio": MIN_LR_RATIO,
+            },
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "ema": ema,
+            "ema_decay": self.s["ema_decay"] if ema is not None else None,
+            "config": self.model_config,
+            "settings": {
+                k: self.s[k]
+                for k in (
+                    "run_id",
+                    "phase",
+                    "steps",
+                    "batch_size",
+                    "accumulation_steps",
+                    "seq_len",
+                    "lr",
+                    "seed",
+                )
+            },
+            "world_size": self.env.world_size,
+            "precision": self.precision,
+        }
+
+    def _barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def save(self, step: int) -> None:
+        """Every host's local rank 0 writes its copy; rank 0 reports once all hosts have."""
+        if self.ckdir is None:
+            return
+        start = time.perf_counter()
+        info = None
+        if self.env.local_rank == 0:
+            info = self.ckdir.save(step, self._state(step), self.model_config)
+            self.ckdir.prune(self.s["keep_checkpoints"])
+        if self.env.distributed:
+            self._barrier()
+        seconds = time.perf_counter() - start
+        # Saving is not training: keep it out of the next tokens_per_s.
+        last_step, last_time = self._last_log
+        self._last_log = (last_step, last_time + seconds)
+        if info is not None:
+            self.emit(
+                {
+                    "event": "checkpoint",
+                    "step": step,
+                    "path": info["path"],
+                    "sha256": info["sha256"],
+                    "bytes": info["bytes"],
+                    "seconds": round(seconds, 3),
+                }
+            )
+
+    # -- the whole run -----------------------------------------------------------------------
+
+    def start_event(self) -> Dict[str, Any]:
+        import torch
+
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        event = {
+            "event": "start",
+            "run_id": self.s["run_id"],
+            "phase": self.s["phase"],
+            "world_size": self.env.world_size,
+            "hosts": self.hosts,
+            "device": str(self.device),
+            "device_name": name,
+            "backend": self.backend,
+            "precision": self.precision,
+            "resumed_from": self.resumed_from,
+            "skipped_checkpoints": self.skipped,
+            "restart": self.restart,
+            "params": sum(p.numel() for p in self.params),
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "accumulation_steps": self.acc,
+            "global_batch": self.batch_size * self.acc * self.env.world_size,
+            "seq_len": self.seq_len,
+        }
+        if self.notes:
+            event["notes"] = self.notes
+        return event
+
+    def replicas_agree(self) -> bool:
+        """Whether every rank ends with the same weights (per-tensor sums compared exactly)."""
+        import torch
+
+        with torch.no_grad():
+            sums = torch.stack([p.detach().double().sum() for p in self.params]).tolist()
+        return all(s == sums for s in self.gather(sums))
+
+    def run(self) -> Dict[str, Any]:
+        self.emit(self.start_event())
+        # A run resumed at (or past) its step count trains nothing and rewrites nothing.
+        if self.step < self.steps:
+            self.train_steps(self.step + 1, self.steps)
+        done = {
+            "event": "done",
+            "step": self.step,
+            "loss": self.last_loss,
+            "seconds": round(time.perf_counter() - self.t0, 3),
+            "restart": self.restart,
+        }
+        if self.env.distributed:
+            done["replicas_agree"] = self.replicas_agree()
+        self.emit(done)
+        if self.env.distributed:
+            self._barrier()  # nothing in flight on any rank when the process groups go away
+        return done
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        if self.pg_initialized:
+            import gc
+
+            import torch.distributed as dist
+
+            # DDP's reducer holds the process group: left alive, gloo's worker threads would be
+            # torn down at interpreter exit instead, which aborts the process (SIGABRT).
+            self.model = None
+            gc.collect()
+            dist.destroy_process_group()
+            self.pg_initialized = False
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m labctl.agent.trainer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--settings", help="the run's settings as a JSON object, or @PATH of a JSON file")
+    args = ap.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    who = (
+        "labctl trainer"
+        if os.environ.get("WORLD_SIZE", "1") in ("", "1")
+        else f"labctl trainer (rank {rank})"
+    )
+    trainer = None
+    try:
+        trainer = Trainer(load_settings(args.settings))
+        trainer.setup()
+        trainer.run()
+        return 0
+    except TrainerError as exc:
+        print(f"{who}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        print(f"{who}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if trainer is not None:
+            trainer.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
