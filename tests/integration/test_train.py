@@ -24,8 +24,8 @@ from tests.conftest import REPO, labctl
 pytestmark = pytest.mark.integration
 
 TINY = [
-    "--set", "batch_size_per_gpu=8", "--set", "seq_len=32", "--set", "model.d_model=32",
-    "--set", "model.n_layers=2", "--set", "model.n_heads=2", "--set", "model.d_ff=64",
+    "--set", "batch_size_per_gpu=8", "--set", "seq_len=64", "--set", "model.d_model=64",
+    "--set", "model.n_layers=2", "--set", "model.n_heads=4", "--set", "model.d_ff=256",
     "--set", "lr=3e-3", "--set", "warmup_steps=5", "--set", "log_every=5",
 ]  # fmt: skip
 
@@ -223,7 +223,7 @@ def test_dry_run_prints_each_hosts_exact_command(lab: Any) -> None:
     assert out["world_size"] == 2 and out["backend"] == "gloo"
     assert m5["argv"][1:3] == ["-m", "torch.distributed.run"] and m5["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
     assert f"--rdzv-endpoint={out['rendezvous']}" in irina["argv"] and out["rendezvous"].startswith(
-        lab.hosts["m5"].address
+        lab.hosts["m5"]
     )
     assert run_processes(out["run_id"]) == [] and out["run_id"] not in existing_runs(lab)
 
@@ -239,7 +239,8 @@ def test_detached_run_has_status_and_stops_everywhere(lab: Any) -> None:
         while time.monotonic() < deadline:
             st = json.loads(labctl("-i", inv, "--json", "train", "status", run_id).stdout)["runs"][0]
             state = st["host_state"]
-            if all((s.get("last_event") or {}).get("event") == "step" for s in state.values() if s):
+            # Rank 0 (m5) reports the steps; irina's ranks print none.
+            if (state.get("m5", {}).get("last_event") or {}).get("event") == "step":
                 break
             time.sleep(1)
         assert {h: s["state"] for h, s in state.items()} == {"m5": "running", "irina": "running"}
