@@ -153,8 +153,8 @@ def main() -> int:
     publish(
         result,
         render(result),
-        REPO / "bench/out/train_launch.json",
-        None if args.no_write else REPO / "docs/benchmarks.md",
+        args.json,
+        args.out,
         MARK_BEGIN,
         MARK_END,
     )

@@ -29,31 +29,96 @@ TORCH_PROBE_TIMEOUT_S = 180.0
 IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _run_python(python: str, code: str, *args: str) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run(
+        [python, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=TORCH_PROBE_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _probe_cache_dir() -> str:
+    return (
+        "/var/lib/labctl/cache/torch-probe"
+        if os.geteuid() == 0
+        else os.path.expanduser("~/.cache/labctl/torch-probe")
+    )
+
+
+def _probe_key(python: str, torch_origin: str) -> Optional[str]:
+    """Names one torch install under one driver: importing torch costs seconds, finding it does not."""
+    import hashlib
+
+    parts = [os.path.realpath(python), torch_origin]
+    try:
+        for path in (os.path.realpath(python), os.path.join(os.path.dirname(torch_origin), "version.py")):
+            st = os.stat(path)
+            parts += [str(st.st_mtime_ns), str(st.st_size)]
+    except OSError:
+        return None
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            parts.append(f.read())  # a driver update can change what torch.cuda reports
+    except OSError:
+        parts.append("no-driver")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
 def _torch_probe(python: str) -> Dict[str, Any]:
-    """torch's build facts as the training interpreter sees them (it may be a venv, not the agent's)."""
+    """torch's build facts as the training interpreter sees them (it may be a venv, not the agent's).
+
+    Cached per torch install and driver, so a second `labctl train` does not pay for importing
+    torch on every host again.
+    """
+    try:
+        where = _run_python(
+            python,
+            "import importlib.util as u; s = u.find_spec('torch'); print(s.origin if s and s.origin else '')",
+        )
+    except FileNotFoundError:
+        return {"installed": False, "error": "no interpreter at " + python}
+    except subprocess.TimeoutExpired:
+        return {"installed": False, "error": f"{python} did not start in {TORCH_PROBE_TIMEOUT_S:.0f} s"}
+    origin = where.stdout.strip().splitlines()[-1] if where.returncode == 0 and where.stdout.strip() else ""
+    if not origin:
+        return {"installed": False, "error": "torch is not installed for " + python}
+    key = _probe_key(python, origin)
+    cache = os.path.join(_probe_cache_dir(), key + ".json") if key else None
+    if cache and os.path.exists(cache):
+        try:
+            with open(cache) as f:
+                cached = dict(json.load(f))
+            cached["cached"] = True
+            return cached
+        except (OSError, ValueError):
+            pass
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); "
         "from labctl.agent.gpus import torch_facts; print(json.dumps(torch_facts()))"
     )
     try:
-        proc = subprocess.run(
-            [python, "-c", code, IMPORT_ROOT],
-            capture_output=True,
-            text=True,
-            timeout=TORCH_PROBE_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
-    except FileNotFoundError:
-        return {"installed": False, "error": "no interpreter at " + python}
+        proc = _run_python(python, code, IMPORT_ROOT)
     except subprocess.TimeoutExpired:
         return {"installed": False, "error": f"importing torch took over {TORCH_PROBE_TIMEOUT_S:.0f} s"}
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         return {"installed": False, "error": lines[-1][:300] if lines else f"exit {proc.returncode}"}
     try:
-        return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+        facts = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError):
         return {"installed": False, "error": "the torch probe printed no JSON"}
+    if cache and facts.get("installed") and not facts.get("cuda_error"):
+        try:
+            os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+            tmp = cache + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(facts, f)
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # a read-only home only costs the next run the import
+    return facts
 
 
 def _iface_for(address: str) -> Dict[str, Any]:
@@ -243,8 +308,13 @@ def spawn_command(args: Dict[str, Any]) -> Dict[str, Any]:
     rc_path = os.path.join(log_dir, "rc")
     # The shell records torchrun's exit code, so `status` can tell finished from killed.
     script = f"{line} > {shlex.quote(console)} 2>&1 </dev/null; echo $? > {shlex.quote(rc_path)}.tmp && mv {shlex.quote(rc_path)}.tmp {shlex.quote(rc_path)}"
+    # The wrapper carries the run's id too, so `status` sees the run before torchrun has started.
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (args.get("env") or {}).items()})
     proc = subprocess.Popen(
         ["sh", "-c", script],
+        env=env,
+        cwd=log_dir,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -26,7 +26,7 @@ from labctl.fanout import HostResult, HostRun, fan_out
 from labctl.inventory.model import Host
 from labctl.train.phases import Settings
 from labctl.train.plan import Problem, plan_run
-from labctl.train.spec import LaunchSpec, NodeSpec
+from labctl.train.spec import RUN_ENV, LaunchSpec, NodeSpec
 from labctl.transport.wrap import wrap_with_watchdog
 
 RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$")
@@ -355,7 +355,11 @@ def run_detached(ctx: Context, spec: LaunchSpec, hosts: list[Host]) -> list[Host
         answer = call_agent(
             run,
             "train_spawn",
-            {"line": spec.shell_line(nodes[run.host.name]), "log_dir": spec.log_dir},
+            {
+                "line": spec.shell_line(nodes[run.host.name]),
+                "log_dir": spec.log_dir,
+                "env": {RUN_ENV: spec.run_id, "LABCTL_HOST": run.host.name},
+            },
             timeout=60,
         )
         return HostResult(run.host.name, "ok", data=answer)
