@@ -58,6 +58,8 @@ demo: install deps
 	@echo "== training, phase 1: the preflight refuses m5 (it declares a V100; the sim has no GPU and a CPU torch) =="
 	-$(BIN)/labctl -i $(SIM_INV) train --phase 1 --dry-run --python $(CURDIR)/$(BIN)/python
 	@echo "== training, phase 1 on m5 + irina as CPU processes (gloo), a small model, checkpoints every 20 steps =="
+	@# A fresh start each time: a re-run with the same checkpoint_dir would resume at its last step.
+	$(BIN)/labctl -i $(SIM_INV) exec -l m5,irina -- rm -rf /var/lib/labctl/train/demo-phase1
 	$(BIN)/labctl -i $(SIM_INV) train --phase 1 --limit m5,irina --device cpu --python $(CURDIR)/$(BIN)/python $(DEMO_TRAIN)
 	$(BIN)/labctl -i $(SIM_INV) train status
 	@echo "The simulated lab is still up: try '$(BIN)/labctl -i $(SIM_INV) exec -- uname -a', then 'make sim-down'."

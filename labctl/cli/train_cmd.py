@@ -436,12 +436,32 @@ def status(
         table.add_column(col)
     for r in rows:
         events = [s.get("last_event") for s in r["host_state"].values() if s.get("last_event")]
+        if not events:
+            events = [e for e in [_last_local_event(root / r["run_id"] / "metrics.jsonl")] if e]
         last = launch.format_event(events[0]) if events else ""
         per_host = ", ".join(f"{h}: {s.get('state')}" for h, s in r["host_state"].items()) or ", ".join(
             r["hosts"]
         )
         table.add_row(r["run_id"], str(r.get("phase")), r.get("state", "?"), per_host, last)
     c.console.print(table)
+
+
+def _last_local_event(path: Path) -> dict[str, Any] | None:
+    """Rank 0's newest step or done event as an attached run streamed it here."""
+    import json
+
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") in ("step", "done") and event.get("loss") is not None:
+            return dict(event)
+    return None
 
 
 @app.command("stop")
