@@ -359,15 +359,17 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     procs = run_processes(run_id, host)
     out: Dict[str, Any] = {"run_id": run_id, "processes": len(procs), "log_dir": log_dir}
     rc_path = os.path.join(log_dir, "rc")
-    if procs:
-        out["state"] = "running"
-    elif os.path.exists(os.path.join(log_dir, "stopped")):
+    # The exit code file is written last, as torchrun's wrapper ends: it wins over a wrapper
+    # process that is still on its way out.
+    if os.path.exists(os.path.join(log_dir, "stopped")):
         out["state"] = "stopped"
     elif os.path.exists(rc_path):
         with open(rc_path) as f:
             text = f.read().strip()
         out["rc"] = int(text) if text.lstrip("-").isdigit() else None
         out["state"] = "finished" if out["rc"] == 0 else "failed"
+    elif procs:
+        out["state"] = "running"
     elif os.path.isdir(log_dir):
         out["state"] = "gone"  # no process, no exit code: killed from outside, or the host rebooted
     else:

@@ -326,7 +326,13 @@ def _attached(
         "last_step": steps[-1]["step"] if steps else None,
         "first_loss": steps[0]["loss"] if steps else None,
         "last_loss": steps[-1]["loss"] if steps else None,
-        "restarts": max((int(e.get("restart") or 0) for e in outcome.events), default=0),
+        # Rank 0 says "start" each time its workers (re)start. Its TORCHELASTIC_RESTART_COUNT stays 0
+        # when another host failed and this one only re-joined, so the starts are what count.
+        "restarts": max(
+            sum(1 for e in outcome.events if e.get("event") == "start") - 1,
+            max((int(e.get("restart") or 0) for e in outcome.events), default=0),
+            0,
+        ),
         "resumed_from": [e.get("resumed_from") for e in outcome.events if e.get("event") == "start"],
         "done": done,
         "first_step_seconds": outcome.first_step_seconds,

@@ -21,10 +21,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from labctl.errors import InputError
 from labctl.inventory.load import InventoryError, _validation_problems, dotted
 from labctl.provision.resource import Params, load_registry
-from labctl.yamlpos import YamlSyntaxError, read_positioned
+from labctl.yamlpos import read_for_validation
 
 PLAY_KEYS = {"name", "hosts", "tags", "resources"}
 ENTRY_KEYS = {"name", "tags"}
@@ -77,18 +76,7 @@ def _tags(
 
 def load_playbook(path: Path) -> Playbook:
     path = Path(path)
-    if not path.exists():
-        raise InputError(
-            f"No playbook at {path}.", f"Pass one with -p, or use the default {DEFAULT_PLAYBOOK}."
-        )
-    try:
-        pos = read_positioned(path)
-    except YamlSyntaxError as e:
-        where = f":{e.line}" if e.line else ""
-        raise InputError(
-            f"{path}{where}: the YAML does not parse: {e.problem}.",
-            "Check indentation and quoting on that line.",
-        ) from None
+    pos = read_for_validation(path, "playbook", f"Pass one with -p, or use the default {DEFAULT_PLAYBOOK}.")
     registry = load_registry()
     problems: list[tuple[int | None, str, str]] = [
         (d.line, dotted(d.path), d.message + "; keep one") for d in pos.duplicates

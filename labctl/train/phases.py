@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from labctl.errors import InputError
 from labctl.inventory.load import InventoryError, _validation_problems, dotted
-from labctl.yamlpos import YamlSyntaxError, read_positioned
+from labctl.yamlpos import read_for_validation
 
 DEFAULT_PHASES = Path("playbooks/train.yaml")
 STRATEGIES = ("single_gpu_debug", "multi_gpu_full", "multi_gpu_conservative")
@@ -229,18 +229,7 @@ def parse_override(text: str) -> dict[str, Any]:
 
 def load_phases(path: Path | None = None) -> PhasesFile:
     path = Path(path or DEFAULT_PHASES)
-    if not path.exists():
-        raise InputError(
-            f"No phases file at {path}.", f"Pass one with -f, or use the default {DEFAULT_PHASES}."
-        )
-    try:
-        pos = read_positioned(path)
-    except YamlSyntaxError as e:
-        where = f":{e.line}" if e.line else ""
-        raise InputError(
-            f"{path}{where}: the YAML does not parse: {e.problem}.",
-            "Check indentation and quoting on that line.",
-        ) from None
+    pos = read_for_validation(path, "phases file", f"Pass one with -f, or use the default {DEFAULT_PHASES}.")
     problems: list[tuple[int | None, str, str]] = [
         (d.line, dotted(d.path), d.message + "; keep one") for d in pos.duplicates
     ]

@@ -148,7 +148,7 @@ def test_killed_worker_restarts_and_training_resumes_from_the_checkpoint(lab: An
     assert out["restarts"] >= 1 and out["done"] and out["last_step"] == 120
     events = [json.loads(x) for x in (runs_dir(lab) / run_id / "metrics.jsonl").read_text().splitlines()]
     starts = [e for e in events if e["event"] == "start"]
-    assert starts[0]["resumed_from"] is None and starts[-1]["restart"] >= 1
+    assert starts[0]["resumed_from"] is None and len(starts) >= 2  # the workers started again
     resumed = starts[-1]["resumed_from"]
     assert resumed is not None and resumed >= 20
     after = [e["step"] for e in events[events.index(starts[-1]) :] if e["event"] == "step"]
