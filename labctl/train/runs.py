@@ -21,7 +21,8 @@ from labctl.fsutil import write_atomic
 
 
 def runs_dir(inventory_path: Path) -> Path:
-    return Path(inventory_path).resolve().parent / ".labctl" / "runs"
+    # absolute(), not resolve(): the seed inventory is a symlink into the package, runs belong beside the link.
+    return Path(inventory_path).absolute().parent / ".labctl" / "runs"
 
 
 def new_run_id(phase: int) -> str:

@@ -265,3 +265,24 @@ def test_phase3_needs_the_orchestra_warm_set() -> None:
     assert spec is None and "warm set" in problems[0].message
     spec, problems = plan([m5()], {"m5": probe(gpus=m5_smi())}, 3, orchestra_probes=warm)
     assert problems == [] and spec is not None
+
+
+def test_run_records_live_beside_the_inventory_link_and_list_newest_first(tmp_path: Path) -> None:
+    from labctl.train import runs
+
+    real = tmp_path / "pkg" / "lab.yaml"
+    real.parent.mkdir()
+    real.write_text("lab: x\n")
+    link = tmp_path / "inventory" / "lab.yaml"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    root = runs.runs_dir(link)
+    assert root == tmp_path / "inventory" / ".labctl" / "runs"
+    a, b = runs.new_run_id(1), runs.new_run_id(2)
+    assert a != b and a.startswith("p1-") and a == a.lower()
+    runs.save(root, {"run_id": a, "started": 1.0, "state": "running"})
+    runs.save(root, {"run_id": b, "started": 2.0, "state": "running"})
+    assert [r["run_id"] for r in runs.list_runs(root)] == [b, a]
+    assert runs.update(root, a, state="stopped")["state"] == "stopped" == runs.load(root, a)["state"]
+    with pytest.raises(InputError, match="Recent runs"):
+        runs.load(root, "p9-nope")
