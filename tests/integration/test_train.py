@@ -157,6 +157,30 @@ def test_killed_worker_restarts_and_training_resumes_from_the_checkpoint(lab: An
     assert run_processes(run_id) == []
 
 
+def test_a_failed_host_stops_the_others_and_nothing_is_left(lab: Any) -> None:
+    # No restarts allowed: irina's torchrun gives up when its worker dies, and labctl stops m5.
+    before = existing_runs(lab)
+    proc = start(train_args(lab, "--set", "max_restarts=0", steps=100000, ckpt_every=1000))
+    try:
+        run_id = newest_run(lab, before)
+        wait_for_event(lab, run_id, lambda e: e.get("event") == "step")
+        for pid in workers(run_id, "irina"):
+            os.kill(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr
+    out = json.loads(stdout)
+    by_host = {h["host"]: h for h in out["hosts"]}
+    # Whichever torchrun gives up first (irina's, or m5's when gloo reports the lost peer first)
+    # is the failed host, and labctl stops the other one.
+    assert out["state"] == "failed" and out["failed_host"] in by_host
+    assert by_host[out["failed_host"]]["status"] == "failed"
+    assert {h["status"] for h in out["hosts"]} <= {"failed", "cancelled"}
+    assert out["remaining_processes"] == {} and run_processes(run_id) == []
+
+
 def test_ctrl_c_leaves_no_process_of_the_run_on_any_host(lab: Any) -> None:
     before = existing_runs(lab)
     proc = start(train_args(lab, steps=100000, ckpt_every=1000))
