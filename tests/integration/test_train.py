@@ -97,7 +97,8 @@ def wait_for_event(lab: Any, run_id: str, pred: Any, timeout: float = 120) -> di
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists():
-            for line in path.read_text().splitlines():
+            # The controller may be mid-write: only whole lines count.
+            for line in path.read_text().split("\n")[:-1]:
                 event = json.loads(line)
                 if pred(event):
                     return event
