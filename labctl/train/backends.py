@@ -31,7 +31,7 @@ import yaml
 
 from labctl.errors import InputError
 from labctl.fsutil import write_atomic
-from labctl.train.spec import LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec
+from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec
 
 BACKENDS = ("slurm", "k8s")
 DEFAULT_IMAGE = "pytorch/pytorch:latest"  # a placeholder: the manifest's header says to pin it
@@ -48,6 +48,7 @@ PORTABLE_ENV = frozenset(
         RUN_ENV,
         LOG_PREFIX_ENV,
         DEVICE_ENV,
+        *FRESH_STORE_ENV,
     }
 )
 # A pod's network is its own eth0, not the lab host's bond: the lab's interface names would

@@ -14,7 +14,7 @@ from typing import Any
 from labctl.inventory.model import Host
 from labctl.provision.resource import PlanError
 from labctl.train.phases import Settings
-from labctl.train.spec import LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec, NodeSpec
+from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec, NodeSpec
 
 Cap = tuple[int, int]
 ORCHESTRA_HINT = (
@@ -399,6 +399,7 @@ def node_env(
         "LABCTL_TRAIN_DEVICE": pl.device,
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
         "PYTHONUNBUFFERED": "1",
+        **FRESH_STORE_ENV,
         # Threads per process: the host's cores shared by its workers, not every worker taking all.
         "OMP_NUM_THREADS": str(max(1, int(probe.get("cpu_count") or 1) // pl.nproc)),
     }

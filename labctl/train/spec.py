@@ -17,7 +17,14 @@ TRAINER_MODULE = "labctl.agent.trainer"
 # torchrun prefixes every worker line with this (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE), so
 # the controller can tell ranks apart: "[rank3]:text".
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
-RUN_ENV = "LABCTL_RUN_ID"  # set on every process of a run; `stop` and the cleanup check find them by it
+RUN_ENV = "LABCTL_RUN_ID"
+# torchrun shares its rendezvous store with the workers by default, across restarts: a
+# restarted worker can then read a dead peer's gloo/NCCL address left by the previous round
+# and fail with "connection refused", spending a restart each time. Unshared, rank 0 hosts a
+# fresh store on a fresh port every round.
+FRESH_STORE_ENV = {
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"
+}  # set on every process of a run; `stop` and the cleanup check find them by it
 
 
 @dataclass(frozen=True)
