@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .commands import AgentError
 from .facts import torch_env_facts
@@ -329,6 +329,23 @@ def spawn_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return record
 
 
+def newest_event(
+    lines: List[str], prefix: str = "", want: Optional[Callable[[Dict[str, Any]], bool]] = None
+) -> Optional[Dict[str, Any]]:
+    """The newest JSON event (an object with "event") among `lines`, after `prefix` where given."""
+    for line in reversed(lines):
+        _, sep, rest = line.partition(prefix) if prefix else ("", "", line)
+        if (prefix and not sep) or not rest.startswith("{"):
+            continue
+        try:
+            event = json.loads(rest)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "event" in event and (want is None or want(event)):
+            return event
+    return None
+
+
 def _last_event(console: str) -> Optional[Dict[str, Any]]:
     """The newest rank-0 event in a console log (read from its tail only)."""
     try:
@@ -339,16 +356,7 @@ def _last_event(console: str) -> Optional[Dict[str, Any]]:
             tail = f.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return None
-    for line in reversed(tail):
-        _, sep, rest = line.partition("[rank0]:")
-        if sep and rest.startswith("{"):
-            try:
-                event = json.loads(rest)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and "event" in event:
-                return event
-    return None
+    return newest_event(tail, "[rank0]:")
 
 
 def status_command(args: Dict[str, Any]) -> Dict[str, Any]:

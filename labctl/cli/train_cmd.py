@@ -416,7 +416,7 @@ def status(
         for rec in records:
             hosts_state: dict[str, Any] = {}
             if rec.get("state") == "running" or run_id:
-                hosts = [c.inventory.hosts[h] for h in rec["hosts"] if h in c.inventory.hosts]
+                hosts = launch.record_hosts(c, rec)
                 for res in launch.host_status(c, rec, hosts):
                     hosts_state[res.host] = res.data if res.ok else {"state": res.status, "error": res.error}
                 states = {s.get("state") for s in hosts_state.values()}
@@ -454,20 +454,13 @@ def status(
 
 def _last_local_event(path: Path) -> dict[str, Any] | None:
     """Rank 0's newest step or done event as an attached run streamed it here."""
-    import json
+    from labctl.agent.train_host import newest_event
 
     try:
         lines = path.read_text().splitlines()
     except OSError:
         return None
-    for line in reversed(lines):
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if event.get("event") in ("step", "done") and event.get("loss") is not None:
-            return dict(event)
-    return None
+    return newest_event(lines, want=lambda e: e["event"] in ("step", "done") and e.get("loss") is not None)
 
 
 @app.command("stop")
@@ -485,7 +478,7 @@ def stop(
     try:
         root = runs.runs_dir(c.inventory.path)
         rec = runs.load(root, run_id)
-        hosts = [c.inventory.hosts[h] for h in rec["hosts"] if h in c.inventory.hosts]
+        hosts = launch.record_hosts(c, rec)
         remaining = launch.stop_everywhere(c, run_id, hosts, int(rec.get("grace", 10)), rec.get("log_dir"))
     finally:
         c.close()

@@ -53,6 +53,24 @@ def agent_path(ctx: Context, host: Host) -> str:
     return f"{agent_dir(HostRun(ctx, host, threading.Event()))}/agent-{digest}.pyz"
 
 
+def ask_agents(
+    ctx: Context,
+    hosts: list[Host],
+    command: str,
+    args_for: Callable[[Host], dict[str, Any]],
+    *,
+    timeout: float,
+    label: str,
+) -> list[HostResult]:
+    """The agent's `command` on every host at once; each answer is its HostResult's data."""
+
+    def step(run: HostRun) -> HostResult:
+        answer = call_agent(run, command, args_for(run.host), timeout=timeout)
+        return HostResult(run.host.name, "ok", data=answer)
+
+    return fan_out(ctx, hosts, step, label=label)
+
+
 def linux_hosts(hosts: list[Host]) -> list[Host]:
     windows = [h.name for h in hosts if h.is_windows]
     if windows:
@@ -76,19 +94,20 @@ def preflight(
     everyone = hosts + [h for h in orchestra_hosts if h.name not in train_names]
     orchestra_names = {h.name for h in orchestra_hosts}
 
-    def step(run: HostRun) -> HostResult:
+    def args_for(host: Host) -> dict[str, Any]:
         args: dict[str, Any] = {
             "python": python or settings.python,
-            "address": run.host.address,
+            "address": host.address,
             "checkpoint_dir": settings.checkpoint_path(phase),
-            "orchestra": run.host.name in orchestra_names,
+            "orchestra": host.name in orchestra_names,
         }
-        if run.host.name == hosts[0].name:
+        if host.name == hosts[0].name:
             args["port"] = settings.port
-        answer = call_agent(run, "train_preflight", args, timeout=PREFLIGHT_TIMEOUT_S)
-        return HostResult(run.host.name, "ok", data=answer)
+        return args
 
-    results = fan_out(ctx, everyone, step, label="preflight")
+    results = ask_agents(
+        ctx, everyone, "train_preflight", args_for, timeout=PREFLIGHT_TIMEOUT_S, label="preflight"
+    )
     failed = [r for r in results if not r.ok]
     if failed:
         problems = [
@@ -327,17 +346,14 @@ def stop_everywhere(
     ctx: Context, run_id: str, hosts: list[Host], grace: int, log_dir: str | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """SIGTERM, then SIGKILL after `grace`, every process of the run on every host; what is left."""
-
-    def step(run: HostRun) -> HostResult:
-        answer = call_agent(
-            run,
-            "train_ps",
-            {"run_id": run_id, "host": run.host.name, "stop": True, "grace": grace, "log_dir": log_dir},
-            timeout=grace + 60,
-        )
-        return HostResult(run.host.name, "ok", data=answer)
-
-    results = fan_out(ctx, hosts, step, label="checking no process of the run remains")
+    results = ask_agents(
+        ctx,
+        hosts,
+        "train_ps",
+        lambda h: {"run_id": run_id, "host": h.name, "stop": True, "grace": grace, "log_dir": log_dir},
+        timeout=grace + 60,
+        label="checking no process of the run remains",
+    )
     out: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         if r.ok:
@@ -350,31 +366,31 @@ def stop_everywhere(
 def run_detached(ctx: Context, spec: LaunchSpec, hosts: list[Host]) -> list[HostResult]:
     by_name = {h.name: h for h in hosts}
     nodes = {n.host: n for n in spec.nodes}
-
-    def step(run: HostRun) -> HostResult:
-        answer = call_agent(
-            run,
-            "train_spawn",
-            {
-                "line": spec.shell_line(nodes[run.host.name]),
-                "log_dir": spec.log_dir,
-                "env": {RUN_ENV: spec.run_id, "LABCTL_HOST": run.host.name},
-            },
-            timeout=60,
-        )
-        return HostResult(run.host.name, "ok", data=answer)
-
-    return fan_out(ctx, [by_name[n.host] for n in spec.nodes], step, label="starting")
+    return ask_agents(
+        ctx,
+        [by_name[n.host] for n in spec.nodes],
+        "train_spawn",
+        lambda h: {
+            "line": spec.shell_line(nodes[h.name]),
+            "log_dir": spec.log_dir,
+            "env": {RUN_ENV: spec.run_id, "LABCTL_HOST": h.name},
+        },
+        timeout=60,
+        label="starting",
+    )
 
 
 def host_status(ctx: Context, record: dict[str, Any], hosts: list[Host]) -> list[HostResult]:
-    def step(run: HostRun) -> HostResult:
-        answer = call_agent(
-            run,
-            "train_status",
-            {"run_id": record["run_id"], "host": run.host.name, "log_dir": record["log_dir"]},
-            timeout=60,
-        )
-        return HostResult(run.host.name, "ok", data=answer)
+    return ask_agents(
+        ctx,
+        hosts,
+        "train_status",
+        lambda h: {"run_id": record["run_id"], "host": h.name, "log_dir": record["log_dir"]},
+        timeout=60,
+        label="asking the hosts",
+    )
 
-    return fan_out(ctx, hosts, step, label="asking the hosts")
+
+def record_hosts(ctx: Context, record: dict[str, Any]) -> list[Host]:
+    """The hosts of a recorded run that the inventory still has."""
+    return [ctx.inventory.hosts[h] for h in record["hosts"] if h in ctx.inventory.hosts]

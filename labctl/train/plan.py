@@ -76,7 +76,7 @@ def _matches(name: str, wanted: list[str]) -> bool:
 
 def train_gpus(host: Host, probe: dict[str, Any], wanted: list[str]) -> list[TrainGpu]:
     """The GPUs that train on `host`: found on the host (which wins), else declared in the inventory."""
-    from labctl.provision.resources.torch_env import KNOWN_CAPS, declared_caps, parse_cap
+    from labctl.provision.resources.torch_env import declared_caps, known_cap, parse_cap
 
     real = probe.get("gpus") or []
     if real:
@@ -86,12 +86,7 @@ def train_gpus(host: Host, probe: dict[str, Any], wanted: list[str]) -> list[Tra
             if not _matches(name, wanted):
                 continue
             cap_text = g.get("compute_capability") or g.get("compute_cap")
-            cap = parse_cap(str(cap_text)) if cap_text else None
-            if cap is None:
-                known = [
-                    c for k, c in sorted(KNOWN_CAPS.items(), key=lambda kv: -len(kv[0])) if k in name.lower()
-                ]
-                cap = known[0] if known else None
+            cap = parse_cap(str(cap_text)) if cap_text else known_cap(name)
             out.append(TrainGpu(name, cap, int(g.get("index", len(out)))))
         return out
     try:

@@ -65,13 +65,13 @@ class LaunchSpec:
     def world_size(self) -> int:
         return sum(n.nproc for n in self.nodes)
 
-    def entry_argv(self, settings_arg: str | None = None) -> list[str]:
+    def entry_argv(self) -> list[str]:
         """What torchrun runs: the reference trainer as a module, or the user's script."""
         if self.script:
             return [self.script, *self.script_args]
         import json
 
-        return ["-m", TRAINER_MODULE, "--settings", settings_arg or json.dumps(self.settings, sort_keys=True)]
+        return ["-m", TRAINER_MODULE, "--settings", json.dumps(self.settings, sort_keys=True)]
 
     def torchrun_argv(self, node: NodeSpec) -> list[str]:
         argv = [

@@ -75,20 +75,26 @@ def parse_cap(text: str) -> Cap:
     return int(major), int(minor or 0)
 
 
+def known_cap(name: str) -> Cap | None:
+    """The compute capability of a GPU named `name`, from KNOWN_CAPS (longest match wins)."""
+    lower = name.lower()
+    found = [c for key, c in sorted(KNOWN_CAPS.items(), key=lambda kv: -len(kv[0])) if key in lower]
+    return found[0] if found else None
+
+
 def declared_caps(host: Host) -> list[tuple[str, Cap]]:
     out = []
     for g in host.gpus:
         if g.compute_capability:
             cap = parse_cap(g.compute_capability)
         else:
-            name = g.model.lower()
-            found = [c for key, c in sorted(KNOWN_CAPS.items(), key=lambda kv: -len(kv[0])) if key in name]
-            if not found:
+            known = known_cap(g.model)
+            if known is None:
                 raise PlanError(
                     f"the inventory does not give the compute capability of {g.model} on {host.name}.",
                     f'Add compute_capability to that GPU, e.g. {{model: {g.model}, compute_capability: "8.6"}}.',
                 )
-            cap = found[0]
+            cap = known
         out += [(g.model, cap)] * g.count
     return out
 
