@@ -18,8 +18,10 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from labctl.agent import paths
 from labctl.errors import HostError
 from labctl.fanout import HostRun
+from labctl.inventory.model import Host
 from labctl.transport.base import LineCallback
 
 ROOT_MAIN = b"from labctl.agent.__main__ import main\nimport sys\nsys.exit(main())\n"
@@ -69,13 +71,11 @@ def agent_zip() -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()[:16]
 
 
-def agent_dir(run: HostRun) -> str:
-    """Root keeps agents in /var/lib/labctl (a managed path); other users in their cache."""
-    if run.host.connection == "local":
-        return str(Path.home() / ".cache/labctl/agent")
-    if run.host.user != "root":
-        return ".cache/labctl/agent"  # relative: the SSH session starts in the user's home
-    return "/var/lib/labctl/agent"
+def agent_dir(host: Host) -> str:
+    """Where `host` keeps labctl's agent: root's in labctl's host folder, other users' in their home."""
+    if host.connection == "local":
+        return str(Path.home() / paths.agent_dir(root=False))
+    return paths.agent_dir(root=host.user == "root")
 
 
 def _ensure_dir(run: HostRun, directory: str) -> None:
@@ -102,7 +102,7 @@ def call_agent(
     commands that report progress on stderr.
     """
     data, digest = agent_zip()
-    directory = agent_dir(run)
+    directory = agent_dir(run.host)
     path = f"{directory}/agent-{digest}.pyz"
     py = shlex.quote(run.host.python)
     conn = run.conn

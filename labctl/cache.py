@@ -619,7 +619,7 @@ def sync_host(
                     on_progress(host, event)
 
         # The token goes in a 0600 file, never on a command line other users can read.
-        token_file = f"{agent_dir(run)}/cache-token-{uuid.uuid4().hex}"
+        token_file = f"{agent_dir(run.host)}/cache-token-{uuid.uuid4().hex}"
         run.conn.put_bytes(str(info["token"]).encode(), token_file, mode=0o600)
         args: dict[str, Any] = {
             "cache": mc.path,

@@ -46,9 +46,10 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
 
+from . import paths
 from .commands import AgentError
 
-META = ".labctl"
+META = paths.CACHE_META
 MANIFEST_VERSION = 1
 DEFAULT_CHUNK = 64 << 20
 BLOCK = 1 << 20  # bytes moved per read/hash/send step: big enough that Python's overhead vanishes

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-from . import AGENT_VERSION
+from . import AGENT_VERSION, paths
 from .commands import AgentError
 from .gpus import gather_gpus, torch_facts
 from .nics import gather_nics
@@ -132,13 +132,10 @@ def docker_facts() -> Dict[str, Any]:
     return facts
 
 
-TORCH_ENV_RECORD = "/var/lib/labctl/envs/torch.json"
-
-
 def torch_env_facts() -> Dict[str, Any]:
     """The virtualenv `labctl provision` built (torch_env), as its last verification recorded it."""
     try:
-        with open(TORCH_ENV_RECORD) as f:
+        with open(paths.TORCH_ENV_RECORD) as f:
             record: Dict[str, Any] = json.load(f)
     except FileNotFoundError:
         return {"provisioned": False}

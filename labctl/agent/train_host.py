@@ -18,12 +18,12 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from . import paths
 from .commands import AgentError
 from .facts import torch_env_facts
 from .gpus import GpuQueryError, gather_gpus
 from .nics import gather_nics
 
-ORCHESTRA_STATE = "/var/lib/labctl/orchestra/warm.json"
 TORCH_PROBE_TIMEOUT_S = 180.0
 # The agent's import root: the zipapp itself when shipped (…/agent-x.pyz/labctl/agent/this.py).
 IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,14 +36,6 @@ def _run_python(python: str, code: str, *args: str) -> "subprocess.CompletedProc
         text=True,
         timeout=TORCH_PROBE_TIMEOUT_S,
         stdin=subprocess.DEVNULL,
-    )
-
-
-def _probe_cache_dir() -> str:
-    return (
-        "/var/lib/labctl/cache/torch-probe"
-        if os.geteuid() == 0
-        else os.path.expanduser("~/.cache/labctl/torch-probe")
     )
 
 
@@ -85,7 +77,7 @@ def _torch_probe(python: str) -> Dict[str, Any]:
     if not origin:
         return {"installed": False, "error": "torch is not installed for " + python}
     key = _probe_key(python, origin)
-    cache = os.path.join(_probe_cache_dir(), key + ".json") if key else None
+    cache = os.path.join(paths.torch_probe_dir(), key + ".json") if key else None
     if cache and os.path.exists(cache):
         try:
             with open(cache) as f:
@@ -169,15 +161,15 @@ def _disk(path: str) -> Dict[str, Any]:
     }
 
 
-def _orchestra() -> Dict[str, Any]:
+def orchestra_state() -> Dict[str, Any]:
     try:
-        with open(ORCHESTRA_STATE) as f:
+        with open(paths.WARM_STATE) as f:
             state = json.load(f)
     except FileNotFoundError:
-        return {"present": False, "path": ORCHESTRA_STATE}
+        return {"present": False, "path": paths.WARM_STATE}
     except (OSError, ValueError) as exc:
-        return {"present": False, "path": ORCHESTRA_STATE, "error": str(exc)}
-    return {"present": True, "path": ORCHESTRA_STATE, "state": state}
+        return {"present": False, "path": paths.WARM_STATE, "error": str(exc)}
+    return {"present": True, "path": paths.WARM_STATE, "state": state}
 
 
 def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
@@ -192,7 +184,7 @@ def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
         "torch": _torch_probe(python),
         "cpu_count": os.cpu_count() or 1,
         "iface": _iface_for(str(args.get("address") or "")),
-        "disk": _disk(str(args.get("checkpoint_dir") or "/var/lib/labctl")),
+        "disk": _disk(str(args.get("checkpoint_dir") or paths.HOME)),
     }
     try:
         out["gpu_source"], out["gpus"] = gather_gpus()
@@ -201,7 +193,7 @@ def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
     if args.get("port") is not None:
         out["rendezvous"] = _port_state(int(args["port"]))
     if args.get("orchestra"):
-        out["orchestra"] = _orchestra()
+        out["orchestra"] = orchestra_state()
     return out
 
 

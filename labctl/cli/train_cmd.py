@@ -270,7 +270,7 @@ def _launch(c: Any, *, phase: int, file: Path | None, sets: list[str], limit: st
 
 
 def _for_cluster(spec: Any, default_ckpt: bool) -> Any:
-    """The run's paths for a cluster job: relative to where the job starts, not under /var/lib/labctl."""
+    """The run's paths for a cluster job: relative to where the job starts, not in labctl's host folder."""
     import dataclasses
 
     settings = {**spec.settings, "metrics_path": f"labctl-runs/{spec.run_id}/metrics.jsonl"}

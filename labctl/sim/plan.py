@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from labctl.agent import paths
 from labctl.errors import InputError
 
 DEFAULT_HOSTS: tuple[str, ...] = ("m5", "irina", "pharaoh", "workstation")
@@ -65,10 +66,10 @@ MANAGED_PATHS: tuple[ManagedPath, ...] = (
     ),
     ManagedPath("/etc/cron.d"),
     ManagedPath("/var/spool/cron"),
-    ManagedPath("/var/lib/labctl"),
+    ManagedPath(paths.HOME),
     ManagedPath("/mnt"),
     ManagedPath("/srv"),
-    ManagedPath("/var/log/labctl"),
+    ManagedPath(paths.LOG_DIR),
 )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from labctl.agent import paths
 from labctl.agent_ship import agent_dir, agent_zip, call_agent
 from labctl.context import Context
 from labctl.errors import HostError, InputError
@@ -45,12 +46,12 @@ class PreflightFailed(HostError):
 
 
 def host_log_dir(host: Host, run_id: str) -> str:
-    return f"{'/var/lib/labctl' if host.user == 'root' else '.cache/labctl'}/runs/{run_id}"
+    return paths.runs_dir(root=host.user == "root", run_id=run_id)
 
 
-def agent_path(ctx: Context, host: Host) -> str:
+def agent_path(host: Host) -> str:
     _, digest = agent_zip()
-    return f"{agent_dir(HostRun(ctx, host, threading.Event()))}/agent-{digest}.pyz"
+    return f"{agent_dir(host)}/agent-{digest}.pyz"
 
 
 def ask_agents(
@@ -149,7 +150,7 @@ def prepare(
         probes=probes,
         device_override=device,
         log_dir=log_dir,
-        pythonpath={h.name: agent_path(ctx, h) for h in hosts},
+        pythonpath={h.name: agent_path(h) for h in hosts},
         script=remote_script,
         script_args=script_args,
         orchestra_probes=orchestra_probes,

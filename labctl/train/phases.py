@@ -19,6 +19,7 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from labctl.agent import paths
 from labctl.errors import InputError
 from labctl.inventory.load import InventoryError, _validation_problems, dotted
 from labctl.yamlpos import read_for_validation
@@ -94,7 +95,7 @@ class Settings(_Strict):
     dynamic_batch_sizing: bool = False
     bucket_cap_mb: int = Field(default=25, ge=1)
     checkpoint_dir: str = Field(
-        "/var/lib/labctl/train/phase{phase}", description="checkpoint_dir: /data/ckpt/phase{phase}"
+        paths.TRAIN_DIR + "/phase{phase}", description="checkpoint_dir: /data/ckpt/phase{phase}"
     )
     checkpoint_every: int = Field(default=200, ge=1)
     keep_checkpoints: int = Field(default=3, ge=1)

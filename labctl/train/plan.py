@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from labctl.agent import paths
 from labctl.inventory.model import Host
 from labctl.provision.resource import PlanError
 from labctl.train.phases import Settings
@@ -18,7 +19,7 @@ from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, Lau
 
 Cap = tuple[int, int]
 ORCHESTRA_HINT = (
-    "Load the warm set first (the rotation state lives in /var/lib/labctl/orchestra/warm.json), "
+    f"Load the warm set first (the rotation state lives in {paths.WARM_STATE}), "
     "or train without it: --set requires_orchestra=false."
 )
 

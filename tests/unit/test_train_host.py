@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.agent import train_host
+from labctl.agent import paths, train_host
 
 FAKE_TORCH = {
     "__init__.py": "from . import version, cuda, backends\n__version__ = version.__version__\n",
@@ -36,7 +36,7 @@ def fake_torch(root: Path, version: str) -> None:
 def test_torch_probe_is_cached_per_install_and_refreshed_when_torch_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(train_host, "_probe_cache_dir", lambda: str(tmp_path / "cache"))
+    monkeypatch.setattr(paths, "torch_probe_dir", lambda: str(tmp_path / "cache"))
     site = tmp_path / "site"
     fake_torch(site, "1.0.0")
     monkeypatch.setenv("PYTHONPATH", str(site))
@@ -51,7 +51,7 @@ def test_torch_probe_is_cached_per_install_and_refreshed_when_torch_changes(
 def test_torch_probe_reports_a_missing_torch_or_interpreter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(train_host, "_probe_cache_dir", lambda: str(tmp_path / "cache"))
+    monkeypatch.setattr(paths, "torch_probe_dir", lambda: str(tmp_path / "cache"))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     plain = train_host._torch_probe("/usr/bin/python3")
     assert plain["installed"] is False and "not installed" in plain["error"]

@@ -13,13 +13,12 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
+from labctl.agent import paths
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
 from labctl.provision.resources.files import plan_file
 
 CRON_DIR = "/etc/cron.d"
 UNIT_DIR = "/etc/systemd/system"
-LOG_DIR = "/var/log/labctl"
-LOCK_DIR = "/var/lib/labctl/locks"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}$")
 FIELD_RE = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
 RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
@@ -103,13 +102,13 @@ class CronParams(Params):
 
 
 def locked_command(name: str, command: str) -> str:
-    lock = f"{LOCK_DIR}/{name}.lock"
+    lock = f"{paths.LOCK_DIR}/{name}.lock"
     return f"flock -n {lock} sh -c {shlex.quote(command)}"
 
 
 def cron_file(p: CronParams) -> str:
     assert p.schedule and p.command
-    log = f"{LOG_DIR}/{p.name}.log"
+    log = f"{paths.LOG_DIR}/{p.name}.log"
     return (
         f"# labctl:cron:{p.name} (written by labctl provision; edits here are overwritten)\n"
         "SHELL=/bin/sh\n"
@@ -120,7 +119,7 @@ def cron_file(p: CronParams) -> str:
 
 def systemd_units(p: CronParams) -> tuple[str, str]:
     assert p.schedule and p.command
-    log = f"{LOG_DIR}/{p.name}.log"
+    log = f"{paths.LOG_DIR}/{p.name}.log"
     service = (
         f"# labctl:cron:{p.name}\n[Unit]\nDescription=labctl job {p.name}\n\n[Service]\nType=oneshot\nUser={p.user}\n"
         f"ExecStart=/bin/sh -c {shlex.quote(locked_command(p.name, p.command) + f' >>{log} 2>&1')}\n"
@@ -153,8 +152,8 @@ class Cron(Resource):
     def probes(self) -> Probes:
         probes: Probes = {k: {"kind": "file", "path": v} for k, v in self._paths().items()}
         probes["system"] = {"kind": "system"}
-        probes["logdir"] = {"kind": "file", "path": LOG_DIR}
-        probes["lockdir"] = {"kind": "file", "path": LOCK_DIR}
+        probes["logdir"] = {"kind": "file", "path": paths.LOG_DIR}
+        probes["lockdir"] = {"kind": "file", "path": paths.LOCK_DIR}
         if self.params.backend != "cron":
             name = f"labctl-{self.params.name}.timer"
             probes["enabled"] = {
@@ -170,10 +169,10 @@ class Cron(Resource):
                 f"cron job '{p.name}' needs schedule and command.", "Add both, or set state: absent."
             )
         systemd = p.backend == "systemd" or (p.backend == "auto" and bool(state["system"].get("systemd")))
-        paths = self._paths()
+        files = self._paths()
         change = Change()
         present = p.state == "present"
-        for d, key in ((LOG_DIR, "logdir"), (LOCK_DIR, "lockdir")):
+        for d, key in ((paths.LOG_DIR, "logdir"), (paths.LOCK_DIR, "lockdir")):
             if present and not state[key].get("is_dir"):
                 change.add(f"create {d}", {"op": "mkdir", "path": d, "mode": 0o755})
         wanted: dict[str, str | None] = {"cron": None, "service": None, "timer": None}
@@ -182,7 +181,7 @@ class Cron(Resource):
         elif present:
             wanted["cron"] = cron_file(p)
         for key, text in wanted.items():
-            sub = plan_file(paths[key], text, state[key], mode=0o644 if text is not None else None)
+            sub = plan_file(files[key], text, state[key], mode=0o644 if text is not None else None)
             change.ops += sub.ops
             change.summary += sub.summary
             change.diffs += sub.diffs

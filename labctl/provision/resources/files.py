@@ -45,7 +45,7 @@ def file_text(state: dict[str, Any]) -> str | None:
 
 
 class FileParams(Params):
-    path: str = Field(description="absolute path on the host, e.g. path: /var/lib/labctl/host.json")
+    path: str = Field(description="absolute path on the host, e.g. path: /etc/motd")
     content: Optional[str] = Field(None, description="the file's text")
     template: bool = Field(False, description="substitute $name, $address, $roles, $user in content")
     mode: Optional[str | int] = Field(None, description='e.g. mode: "0644"')

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from pydantic import Field
 
+from labctl.agent import paths
 from labctl.inventory.model import Host
 from labctl.provision.resource import (
     Change,
@@ -28,8 +29,6 @@ from labctl.provision.resources.files import file_text, plan_file
 GIB = 1 << 30
 FSTAB = "/etc/fstab"
 MARK = "# labctl:model_cache"
-BACKUP = "/var/lib/labctl/backup/fstab"  # labctl's own folder, not /etc
-MANIFEST_DIR = ".labctl"
 
 
 class ModelCacheParams(Params):
@@ -124,7 +123,7 @@ class ModelCache(Resource):
             "mount": {"kind": "mount", "path": self.path},
             "mem": {"kind": "meminfo"},
             "fstab": {"kind": "file", "path": FSTAB},
-            "manifest": {"kind": "file", "path": f"{self.path}/{MANIFEST_DIR}"},
+            "manifest": {"kind": "file", "path": f"{self.path}/{paths.CACHE_META}"},
         }
 
     def plan(self, state: State) -> Change:
@@ -173,16 +172,16 @@ class ModelCache(Resource):
             fs_change = plan_file(FSTAB, wanted, fstab)
             for op in fs_change.ops:
                 if op["op"] == "write_file":
-                    op["backup"] = BACKUP
+                    op["backup"] = paths.FSTAB_BACKUP
             change.add(
-                f"persist it in {FSTAB} (the old one kept as {BACKUP})",
-                {"op": "mkdir", "path": BACKUP.rsplit("/", 1)[0], "mode": 0o700},
+                f"persist it in {FSTAB} (the old one kept as {paths.FSTAB_BACKUP})",
+                {"op": "mkdir", "path": paths.BACKUP_DIR, "mode": 0o700},
                 *fs_change.ops,
                 diff="".join(fs_change.diffs),
             )
         if not state.get("manifest", {}).get("is_dir") or not mount.get("mounted"):
             change.add(
-                f"create the manifest folder {path}/{MANIFEST_DIR}",
-                {"op": "mkdir", "path": f"{path}/{MANIFEST_DIR}", "mode": 0o755},
+                f"create the manifest folder {path}/{paths.CACHE_META}",
+                {"op": "mkdir", "path": f"{path}/{paths.CACHE_META}", "mode": 0o755},
             )
         return change

@@ -16,11 +16,10 @@ from typing import Any, Optional
 
 from pydantic import Field
 
+from labctl.agent import paths
 from labctl.inventory.model import Host
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
 
-ENVS_DIR = "/var/lib/labctl/envs"
-RECORD = f"{ENVS_DIR}/torch.json"
 Cap = tuple[int, int]
 
 # Architectures in PyTorch's Linux x86 wheels, from its RELEASE.md support matrix and
@@ -153,7 +152,7 @@ class TorchEnvParams(Params):
         "auto", pattern=r"^(auto|cpu|cu\d{3})$", description="auto, cpu, or a build such as cu126"
     )
     path: Optional[str] = Field(
-        None, description="virtualenv path (default /var/lib/labctl/envs/torch-VERSION-BUILD)"
+        None, description=f"virtualenv path (default {paths.ENVS_DIR}/torch-VERSION-BUILD)"
     )
     python: Optional[str] = Field(
         None, description="interpreter to build the venv with (default: the host's python)"
@@ -207,7 +206,7 @@ class TorchEnv(Resource):
                 "kind": "command",
                 "cmd": "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null; true",
             },
-            "record": {"kind": "file", "path": RECORD},
+            "record": {"kind": "file", "path": paths.TORCH_ENV_RECORD},
         }
 
     def found_caps(self, state: State) -> list[tuple[str, Cap]]:
@@ -223,7 +222,7 @@ class TorchEnv(Resource):
         found = self.found_caps(state)
         gpus = found or declared_caps(self.host)  # what the host reports wins over what is declared
         build = choose_build(p.version, p.cuda, gpus)
-        path = p.path or f"{ENVS_DIR}/torch-{p.version}-{build}"
+        path = p.path or f"{paths.ENVS_DIR}/torch-{p.version}-{build}"
         record = state.get("record") or {}
         current: dict[str, Any] = {}
         if record.get("exists") and record.get("text"):
@@ -244,12 +243,19 @@ class TorchEnv(Resource):
         change = Change()
         change.add(
             f"create {path} with torch {p.version}+{build} ({len(gpus)} GPU{'s' if len(gpus) != 1 else ''})",
-            {"op": "mkdir", "path": ENVS_DIR, "mode": 0o755},
+            {"op": "mkdir", "path": paths.ENVS_DIR, "mode": 0o755},
             {"op": "run", "argv": [python, "-m", "venv", path], "timeout": 300},
             {"op": "run", "argv": pip, "timeout": 3600},
             {
                 "op": "run",
-                "argv": [f"{path}/bin/python", "-c", VERIFY, p.version, str(len(gpus)), RECORD],
+                "argv": [
+                    f"{path}/bin/python",
+                    "-c",
+                    VERIFY,
+                    p.version,
+                    str(len(gpus)),
+                    paths.TORCH_ENV_RECORD,
+                ],
                 "timeout": 300,
             },
         )

@@ -1,0 +1,54 @@
+"""Where labctl keeps its own files on a host: the one place both sides read it from.
+
+The controller imports this module to name paths in plans, job files and messages; the agent
+imports it to read and write them. Root's files live under /var/lib/labctl (a path the
+simulated lab mounts privately per host); another user cannot write there, so theirs live
+under ~/.cache/labctl. Standard library only, Python 3.8, like the rest of the agent.
+"""
+
+from __future__ import annotations
+
+import os
+
+HOME = "/var/lib/labctl"
+# Relative on purpose: an SSH session starts in the user's home, so the agent can be found
+# there without knowing what that home is.
+USER_HOME = ".cache/labctl"
+LOG_DIR = "/var/log/labctl"
+
+ENVS_DIR = HOME + "/envs"  # torch_env's virtualenvs
+TORCH_ENV_RECORD = ENVS_DIR + "/torch.json"  # what torch_env last verified; facts report it
+BACKUP_DIR = HOME + "/backup"  # old copies of system files labctl rewrote, kept out of /etc
+FSTAB_BACKUP = BACKUP_DIR + "/fstab"
+LOCK_DIR = HOME + "/locks"  # flock files of scheduled jobs
+TRAIN_DIR = HOME + "/train"  # default parent of checkpoint folders
+ORCHESTRA_DIR = HOME + "/orchestra"
+WARM_STATE = ORCHESTRA_DIR + "/warm.json"  # the warm set the rotation loaded; phase 3 needs it
+
+# labctl's metadata folder inside a model cache and a storage host's model library.
+CACHE_META = ".labctl"
+
+
+def home_for(root: bool) -> str:
+    """labctl's folder for a user on a host: absolute for root, relative to the home otherwise."""
+    return HOME if root else USER_HOME
+
+
+def agent_dir(root: bool) -> str:
+    return home_for(root) + "/agent"
+
+
+def runs_dir(root: bool, run_id: str) -> str:
+    """Where a training run's per-rank logs and exit codes live on a host."""
+    return home_for(root) + "/runs/" + run_id
+
+
+def local_home() -> str:
+    """labctl's folder for whoever runs this process, as an absolute path."""
+    if os.geteuid() == 0:
+        return HOME
+    return os.path.join(os.path.expanduser("~"), USER_HOME)
+
+
+def torch_probe_dir() -> str:
+    return local_home() + "/cache/torch-probe"
