@@ -7,17 +7,15 @@ problem means nothing is launched.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.agent import paths
+from labctl.gpus import Cap, builds_for, declared_caps, fmt_cap, known_cap, parse_cap, runs_on
 from labctl.inventory.model import Host
-from labctl.provision.resource import PlanError
 from labctl.train.phases import Settings
 from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec, NodeSpec
 
-Cap = tuple[int, int]
 ORCHESTRA_HINT = (
     f"Load the warm set first (the rotation state lives in {paths.WARM_STATE}), "
     "or train without it: --set requires_orchestra=false."
@@ -49,36 +47,12 @@ class Placement:
     nproc: int = 1
 
 
-def arch_caps(arch_list: list[str]) -> tuple[list[Cap], bool]:
-    """torch.cuda.get_arch_list() → (cubin architectures, whether any PTX is embedded)."""
-    caps: list[Cap] = []
-    ptx = False
-    for a in arch_list:
-        m = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", a)
-        if not m:
-            continue
-        cap = (int(m.group(2)), int(m.group(3)))
-        if m.group(1) == "compute":
-            ptx = True
-        caps.append(cap)
-    return caps, ptx
-
-
-def runs_on(arch_list: list[str], cap: Cap) -> bool:
-    from labctl.provision.resources.torch_env import supports
-
-    caps, ptx = arch_caps(arch_list)
-    return supports(caps, ptx, cap)
-
-
 def _matches(name: str, wanted: list[str]) -> bool:
     return not wanted or any(w.lower() in name.lower() for w in wanted)
 
 
 def train_gpus(host: Host, probe: dict[str, Any], wanted: list[str]) -> list[TrainGpu]:
     """The GPUs that train on `host`: found on the host (which wins), else declared in the inventory."""
-    from labctl.provision.resources.torch_env import declared_caps, known_cap, parse_cap
-
     real = probe.get("gpus") or []
     if real:
         out: list[TrainGpu] = []
@@ -90,15 +64,7 @@ def train_gpus(host: Host, probe: dict[str, Any], wanted: list[str]) -> list[Tra
             cap = parse_cap(str(cap_text)) if cap_text else known_cap(name)
             out.append(TrainGpu(name, cap, int(g.get("index", len(out)))))
         return out
-    try:
-        declared = declared_caps(host)
-    except PlanError:
-        declared = [(g.model, None) for g in host.gpus for _ in range(g.count)]  # type: ignore[misc]
-    return [TrainGpu(n, c, None) for n, c in declared if _matches(n, wanted)]
-
-
-def _fmt_cap(cap: Cap | None) -> str:
-    return f"sm_{cap[0]}{cap[1]}" if cap else "sm_?"
+    return [TrainGpu(n, c, None) for n, c in declared_caps(host) if _matches(n, wanted)]
 
 
 def check_host(
@@ -144,7 +110,7 @@ def check_host(
     if torch.get("installed"):
         version = torch.get("version", "?")
         if not torch.get("cuda"):
-            names = ", ".join(f"{g.name} ({_fmt_cap(g.cap)})" for g in _unique(gpus))
+            names = ", ".join(f"{g.name} ({fmt_cap(g.cap)})" for g in _unique(gpus))
             problems.append(
                 Problem(
                     host.name,
@@ -159,17 +125,13 @@ def check_host(
                 g for g in _unique(gpus) if g.cap is not None and arch_list and not runs_on(arch_list, g.cap)
             ]
             if bad:
-                from labctl.provision.resources.torch_env import variants_for
-
                 base = str(version).split("+")[0]
-                fits = [
-                    v for v in variants_for(base) if _variant_runs(base, v, [g.cap for g in gpus if g.cap])
-                ]
+                fits = builds_for(base, [g.cap for g in gpus if g.cap])
                 problems.append(
                     Problem(
                         host.name,
                         f"torch {version} has no kernels for "
-                        + ", ".join(f"{g.name} ({_fmt_cap(g.cap)})" for g in bad)
+                        + ", ".join(f"{g.name} ({fmt_cap(g.cap)})" for g in bad)
                         + f" (its architectures: {' '.join(arch_list)}).",
                         (f"use torch_env with cuda: {fits[0]}" if fits else "use an older torch build")
                         + f" (labctl provision --tags torch_env --limit {host.name}), or leave those GPUs out with `gpus:`.",
@@ -186,13 +148,6 @@ def check_host(
     nproc = 1 if strategy_one else len(gpus)
     chosen = gpus[:nproc]
     return (Placement(host, "cuda", chosen, nproc) if not problems else None), problems
-
-
-def _variant_runs(version: str, variant: str, caps: list[Cap]) -> bool:
-    from labctl.provision.resources.torch_env import build_archs, supports
-
-    archs, ptx = build_archs(version, variant) or ([], False)
-    return all(supports(archs, ptx, c) for c in caps)
 
 
 def _unique(gpus: list[TrainGpu]) -> list[TrainGpu]:

@@ -10,7 +10,7 @@ import pytest
 from labctl.errors import InputError
 from labctl.inventory.model import Host
 from labctl.train.phases import load_phases, parse_override
-from labctl.train.plan import arch_caps, orchestra_problems, plan_run, runs_on
+from labctl.train.plan import orchestra_problems, plan_run
 
 REPO = Path(__file__).resolve().parents[2]
 CU126_ARCHS = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
@@ -153,14 +153,6 @@ def test_bad_phases_files_name_file_line_field(tmp_path: Path, text: str, where:
         load_phases(path)
     assert e.value.exit_code == 2
     assert f"{path}{where}" in e.value.message or where in e.value.message
-
-
-def test_arch_list_parsing_and_support() -> None:
-    caps, ptx = arch_caps(["sm_75", "sm_80", "sm_90a", "compute_90"])
-    assert (7, 5) in caps and (9, 0) in caps and ptx
-    assert runs_on(CU126_ARCHS, (6, 1)) and runs_on(CU126_ARCHS, (7, 0))
-    assert not runs_on(CU128_ARCHS, (6, 1)) and not runs_on(CU128_ARCHS, (7, 0))
-    assert runs_on(["sm_80", "compute_80"], (9, 0)) and not runs_on(["sm_80"], (9, 0))
 
 
 def test_phase1_on_m5_picks_the_v100_by_pci_order_and_leaves_the_p40s() -> None:

@@ -17,84 +17,22 @@ from typing import Any, Optional
 from pydantic import Field
 
 from labctl.agent import paths
+from labctl.gpus import Cap, build_archs, builds_for, parse_cap, supports, variants_for
+from labctl.gpus import declared_caps as inventory_caps
 from labctl.inventory.model import Host
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
 
-Cap = tuple[int, int]
-
-# Architectures in PyTorch's Linux x86 wheels, from its RELEASE.md support matrix and
-# .ci/manywheel/build_cuda.sh. A cubin for sm_X.Y runs on X.Z with Z >= Y; PTX (compute_)
-# is JIT-compiled for anything newer.
-ARCHS_LEGACY = [(5, 0), (6, 0), (7, 0), (7, 5), (8, 0), (8, 6), (9, 0)]
-ARCHS_CU128_EARLY = [(7, 0), (7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)]  # torch 2.7-2.9
-ARCHS_MODERN = [(7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)]  # cu128 from 2.10, cu130
-
-# Compute capability of GPUs named in inventories without one (lower-case substrings).
-KNOWN_CAPS: dict[str, Cap] = {
-    "p1000": (6, 1), "p40": (6, 1), "p4": (6, 1), "p100": (6, 0), "gtx 10": (6, 1),
-    "v100": (7, 0), "titan v": (7, 0), "t4": (7, 5), "rtx 20": (7, 5), "a100": (8, 0),
-    "rtx 30": (8, 6), "a10": (8, 6), "a40": (8, 6), "rtx 40": (8, 9), "l4": (8, 9), "l40": (8, 9),
-    "h100": (9, 0), "h200": (9, 0), "b200": (10, 0), "rtx 50": (12, 0),
-}  # fmt: skip
-
-
-def version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
-
-
-def build_archs(version: str, variant: str) -> tuple[list[Cap], bool] | None:
-    """(architectures, has PTX) of torch `version` built for `variant`; None if no such build."""
-    v = version_tuple(version)
-    if variant in ("cu118", "cu121", "cu124"):
-        return (ARCHS_LEGACY, False) if v < (2, 7) else None
-    if variant == "cu126":
-        return (ARCHS_LEGACY, False) if v >= (2, 6) else None
-    if variant == "cu128":
-        if v < (2, 7):
-            return None
-        return (ARCHS_CU128_EARLY, False) if v < (2, 10) else (ARCHS_MODERN, False)
-    if variant == "cu130":
-        return (ARCHS_MODERN, True) if v >= (2, 9) else None
-    return None
-
-
-def variants_for(version: str) -> list[str]:
-    """CUDA builds of `version`, newest first."""
-    return [x for x in ("cu130", "cu128", "cu126", "cu124", "cu121", "cu118") if build_archs(version, x)]
-
-
-def supports(archs: list[Cap], ptx: bool, cap: Cap) -> bool:
-    if any(a[0] == cap[0] and a[1] <= cap[1] for a in archs):
-        return True
-    return ptx and any(a <= cap for a in archs)
-
-
-def parse_cap(text: str) -> Cap:
-    major, _, minor = text.strip().partition(".")
-    return int(major), int(minor or 0)
-
-
-def known_cap(name: str) -> Cap | None:
-    """The compute capability of a GPU named `name`, from KNOWN_CAPS (longest match wins)."""
-    lower = name.lower()
-    found = [c for key, c in sorted(KNOWN_CAPS.items(), key=lambda kv: -len(kv[0])) if key in lower]
-    return found[0] if found else None
-
 
 def declared_caps(host: Host) -> list[tuple[str, Cap]]:
-    out = []
-    for g in host.gpus:
-        if g.compute_capability:
-            cap = parse_cap(g.compute_capability)
-        else:
-            known = known_cap(g.model)
-            if known is None:
-                raise PlanError(
-                    f"the inventory does not give the compute capability of {g.model} on {host.name}.",
-                    f'Add compute_capability to that GPU, e.g. {{model: {g.model}, compute_capability: "8.6"}}.',
-                )
-            cap = known
-        out += [(g.model, cap)] * g.count
+    """The inventory's GPUs on `host` with their capabilities; an unknown one is a PlanError."""
+    out: list[tuple[str, Cap]] = []
+    for model, cap in inventory_caps(host):
+        if cap is None:
+            raise PlanError(
+                f"the inventory does not give the compute capability of {model} on {host.name}.",
+                f'Add compute_capability to that GPU, e.g. {{model: {model}, compute_capability: "8.6"}}.',
+            )
+        out.append((model, cap))
     return out
 
 
@@ -110,10 +48,9 @@ def choose_build(version: str, variant: str, gpus: list[tuple[str, Cap]]) -> str
     if variant == "auto":
         if not gpus:
             return "cpu"
-        for candidate in variants_for(version):
-            archs, ptx = build_archs(version, candidate) or ([], False)
-            if all(supports(archs, ptx, cap) for _, cap in gpus):
-                return candidate
+        fitting = builds_for(version, [cap for _, cap in gpus])
+        if fitting:
+            return fitting[0]
         caps = ", ".join(f"{n} ({c[0]}.{c[1]})" for n, c in sorted(set(gpus)))
         raise PlanError(
             f"no CUDA build of torch {version} runs on all of {caps}.",
@@ -128,11 +65,7 @@ def choose_build(version: str, variant: str, gpus: list[tuple[str, Cap]]) -> str
     archs, ptx = spec
     missing = [(n, c) for n, c in gpus if not supports(archs, ptx, c)]
     if missing:
-        fit = [
-            x
-            for x in variants_for(version)
-            if all(supports(*(build_archs(version, x) or ([], False)), c) for _, c in gpus)
-        ]
+        fit = builds_for(version, [c for _, c in gpus])
         names = ", ".join(sorted({f"{n} (sm_{c[0]}{c[1]})" for n, c in missing}))
         built = " ".join(f"sm_{a}{b}" for a, b in archs)
         raise PlanError(
