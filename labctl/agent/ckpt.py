@@ -24,9 +24,10 @@ import json
 import os
 import re
 import socket
-import tempfile
 import time
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .fsutil import write_atomic
 
 FORMAT = "labctl-trainer-checkpoint/1"
 _NAME = re.compile(r"^step-(\d{8})\.(pt|json)$")
@@ -34,8 +35,6 @@ _TEMP = re.compile(r"^\.step-\d{8}\.(pt|json)\..*\.tmp$")
 # The model fields that must match for a checkpoint's weights to fit the model being trained.
 MODEL_KEYS = ("vocab", "d_model", "n_layers", "n_heads", "d_ff", "max_seq", "tie_embeddings")
 _CHUNK = 1 << 20
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 def pt_name(step: int) -> str:
@@ -72,40 +71,6 @@ def _torch_save(state: Any, f: Any) -> None:
     import torch
 
     torch.save(state, f)
-
-
-def _fsync_dir(path: str) -> None:
-    """Make a rename durable; some file systems (or platforms) cannot fsync a folder."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(directory: str, name: str, fill: Callable[[IO[bytes]], None]) -> None:
-    """Write `name` in `directory` via a temporary file there, fsynced, then renamed over it."""
-    fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=".tmp", dir=directory)
-    try:
-        # mkstemp makes the file 0600; a checkpoint gets the mode any new file would.
-        os.fchmod(fd, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "wb") as f:
-            fill(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(directory, name))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
 
 
 def sha256_file(path: str) -> Tuple[str, int]:
@@ -178,7 +143,7 @@ class CheckpointDir:
             writers.append(w)
             save_fn(state, w)
 
-        _atomic_write(self.path, pt_name(step), fill_pt)
+        write_atomic(self.pt_path(step), fill_pt, durable=True)
         w = writers[0]
         sha = w.sha.hexdigest()
         st = os.stat(self.pt_path(step))
@@ -198,11 +163,7 @@ class CheckpointDir:
             "host": socket.gethostname(),
         }
         text = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-
-        def fill_manifest(f: IO[bytes]) -> None:
-            f.write(text)
-
-        _atomic_write(self.path, manifest_name(step), fill_manifest)
+        write_atomic(os.path.join(self.path, manifest_name(step)), text, durable=True)
         out = dict(manifest)
         out["path"] = self.pt_path(step)
         return out

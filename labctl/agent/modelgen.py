@@ -23,6 +23,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .commands import AgentError
+from .fsutil import write_atomic
 from .tinylm import DTYPE_BYTES, DTYPE_NAMES, USER_NAMES, Config, config_for_size, init_kind, param_shapes
 
 GB = 1e9
@@ -121,27 +122,9 @@ def header_bytes(
     return struct.pack("<Q", len(text)) + text, offset
 
 
-def _write_atomic(path: str, write: Any) -> int:
-    """Run write(f) on a temp file beside `path`, fsync, rename over `path`; returns the size."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb", buffering=TILE_BYTES) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return os.path.getsize(path)
-
-
 def _write_json(path: str, obj: Any) -> int:
     data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-    return _write_atomic(path, lambda f: f.write(data))
+    return write_atomic(path, data)
 
 
 def make_model(
@@ -196,7 +179,7 @@ def make_model(
                     # A random start per tensor, so no two weight matrices hold the same values.
                     tiler.write(f, nbytes, rng.randrange(tiler.period))
 
-        size = _write_atomic(os.path.join(path, fname), write)
+        size = write_atomic(os.path.join(path, fname), write, buffering=TILE_BYTES)
         files.append({"name": fname, "bytes": size})
 
     if len(shards) > 1:

@@ -9,16 +9,15 @@ atomically (temp file + fsync + rename), keeping mode and owner unless told othe
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
 import os
 import shutil
 import stat
 import subprocess
-import tempfile
 from typing import Any, Callable, Dict, List, Optional
 
 from .commands import AgentError
+from .fsutil import write_atomic
 
 MAX_CONTENT = 1 << 20  # files larger than this are compared by hash only
 
@@ -155,61 +154,18 @@ def probe_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return {"results": results}
 
 
-def write_atomic(path: str, data: bytes, mode: Optional[int], uid: Optional[int], gid: Optional[int]) -> None:
-    directory = os.path.dirname(path) or "."
-    try:
-        old = os.stat(path)
-    except FileNotFoundError:
-        old = None
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".labctl")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if mode is None:
-            mode = stat.S_IMODE(old.st_mode) if old else 0o644
-        os.chmod(tmp, mode)
-        want_uid = uid if uid is not None else (old.st_uid if old else -1)
-        want_gid = gid if gid is not None else (old.st_gid if old else -1)
-        if want_uid != -1 or want_gid != -1:
-            os.chown(tmp, want_uid, want_gid)
-        try:
-            os.replace(tmp, path)
-        except OSError as e:
-            if e.errno != errno.EBUSY:
-                raise
-            # `path` is itself a mount point (a bind-mounted file, as in containers and
-            # labctl's simulated lab): a rename cannot replace it, so copy in place.
-            _overwrite_in_place(path, data)
-            os.unlink(tmp)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def _overwrite_in_place(path: str, data: bytes) -> None:
-    with open(path, "r+b") as f:
-        f.write(data)
-        f.truncate()
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _op_write_file(op: Dict[str, Any]) -> str:
     data = base64.b64decode(op["b64"]) if "b64" in op else op.get("text", "").encode("utf-8")
     path = op["path"]
     if op.get("backup") and os.path.exists(path):
         shutil.copy2(path, op["backup"])
-    write_atomic(path, data, op.get("mode"), op.get("uid"), op.get("gid"))
+    uid, gid = op.get("uid"), op.get("gid")
+    owner = None if uid is None and gid is None else (-1 if uid is None else uid, -1 if gid is None else gid)
+    # A new file the playbook gives no mode gets 0644, whatever the agent's umask.
+    mode = op.get("mode")
+    if mode is None and not os.path.exists(path):
+        mode = 0o644
+    write_atomic(path, data, mode=mode, owner=owner, durable=True, mount_point_ok=True)
     return f"wrote {path} ({len(data)} bytes)"
 
 

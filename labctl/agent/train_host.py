@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 from . import paths
 from .commands import AgentError
 from .facts import torch_env_facts
+from .fsutil import write_json
 from .gpus import GpuQueryError, gather_gpus
 from .nics import gather_nics
 
@@ -104,10 +105,7 @@ def _torch_probe(python: str) -> Dict[str, Any]:
     if cache and facts.get("installed") and not facts.get("cuda_error"):
         try:
             os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
-            tmp = cache + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(facts, f)
-            os.replace(tmp, cache)
+            write_json(cache, facts)
         except OSError:
             pass  # a read-only home only costs the next run the import
     return facts
@@ -314,10 +312,7 @@ def spawn_command(args: Dict[str, Any]) -> Dict[str, Any]:
         close_fds=True,
     )
     record = {"pid": proc.pid, "pgid": proc.pid, "started": time.time(), "line": line}
-    tmp = os.path.join(log_dir, "run.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, os.path.join(log_dir, "run.json"))
+    write_json(os.path.join(log_dir, "run.json"), record)
     return record
 
 
