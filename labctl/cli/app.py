@@ -20,7 +20,7 @@ from labctl.cli import (
     facts_cmd,
     inventory_cmd,
     provision_cmd,
-    sim,
+    sim_cmd,
     train_cmd,
     trust_cmd,
 )
@@ -72,7 +72,7 @@ app.command("provision")(provision_cmd.provision)
 app.add_typer(cache_cmd.app, name="cache")
 app.add_typer(train_cmd.app, name="train")
 app.add_typer(bench_cmd.app, name="bench")
-app.add_typer(sim.app, name="sim")
+app.add_typer(sim_cmd.app, name="sim")
 
 
 def _wants_json(argv: list[str]) -> bool:

@@ -190,7 +190,7 @@ def test_stop_makes_a_host_dead_and_start_or_up_revives_it(lab: sim.SimLab) -> N
 
 
 def test_cli_status_and_stop_start(lab: sim.SimLab) -> None:
-    from labctl.cli.sim import app
+    from labctl.cli.sim_cmd import app
 
     runner = CliRunner()
     r = runner.invoke(app, ["status", "--dir", str(lab.dir), "--json"])

@@ -251,7 +251,7 @@ def test_known_hosts_lines() -> None:
 def test_sim_commands_need_root(args: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from labctl.cli.sim import app
+    from labctl.cli.sim_cmd import app
     from labctl.errors import HostError
 
     monkeypatch.setattr("os.geteuid", lambda: 1000)
