@@ -21,6 +21,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from labctl.errors import InputError
+from labctl.inventory.model import Inventory
+from labctl.inventory.select import select_hosts
 from labctl.provision.resource import Params, load_registry
 from labctl.validation import (
     DocumentError,
@@ -52,6 +55,7 @@ class Play:
     hosts: str
     entries: list[Entry] = field(default_factory=list)
     name: str | None = None
+    line: int | None = None  # of `hosts:` (of the play when it has none), for selector errors
 
 
 @dataclass
@@ -125,7 +129,7 @@ def load_playbook(path: Path) -> Playbook:
                 )
             )
             hosts = "all"
-        play = Play(hosts=hosts, name=raw.get("name"))
+        play = Play(hosts=hosts, name=raw.get("name"), line=pos.line_of((*loc, "hosts")))
         play_tags = _tags(raw.get("tags"), (*loc, "tags"), problems, pos.line_of((*loc, "tags")))
         entries = raw.get("resources")
         if not isinstance(entries, list) or not entries:
@@ -196,3 +200,23 @@ def load_playbook(path: Path) -> Playbook:
     if problems:
         raise playbook_error(path, problems)
     return Playbook(path=path, name=str(data.get("name") or path.stem), plays=plays)
+
+
+def play_members(book: Playbook, inventory: Inventory) -> list[set[str]]:
+    """The names each play's `hosts:` selects from the whole inventory.
+
+    A term that matches no host is an error, as for --limit: a typo in a playbook must not
+    silently shrink the run. The whole inventory, not the --limit subset, is what a selector
+    must match, so narrowing a run with --limit is never an error.
+    """
+    members: list[set[str]] = []
+    problems: list[Problem] = []
+    for i, play in enumerate(book.plays):
+        try:
+            members.append({h.name for h in select_hosts(inventory, play.hosts, label="")})
+        except InputError as e:
+            members.append(set())
+            problems.append((play.line, dotted(("plays", i, "hosts")), e.paragraph()))
+    if problems:
+        raise playbook_error(book.path, problems)
+    return members
