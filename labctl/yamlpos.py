@@ -97,19 +97,3 @@ def _convert(node: yaml.Node, path: Path_, out: PositionedYaml, ctor: yaml.SafeL
 
 def read_positioned(path: Path) -> PositionedYaml:
     return load_positioned(path.read_text(encoding="utf-8"))
-
-
-def read_for_validation(path: Path, what: str, missing_hint: str) -> PositionedYaml:
-    """Read a YAML file that is validated next: missing or unparsable is one InputError naming the line."""
-    from labctl.errors import InputError
-
-    if not path.exists():
-        raise InputError(f"No {what} at {path}.", missing_hint)
-    try:
-        return read_positioned(path)
-    except YamlSyntaxError as e:
-        where = f":{e.line}" if e.line else ""
-        raise InputError(
-            f"{path}{where}: the YAML does not parse: {e.problem}.",
-            "Check indentation and quoting on that line.",
-        ) from None

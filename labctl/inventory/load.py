@@ -6,17 +6,22 @@ All problems in a file are collected and reported together, each as
 
 from __future__ import annotations
 
-import difflib
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from labctl.errors import InputError
 from labctl.inventory.model import HOST_NAME_RE, Defaults, Host, HostSpec, Inventory
-from labctl.yamlpos import PositionedYaml, YamlSyntaxError, read_positioned
+from labctl.validation import (
+    DocumentError,
+    Problem,
+    dotted,
+    duplicate_problems,
+    problems_from,
+    read_document,
+    unknown_key,
+)
+from labctl.yamlpos import PositionedYaml
 
 TOP_KEYS = {
     "lab": "a name for the lab, e.g. lab: homelab",
@@ -26,85 +31,14 @@ TOP_KEYS = {
 PATH_KEYS = ("ssh_key", "known_hosts")
 
 
-class InventoryError(InputError):
-    def __init__(self, path: Path, problems: list[tuple[int | None, str, str]]) -> None:
-        self.problems = problems
-        lines = [
-            f"{path}{f':{ln}' if ln else ''}: {fld + ': ' if fld else ''}{msg}" for ln, fld, msg in problems
-        ]
-        n = len(problems)
+class InventoryError(DocumentError):
+    def __init__(self, path: Path, problems: list[Problem]) -> None:
         super().__init__(
-            f"The inventory {path} has {n} problem{'s' if n != 1 else ''}:\n  " + "\n  ".join(lines),
+            "inventory",
+            path,
+            problems,
             "Fix the lines named above and run `labctl inventory validate` again.",
         )
-
-
-def dotted(path: tuple[Any, ...]) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _unwrap(annotation: Any) -> Any:
-    """The model class inside Optional[...]/list[...]/dict[str, ...], if any."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _unwrap(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType, list, dict):
-        for arg in typing.get_args(annotation):
-            found = _unwrap(arg)
-            if isinstance(found, type) and issubclass(found, BaseModel):
-                return found
-        return None
-    return annotation
-
-
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
-    """The model that owns the last key of `loc`, walking nested fields."""
-    current = model
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        field = current.model_fields.get(str(part))
-        if field is None:
-            break
-        inner = _unwrap(field.annotation)
-        if isinstance(inner, type) and issubclass(inner, BaseModel):
-            current = inner
-    return current
-
-
-def _friendly(err: Any, model: type[BaseModel], loc: tuple[Any, ...]) -> str:
-    kind = err["type"]
-    owner = _model_at(model, loc) if loc else model
-    key = next((p for p in reversed(loc) if isinstance(p, str)), "")
-    allowed = [k for k in owner.model_fields if k != "name" or owner is not Host]
-    if kind == "extra_forbidden":
-        close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        return f"unknown key '{key}'.{hint} Keys allowed here: {', '.join(allowed)}."
-    field = owner.model_fields.get(str(key))
-    desc = field.description if field is not None and field.description else ""
-    if kind == "missing":
-        return f"'{key}' is required." + (f" Write {desc}." if desc else "")
-    msg = err["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-    got = err.get("input")
-    shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-    return f"{msg}{shown}." + (f" Write {desc}." if desc else "")
-
-
-def _validation_problems(
-    exc: ValidationError, model: type[BaseModel], base: tuple[Any, ...], pos: PositionedYaml
-) -> list[tuple[int | None, str, str]]:
-    out = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        full = (*base, *loc)
-        out.append((pos.line_of(full), dotted(full), _friendly(err, model, loc)))
-    return out
 
 
 def _resolve(p: Path | None, base_dir: Path) -> Path | None:
@@ -116,32 +50,17 @@ def _resolve(p: Path | None, base_dir: Path) -> Path | None:
 
 def load_inventory(path: Path) -> Inventory:
     path = Path(path)
-    if not path.exists():
-        raise InputError(
-            f"No inventory at {path}.",
-            "Pass one with -i/--inventory, set $LABCTL_INVENTORY, or start from inventory/lab.yaml "
-            "(`labctl sim up` writes one for the simulated lab).",
-        )
-    try:
-        pos = read_positioned(path)
-    except YamlSyntaxError as e:
-        where = f":{e.line}" + (f":{e.column}" if e.column else "") if e.line else ""
-        raise InputError(
-            f"{path}{where}: the YAML does not parse: {e.problem}.",
-            "Check the indentation and quoting on that line (a tab, an unclosed quote or bracket, "
-            "or a missing ':' are the usual causes).",
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(
-            f"Cannot read the inventory {path}: {e}.", "Check the file exists and is UTF-8 text."
-        ) from None
+    pos = read_document(
+        path,
+        "inventory",
+        "Pass one with -i/--inventory, set $LABCTL_INVENTORY, or start from inventory/lab.yaml "
+        "(`labctl sim up` writes one for the simulated lab).",
+    )
     return build_inventory(pos, path)
 
 
 def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
-    problems: list[tuple[int | None, str, str]] = [
-        (d.line, dotted(d.path), d.message + "; keep one") for d in pos.duplicates
-    ]
+    problems = duplicate_problems(pos)
     data = pos.data
     if not isinstance(data, dict):
         raise InventoryError(
@@ -149,15 +68,7 @@ def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
         )
     for key in data:
         if key not in TOP_KEYS:
-            close = difflib.get_close_matches(str(key), list(TOP_KEYS), n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
-            problems.append(
-                (
-                    pos.line_of((key,)),
-                    str(key),
-                    f"unknown key '{key}'.{hint} Keys allowed here: lab, defaults, hosts.",
-                )
-            )
+            problems.append((pos.line_of((key,)), str(key), unknown_key(key, list(TOP_KEYS))))
     lab = data.get("lab")
     if not isinstance(lab, str) or not lab:
         problems.append(
@@ -178,7 +89,7 @@ def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
         try:
             defaults = Defaults.model_validate(raw_defaults).model_dump(exclude_none=True)
         except ValidationError as e:
-            problems.extend(_validation_problems(e, Defaults, ("defaults",), pos))
+            problems.extend(problems_from(e, Defaults, ("defaults",), pos))
 
     raw_hosts = data.get("hosts")
     hosts: dict[str, Host] = {}
@@ -215,7 +126,7 @@ def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
         try:
             spec = HostSpec.model_validate(raw)
         except ValidationError as e:
-            problems.extend(_validation_problems(e, HostSpec, ("hosts", name), pos))
+            problems.extend(problems_from(e, HostSpec, ("hosts", name), pos))
             continue
         merged = {**defaults, **spec.model_dump(exclude_none=True), "name": name_s}
         for key in PATH_KEYS:
@@ -239,11 +150,9 @@ def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
     return Inventory(lab=str(lab), path=path, hosts=hosts)
 
 
-def _cross_checks(
-    hosts: dict[str, Host], declared: set[str], pos: PositionedYaml
-) -> list[tuple[int | None, str, str]]:
+def _cross_checks(hosts: dict[str, Host], declared: set[str], pos: PositionedYaml) -> list[Problem]:
     """Checks that span hosts: unique addresses, cache sources that exist, bonds over real NICs."""
-    out: list[tuple[int | None, str, str]] = []
+    out: list[Problem] = []
 
     def problem(loc: tuple[str | int, ...], message: str) -> None:
         out.append((pos.line_of(loc), dotted(loc), message))

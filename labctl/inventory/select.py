@@ -8,12 +8,13 @@ from labctl.errors import InputError
 from labctl.inventory.model import Host, Inventory
 
 
-def select_hosts(inv: Inventory, limit: str | None) -> list[Host]:
+def select_hosts(inv: Inventory, limit: str | None, label: str = "--limit") -> list[Host]:
     """Hosts matching `limit`, in inventory order. No limit, or `all`, means every host.
 
     Each comma-separated term is a host name, a glob (`node*`), or `role:NAME`; a term
     starting with `!` removes what it matches. A term that matches nothing is an error, so a
-    typo never silently shrinks the run.
+    typo never silently shrinks the run. `label` names where the expression was written
+    ("" where the error is shown after its file, line and field).
     """
     if limit is None or limit.strip() in ("", "all"):
         return list(inv.hosts.values())
@@ -27,7 +28,7 @@ def select_hosts(inv: Inventory, limit: str | None) -> list[Host]:
         matched = _match(inv, pattern)
         if not matched:
             raise InputError(
-                f"--limit '{term}' matches no host in {inv.path}.",
+                f"{label + ' ' if label else ''}'{term}' matches no host in {inv.path}.",
                 f"Hosts: {', '.join(inv.hosts)}. Roles (use role:NAME): {', '.join(inv.roles()) or 'none'}.",
             )
         if negate:

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from labctl.agent_ship import call_agent
-from labctl.errors import InputError, LabctlError
+from labctl.errors import LabctlError
 from labctl.fanout import HostResult, HostRun, fan_out
-from labctl.inventory.model import Host
-from labctl.inventory.select import select_hosts
-from labctl.provision.playbook import Entry, Playbook
+from labctl.inventory.model import Host, Inventory
+from labctl.provision.playbook import Entry, Playbook, play_members
 from labctl.provision.resource import Change, NotApplicable, PlanError, Resource, load_registry
 
 if TYPE_CHECKING:
@@ -56,16 +55,15 @@ def wanted(entry: Entry, tags: set[str], skip: set[str]) -> bool:
 
 
 def entries_for_hosts(
-    inv_hosts: Sequence[Host], playbook: Playbook, ctx: Context, tags: set[str], skip: set[str]
+    hosts: Sequence[Host], playbook: Playbook, inventory: Inventory, tags: set[str], skip: set[str]
 ) -> dict[str, list[Entry]]:
-    """Each host's entries in playbook order; a play whose hosts match nothing is just empty."""
-    out: dict[str, list[Entry]] = {h.name: [] for h in inv_hosts}
-    for play in playbook.plays:
-        try:
-            members = {h.name for h in select_hosts(ctx.inventory, play.hosts)}
-        except InputError:
-            members = set()
-        for h in inv_hosts:
+    """Each of `hosts`' entries in playbook order; a play outside `hosts` (--limit) adds nothing.
+
+    A play whose `hosts:` matches nothing in `inventory` is a DocumentError (exit 2).
+    """
+    out: dict[str, list[Entry]] = {h.name: [] for h in hosts}
+    for play, members in zip(playbook.plays, play_members(playbook, inventory), strict=True):
+        for h in hosts:
             if h.name in members:
                 out[h.name] += [e for e in play.entries if wanted(e, tags, skip)]
     return out
@@ -196,7 +194,7 @@ def provision(
     check: bool = False,
     on_event: Event | None = None,
 ) -> tuple[list[ResourceResult], list[HostResult]]:
-    plan = entries_for_hosts(hosts, playbook, ctx, tags or set(), skip_tags or set())
+    plan = entries_for_hosts(hosts, playbook, ctx.inventory, tags or set(), skip_tags or set())
     chosen = [h for h in hosts if plan[h.name]]
 
     def step(run: HostRun) -> HostResult:

@@ -21,9 +21,20 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from labctl.inventory.load import InventoryError, _validation_problems, dotted
+from labctl.errors import InputError
+from labctl.inventory.model import Inventory
+from labctl.inventory.select import select_hosts
 from labctl.provision.resource import Params, load_registry
-from labctl.yamlpos import read_for_validation
+from labctl.validation import (
+    DocumentError,
+    Problem,
+    dotted,
+    duplicate_problems,
+    fix_the_lines,
+    problems_from,
+    read_document,
+    unknown_key,
+)
 
 PLAY_KEYS = {"name", "hosts", "tags", "resources"}
 ENTRY_KEYS = {"name", "tags"}
@@ -44,6 +55,7 @@ class Play:
     hosts: str
     entries: list[Entry] = field(default_factory=list)
     name: str | None = None
+    line: int | None = None  # of `hosts:` (of the play when it has none), for selector errors
 
 
 @dataclass
@@ -53,17 +65,16 @@ class Playbook:
     plays: list[Play]
 
 
-class PlaybookError(InventoryError):
-    def __init__(self, path: Path, problems: list[tuple[int | None, str, str]]) -> None:
-        super().__init__(path, problems)
-        n = len(problems)
-        self.message = self.message.replace("The inventory", "The playbook", 1)
-        self.hint = f"Fix the line{'s' if n != 1 else ''} named above; `labctl provision --check` validates without changing anything."
+def playbook_error(path: Path, problems: list[Problem]) -> DocumentError:
+    return DocumentError(
+        "playbook",
+        path,
+        problems,
+        fix_the_lines(len(problems), "`labctl provision --check` validates without changing anything"),
+    )
 
 
-def _tags(
-    value: Any, loc: tuple[Any, ...], problems: list[tuple[int | None, str, str]], line: int | None
-) -> list[str]:
+def _tags(value: Any, loc: tuple[Any, ...], problems: list[Problem], line: int | None) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
@@ -76,14 +87,12 @@ def _tags(
 
 def load_playbook(path: Path) -> Playbook:
     path = Path(path)
-    pos = read_for_validation(path, "playbook", f"Pass one with -p, or use the default {DEFAULT_PLAYBOOK}.")
+    pos = read_document(path, "playbook", f"Pass one with -p, or use the default {DEFAULT_PLAYBOOK}.")
     registry = load_registry()
-    problems: list[tuple[int | None, str, str]] = [
-        (d.line, dotted(d.path), d.message + "; keep one") for d in pos.duplicates
-    ]
+    problems = duplicate_problems(pos)
     data = pos.data
     if not isinstance(data, dict):
-        raise PlaybookError(path, [(1, "", "a playbook is a mapping with 'name' and 'plays'")])
+        raise playbook_error(path, [(1, "", "a playbook is a mapping with 'name' and 'plays'")])
     for key in data:
         if key not in ("name", "plays"):
             problems.append(
@@ -107,14 +116,8 @@ def load_playbook(path: Path) -> Playbook:
             continue
         for key in raw:
             if key not in PLAY_KEYS:
-                close = difflib.get_close_matches(str(key), sorted(PLAY_KEYS), n=1)
-                hint = f" Did you mean '{close[0]}'?" if close else ""
                 problems.append(
-                    (
-                        pos.line_of((*loc, key)),
-                        dotted((*loc, key)),
-                        f"unknown key '{key}'.{hint} Keys allowed here: {', '.join(sorted(PLAY_KEYS))}.",
-                    )
+                    (pos.line_of((*loc, key)), dotted((*loc, key)), unknown_key(key, sorted(PLAY_KEYS)))
                 )
         hosts = raw.get("hosts", "all")
         if not isinstance(hosts, str):
@@ -126,7 +129,7 @@ def load_playbook(path: Path) -> Playbook:
                 )
             )
             hosts = "all"
-        play = Play(hosts=hosts, name=raw.get("name"))
+        play = Play(hosts=hosts, name=raw.get("name"), line=pos.line_of((*loc, "hosts")))
         play_tags = _tags(raw.get("tags"), (*loc, "tags"), problems, pos.line_of((*loc, "tags")))
         entries = raw.get("resources")
         if not isinstance(entries, list) or not entries:
@@ -187,7 +190,7 @@ def load_playbook(path: Path) -> Playbook:
             except ValidationError as e:
                 bad = [err for err in e.errors() if err["type"] != "missing" or tname != "model_cache"]
                 if bad:
-                    problems.extend(_validation_problems(e, model, ploc, pos))
+                    problems.extend(problems_from(e, model, ploc, pos))
                     continue
             tags = play_tags + _tags(
                 entry.get("tags"), (*eloc, "tags"), problems, pos.line_of((*eloc, "tags"))
@@ -195,5 +198,25 @@ def load_playbook(path: Path) -> Playbook:
             play.entries.append(Entry(tname, params, tags, line, entry.get("name")))
         plays.append(play)
     if problems:
-        raise PlaybookError(path, problems)
+        raise playbook_error(path, problems)
     return Playbook(path=path, name=str(data.get("name") or path.stem), plays=plays)
+
+
+def play_members(book: Playbook, inventory: Inventory) -> list[set[str]]:
+    """The names each play's `hosts:` selects from the whole inventory.
+
+    A term that matches no host is an error, as for --limit: a typo in a playbook must not
+    silently shrink the run. The whole inventory, not the --limit subset, is what a selector
+    must match, so narrowing a run with --limit is never an error.
+    """
+    members: list[set[str]] = []
+    problems: list[Problem] = []
+    for i, play in enumerate(book.plays):
+        try:
+            members.append({h.name for h in select_hosts(inventory, play.hosts, label="")})
+        except InputError as e:
+            members.append(set())
+            problems.append((play.line, dotted(("plays", i, "hosts")), e.paragraph()))
+    if problems:
+        raise playbook_error(book.path, problems)
+    return members

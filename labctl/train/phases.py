@@ -21,8 +21,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from labctl.agent import paths
 from labctl.errors import InputError
-from labctl.inventory.load import InventoryError, _validation_problems, dotted
-from labctl.yamlpos import read_for_validation
+from labctl.validation import (
+    DocumentError,
+    Problem,
+    dotted,
+    duplicate_problems,
+    fix_the_lines,
+    problems_from,
+    read_document,
+    unknown_key,
+)
+from labctl.yamlpos import PositionedYaml
 
 DEFAULT_PHASES = Path("playbooks/train.yaml")
 STRATEGIES = ("single_gpu_debug", "multi_gpu_full", "multi_gpu_conservative")
@@ -168,19 +177,12 @@ class PhasesFile(BaseModel):
         try:
             return Settings.model_validate(merged)
         except ValidationError as e:
-            problems = _validation_problems(e, Settings, (), _NoPositions())  # type: ignore[arg-type]
+            problems = problems_from(e, Settings)
             lines = "\n  ".join(f"{fld}: {msg}" for _, fld, msg in problems)
             raise InputError(
                 f"Phase {phase}'s settings (from {self.path} and --set) have problems:\n  {lines}",
                 "Fix the --set values or the file.",
             ) from None
-
-
-class _NoPositions:
-    """Stands in for PositionedYaml where the values came from the command line."""
-
-    def line_of(self, _path: Any) -> None:
-        return None
 
 
 def _merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
@@ -230,24 +232,14 @@ def parse_override(text: str) -> dict[str, Any]:
 
 def load_phases(path: Path | None = None) -> PhasesFile:
     path = Path(path or DEFAULT_PHASES)
-    pos = read_for_validation(path, "phases file", f"Pass one with -f, or use the default {DEFAULT_PHASES}.")
-    problems: list[tuple[int | None, str, str]] = [
-        (d.line, dotted(d.path), d.message + "; keep one") for d in pos.duplicates
-    ]
+    pos = read_document(path, "phases file", f"Pass one with -f, or use the default {DEFAULT_PHASES}.")
+    problems = duplicate_problems(pos)
     data = pos.data
     if not isinstance(data, dict):
-        raise PhasesError(path, [(1, "", "a phases file is a mapping with 'name', 'defaults' and 'phases'")])
+        raise phases_error(path, [(1, "", "a phases file is a mapping with 'name', 'defaults' and 'phases'")])
     for key in data:
         if key not in ("name", "defaults", "phases"):
-            close = difflib.get_close_matches(str(key), ["name", "defaults", "phases"], n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
-            problems.append(
-                (
-                    pos.line_of((key,)),
-                    str(key),
-                    f"unknown key '{key}'.{hint} Keys allowed here: name, defaults, phases.",
-                )
-            )
+            problems.append((pos.line_of((key,)), str(key), unknown_key(key, ["name", "defaults", "phases"])))
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
         problems.append((pos.line_of(("defaults",)), "defaults", "defaults is a mapping of settings"))
@@ -277,21 +269,22 @@ def load_phases(path: Path | None = None) -> PhasesFile:
             # Each layer alone is valid; the merged phase must be too (e.g. n_heads dividing d_model).
             phases[key] = layer
     if problems:
-        raise PhasesError(path, problems)
+        raise phases_error(path, problems)
     return PhasesFile(path=path, name=str(data.get("name") or path.stem), defaults=defaults, phases=phases)
 
 
-def _check_layer(layer: dict[str, Any], loc: tuple[Any, ...], pos: Any) -> list[tuple[int | None, str, str]]:
+def _check_layer(layer: dict[str, Any], loc: tuple[Any, ...], pos: PositionedYaml) -> list[Problem]:
     try:
         Settings.model_validate(layer)
     except ValidationError as e:
-        return _validation_problems(e, Settings, loc, pos)
+        return problems_from(e, Settings, loc, pos)
     return []
 
 
-class PhasesError(InventoryError):
-    def __init__(self, path: Path, problems: list[tuple[int | None, str, str]]) -> None:
-        super().__init__(path, problems)
-        n = len(problems)
-        self.message = self.message.replace("The inventory", "The phases file", 1)
-        self.hint = f"Fix the line{'s' if n != 1 else ''} named above; `labctl train --phase N --dry-run` validates without launching."
+def phases_error(path: Path, problems: list[Problem]) -> DocumentError:
+    return DocumentError(
+        "phases file",
+        path,
+        problems,
+        fix_the_lines(len(problems), "`labctl train --phase N --dry-run` validates without launching"),
+    )

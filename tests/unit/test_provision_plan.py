@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from labctl.errors import InputError
-from labctl.inventory.model import GPU, Host, ModelCache
-from labctl.provision.engine import wanted
-from labctl.provision.playbook import Entry, load_playbook
+from labctl.inventory.load import load_inventory
+from labctl.inventory.model import GPU, Host, Inventory, ModelCache
+from labctl.provision.engine import entries_for_hosts, wanted
+from labctl.provision.playbook import Entry, load_playbook, play_members
 from labctl.provision.resource import NotApplicable, PlanError
 from labctl.provision.resources.cron import Cron, CronParams, cron_file, on_calendar
 from labctl.provision.resources.files import File, edit_lines, plan_file
@@ -19,6 +20,8 @@ from labctl.provision.resources.model_cache import GIB, edit_fstab
 from labctl.provision.resources.model_cache import ModelCache as ModelCacheRes
 from labctl.provision.resources.package import installed_from_dpkg
 from labctl.provision.resources.torch_env import TorchEnv, choose_build, declared_caps
+from labctl.sim.plan import host_names, inventory_doc, plan_hosts, seed_hosts
+from labctl.validation import DocumentError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -337,3 +340,107 @@ def test_tags_select_by_type_and_tag() -> None:
     e = Entry("model_cache", {}, ["cache"], 1)
     assert wanted(e, set(), set()) and wanted(e, {"model_cache"}, set()) and wanted(e, {"cache", "x"}, set())
     assert not wanted(e, {"cron"}, set()) and not wanted(e, set(), {"cache"})
+
+
+# --- play selectors ----------------------------------------------------------------------------
+
+SEED_BOOK = REPO / "playbooks" / "provision.yaml"
+
+
+def seed_inventory() -> Inventory:
+    return load_inventory(REPO / "inventory" / "lab.yaml")
+
+
+def book_with(tmp_path: Path, *selectors: str) -> Path:
+    plays = "".join(
+        f"  - hosts: '{sel}'\n    resources:\n      - file: {{path: /p{i}, content: x}}\n"
+        for i, sel in enumerate(selectors)
+    )
+    p = tmp_path / "book.yaml"
+    p.write_text("plays:\n" + plays)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("selector", "term"),
+    [("role:trian", "role:trian"), ("m6", "m6"), ("m5,irnia", "irnia"), ("!m6", "!m6")],
+)
+def test_a_mistyped_play_selector_names_file_line_and_term(tmp_path: Path, selector: str, term: str) -> None:
+    p = book_with(tmp_path, "all", selector)
+    inv = seed_inventory()
+    with pytest.raises(DocumentError) as err:
+        entries_for_hosts(list(inv.hosts.values()), load_playbook(p), inv, set(), set())
+    assert err.value.exit_code == 2
+    message = err.value.message
+    assert message.startswith(f"The playbook {p} has 1 problem:\n")
+    assert f"{p}:5: plays[1].hosts: '{term}' matches no host in {inv.path}." in message, message
+    assert "Roles (use role:NAME): train," in message
+    assert "provision --check" in err.value.hint
+
+
+def test_every_mistyped_selector_is_reported_at_once(tmp_path: Path) -> None:
+    p = book_with(tmp_path, "role:trian", "all", "m6")
+    with pytest.raises(DocumentError) as err:
+        play_members(load_playbook(p), seed_inventory())
+    assert [(line, field) for line, field, _ in err.value.problems] == [
+        (2, "plays[0].hosts"),
+        (8, "plays[2].hosts"),
+    ]
+
+
+def test_correct_selectors_pick_their_hosts(tmp_path: Path) -> None:
+    book = load_playbook(book_with(tmp_path, "role:train", "irina,pharaoh", "!workstation", "m*"))
+    members = play_members(book, seed_inventory())
+    assert members == [{"m5"}, {"irina", "pharaoh"}, {"m5", "irina", "pharaoh"}, {"m5"}]
+
+
+def test_limit_narrowing_to_hosts_outside_a_play_is_not_an_error(tmp_path: Path) -> None:
+    inv = seed_inventory()
+    book = load_playbook(book_with(tmp_path, "role:train", "irina"))
+    plan = entries_for_hosts([inv.hosts["pharaoh"]], book, inv, set(), set())
+    assert plan == {"pharaoh": []}
+    plan = entries_for_hosts([inv.hosts["irina"]], book, inv, set(), set())
+    assert [e.params["path"] for e in plan["irina"]] == ["/p1"]
+
+
+@pytest.mark.parametrize(
+    ("names", "count"),
+    [
+        (None, None),
+        (None, 16),
+        (["m5", "irina"], None),
+    ],  # conftest's lab, bench/provision_nochange, bench/cache_sync
+)
+def test_seed_playbook_selects_hosts_in_the_seed_and_simulated_labs(
+    tmp_path: Path, names: list[str] | None, count: int | None
+) -> None:
+    import yaml
+
+    book = load_playbook(SEED_BOOK)
+    assert [len(m) for m in play_members(book, seed_inventory())] == [4, 1, 1]
+    seed = seed_hosts(yaml.safe_load((REPO / "labctl" / "data" / "lab.yaml").read_text()))
+    doc = inventory_doc(
+        plan_hosts(host_names(names, count), "10.250.0.0/24"), "10.250.0.0/24", "python3", seed
+    )
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id_ed25519").write_text("")
+    all_hosts, cache, train = play_members(book, load_inventory(path))
+    assert len(all_hosts) == len(doc["hosts"]) and cache == train == {"m5"}
+
+
+def test_cli_exits_2_on_a_mistyped_selector_before_touching_a_host(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    p = book_with(tmp_path, "role:trian")
+    inv = str(REPO / "inventory" / "lab.yaml")
+    proc = subprocess.run(
+        [sys.executable, "-m", "labctl", "-i", inv, "provision", "-p", str(p), "--check"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{p}:2: plays[0].hosts: 'role:trian' matches no host" in proc.stderr
