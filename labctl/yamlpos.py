@@ -51,11 +51,7 @@ def load_positioned(text: str) -> PositionedYaml:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        problem = " ".join(p for p in (e.context, e.problem) if p) or str(e)
-        raise YamlSyntaxError(
-            mark.line + 1 if mark else None, mark.column + 1 if mark else None, problem
-        ) from None
+        raise _syntax_error(e) from None
     except yaml.YAMLError as e:
         raise YamlSyntaxError(None, None, str(e)) from None
     out = PositionedYaml(data=None)
@@ -63,8 +59,20 @@ def load_positioned(text: str) -> PositionedYaml:
         return out
     constructor = yaml.SafeLoader("")
     out.lines[()] = node.start_mark.line + 1
-    out.data = _convert(node, (), out, constructor)
+    try:
+        out.data = _convert(node, (), out, constructor)
+    except yaml.constructor.ConstructorError as e:
+        # Composing succeeded but a value cannot be built: `hosts: !m6` reads as a YAML tag.
+        err = _syntax_error(e)
+        err.problem += " (a value starting with ! is a YAML tag: quote it, e.g. '!m6')"
+        raise err from None
     return out
+
+
+def _syntax_error(e: yaml.MarkedYAMLError) -> YamlSyntaxError:
+    mark = e.problem_mark or e.context_mark
+    problem = " ".join(p for p in (e.context, e.problem) if p) or str(e)
+    return YamlSyntaxError(mark.line + 1 if mark else None, mark.column + 1 if mark else None, problem)
 
 
 def _convert(node: yaml.Node, path: Path_, out: PositionedYaml, ctor: yaml.SafeLoader) -> Any:

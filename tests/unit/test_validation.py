@@ -162,3 +162,12 @@ def test_importing_validation_stays_light() -> None:
     code = "import sys, labctl.validation; print(sorted(m for m in ('pydantic', 'yaml') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_an_unquoted_bang_value_is_a_yaml_error_with_the_fix_not_a_traceback(tmp_path: Path) -> None:
+    book = tmp_path / "book.yaml"
+    book.write_text("name: x\nplays:\n  - hosts: !m6\n    resources: []\n")
+    with pytest.raises(InputError) as err:
+        read_document(book, "playbook", "")
+    assert err.value.message.startswith(f"{book}:3:12: the YAML does not parse: ")
+    assert "tag '!m6'" in err.value.message and "quote it" in err.value.message
