@@ -11,7 +11,7 @@ from labctl.inventory.model import Host, Inventory
 def select_hosts(inv: Inventory, limit: str | None, label: str = "--limit") -> list[Host]:
     """Hosts matching `limit`, in inventory order. No limit, or `all`, means every host.
 
-    Each comma-separated term is a host name, a glob (`node*`), or `role:NAME`; a term
+    Each comma-separated term is a host name, a glob (`node*`), `role:NAME` or `all`; a term
     starting with `!` removes what it matches. A term that matches nothing is an error, so a
     typo never silently shrinks the run. `label` names where the expression was written
     ("" where the error is shown after its file, line and field).
@@ -41,6 +41,8 @@ def select_hosts(inv: Inventory, limit: str | None, label: str = "--limit") -> l
 
 
 def _match(inv: Inventory, pattern: str) -> set[str]:
+    if pattern == "all":  # `all,!m6` reads as every host but m6
+        return set(inv.hosts)
     if pattern.startswith("role:"):
         role = pattern[5:]
         return {n for n, h in inv.hosts.items() if role in h.roles}

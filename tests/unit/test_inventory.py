@@ -277,6 +277,7 @@ def test_inventory_show_table_lists_every_host() -> None:
         ("role:train,!c", ["a"]),
         ("!b", ["a", "c"]),
         ("[ab]", ["a", "b"]),
+        ("all,!b", ["a", "c"]),
     ],
 )
 def test_limit_selection(tmp_path: Path, limit: str | None, expected: list[str]) -> None:
