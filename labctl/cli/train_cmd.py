@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import threading
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -282,27 +281,17 @@ def _for_cluster(spec: Any, default_ckpt: bool) -> Any:
 def _attached(
     c: Any, spec: Any, hosts: list[Any], grace: int, root: Path, run_id: str, ranks: set[int] | None
 ) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
+    from labctl.cli.lines import HostLinePrinter
     from labctl.train import launch, runs
 
-    out_console = Console(highlight=False, soft_wrap=True)
-    width = max(len(n.host) for n in spec.nodes) + 3
-    lock = threading.Lock()
-
-    def show(label: str, text: str, stream: str) -> None:
-        with lock:
-            target = out_console if stream == "stdout" else c.console
-            target.print(f"[cyan]{label:<{width}}[/] │ {escape(text)}")
-
+    printer = HostLinePrinter(c.console, max(len(n.host) for n in spec.nodes) + 3)
     if not c.json_mode:
         c.console.print(
             f"[bold]train {run_id}[/]: phase {spec.phase}, {spec.world_size} processes on "
             f"{', '.join(f'{n.host} ({n.nproc} {n.device})' for n in spec.nodes)}; "
             f"rendezvous {spec.head_address}:{spec.port}; logs {root / run_id}"
         )
-    stream = launch.Stream(root / run_id, ranks, None if c.json_mode else show)
+    stream = launch.Stream(root / run_id, ranks, None if c.json_mode else printer.print)
     stream.open([n.host for n in spec.nodes])
     try:
         outcome = launch.run_attached(c, spec, hosts, stream, grace)
