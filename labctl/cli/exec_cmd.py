@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Annotated, Optional
 
 import typer
@@ -42,8 +41,7 @@ def exec_(
 
         labctl exec --json -l m5,irina -- df -h /mnt
     """
-    from rich.markup import escape
-
+    from labctl.cli.lines import HostLinePrinter
     from labctl.fanout import HostResult, HostRun, exit_code, fan_out
     from labctl.inventory.select import select_hosts
     from labctl.recap import print_recap
@@ -55,21 +53,15 @@ def exec_(
 
         raise InputError("No command given.", "Put it after `--`, e.g. labctl exec -- uptime")
     hosts = select_hosts(c.inventory, limit)
-    width = max(len(h.name) for h in hosts)
-    print_lock = threading.Lock()
+    printer = HostLinePrinter(c.console, max(len(h.name) for h in hosts))
     palette = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green"]
     colour = {h.name: palette[i % len(palette)] for i, h in enumerate(hosts)}
-    from rich.console import Console
-
-    out_console = Console(highlight=False, soft_wrap=True)
 
     def step(run: HostRun) -> HostResult:
         name = run.host.name
 
         def on_line(stream: str, text: str) -> None:
-            target = out_console if stream == "stdout" else c.console
-            with print_lock:
-                target.print(f"[{colour[name]}]{name:<{width}}[/] │ {escape(text)}")
+            printer.print(name, text, stream, colour[name])
 
         res = run.conn.run(
             line,

@@ -3,42 +3,30 @@
 from __future__ import annotations
 
 import shlex
-import threading
-import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+from labctl.train import backends
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.train.results import Attached, Detached, RunsStatus, Stopped, TrainResult
+    from labctl.train.spec import LaunchSpec
 
 app = typer.Typer(no_args_is_help=False, invoke_without_command=True)
 
-
-class Backend(StrEnum):
-    ssh = "ssh"
-    slurm = "slurm"
-    k8s = "k8s"
+# From the registry, so a backend added there is offered here without touching this file.
+Backend = StrEnum("Backend", {name: name for name in backends.names()})  # type: ignore[misc]
 
 
 class Device(StrEnum):
     auto = "auto"
     cuda = "cuda"
     cpu = "cpu"
-
-
-def _ranks(text: str) -> set[int] | None:
-    if text.strip() == "all":
-        return None
-    try:
-        return {int(x) for x in text.split(",") if x.strip()}
-    except ValueError:
-        from labctl.errors import InputError
-
-        raise InputError(
-            f"--ranks {text!r} is not a list of ranks.", "Write e.g. --ranks 0,1 or --ranks all."
-        ) from None
 
 
 @app.callback()
@@ -86,7 +74,7 @@ def train(
     backend: Annotated[
         Backend,
         typer.Option("--backend", help="ssh launches now; slurm / k8s write a job file for the same run."),
-    ] = Backend.ssh,
+    ] = Backend("ssh"),
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Folder for --backend slurm/k8s files.")
     ] = None,
@@ -143,248 +131,103 @@ def train(
     if ctx.invoked_subcommand is not None:
         return
     from labctl.errors import InputError
+    from labctl.train import run
+    from labctl.train.request import JobOptions, TrainRequest, parse_ranks
 
     if phase is None:
         raise InputError("Which phase? --phase is required.", "Write e.g. labctl train --phase 1 --dry-run")
     c = make_context(ctx, inventory, json_out, verbose)
+    request = TrainRequest(
+        phase=phase,
+        file=file,
+        sets=tuple(set_ or ()),
+        limit=limit,
+        device=device.value if device else None,
+        python=python,
+        script=script,
+        script_args=tuple(shlex.split(script_args)),
+        dry_run=dry_run,
+        backend=backend.value,
+        output=output,
+        job=JobOptions(image=image, partition=partition, time_limit=time_limit, min_nodes=min_nodes),
+        detach=detach,
+        ranks=parse_ranks(ranks),
+    )
     try:
-        _launch(
-            c,
-            phase=phase,
-            file=file,
-            sets=set_ or [],
-            limit=limit,
-            device=device.value if device else None,
-            python=python,
-            script=script,
-            script_args=tuple(shlex.split(script_args)),
-            dry_run=dry_run,
-            backend=backend.value,
-            output=output,
-            image=image,
-            partition=partition,
-            time_limit=time_limit,
-            min_nodes=min_nodes,
-            detach=detach,
-            ranks=_ranks(ranks),
-        )
+        result = run.start(c, request, None if c.json_mode else _LiveView(c))
+        if c.json_mode:
+            c.emit(result.to_json())
+        else:
+            _render(c, result)
     finally:
         c.close()
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
 
 
-def _launch(c: Any, *, phase: int, file: Path | None, sets: list[str], limit: str | None, device: str | None,
-            python: str | None, script: Path | None, script_args: tuple[str, ...], dry_run: bool, backend: str,
-            output: Path | None, image: str | None, partition: str | None, time_limit: str | None,
-            min_nodes: int | None, detach: bool, ranks: set[int] | None) -> None:  # fmt: skip
-    from labctl.errors import InputError
-    from labctl.inventory.select import select_hosts
-    from labctl.train import launch, runs
-    from labctl.train.phases import load_phases
+class _LiveView:
+    """An attached run on the terminal: a header, then the chosen ranks' lines as they come."""
 
-    settings = load_phases(file).settings(phase, sets)
-    if script is None and settings.script:
-        script = Path(settings.script)
-    if script is not None and not script.is_file():
-        raise InputError(f"No script at {script}.", "Give the path of your training script on this machine.")
-    hosts = launch.linux_hosts(select_hosts(c.inventory, limit or settings.hosts))
-    run_id = runs.new_run_id(phase)
-    spec = launch.prepare(
-        c,
-        settings=settings,
-        phase=phase,
-        run_id=run_id,
-        hosts=hosts,
-        device=device,
-        python=python,
-        script=str(script) if script else None,
-        script_args=script_args,
-    )
-    if dry_run:
-        _print_dry_run(c, spec)
-        return
-    if backend != "ssh":
-        from labctl.train.backends import write_job
+    def __init__(self, c: Context) -> None:
+        self.c = c
 
-        folder = output or runs.runs_dir(c.inventory.path) / run_id / backend
-        spec = _for_cluster(
-            spec, settings.checkpoint_dir == type(settings).model_fields["checkpoint_dir"].default
-        )
-        paths = write_job(
-            spec,
-            backend,
-            folder,
-            image=image,
-            partition=partition,
-            time_limit=time_limit,
-            min_nodes=min_nodes,
-        )
-        if c.json_mode:
-            c.emit({"run_id": run_id, "backend": backend, "files": [str(p) for p in paths]})
-        else:
-            for p in paths:
-                c.console.print(f"wrote {p}")
-            # sbatch runs the script from where it is submitted, and it finds the trainer beside it.
-            submit = (
-                f"cd {shlex.quote(str(paths[0].parent))} && sbatch {paths[0].name}"
-                if backend == "slurm"
-                else f"kubectl apply -f {shlex.quote(str(paths[0]))}"
-            )
-            c.console.print(f"Submit with: {submit}")
-        return
-    if script is not None:
-        launch.ship_script(c, spec, hosts, script)
-    root = runs.runs_dir(c.inventory.path)
-    record = {
-        "run_id": run_id,
-        "phase": phase,
-        "inventory": str(c.inventory.path),
-        "hosts": [n.host for n in spec.nodes],
-        "log_dir": spec.log_dir,
-        "grace": settings.stop_grace,
-        "detached": detach,
-        "started": time.time(),
-        "state": "running",
-        "world_size": spec.world_size,
-        "device": spec.nodes[0].device,
-        "commands": {n.host: spec.shell_line(n) for n in spec.nodes},
-    }
-    runs.save(root, record)
-    if detach:
-        results = launch.run_detached(c, spec, hosts)
-        ok = all(r.ok for r in results)
-        if not ok:
-            launch.stop_everywhere(c, run_id, hosts, settings.stop_grace, spec.log_dir)
-        runs.update(root, run_id, state="running" if ok else "failed")
-        if c.json_mode:
-            c.emit({"run_id": run_id, "detached": True, "results": [r.to_json() for r in results]})
-        else:
-            from labctl.recap import print_recap
+    def started(self, spec: LaunchSpec, log_dir: Path) -> None:
+        from labctl.cli.lines import HostLinePrinter
 
-            print_recap(c.console, results, title=f"train {run_id} (detached)")
-            if ok:
-                c.console.print(
-                    f"Follow with: labctl train status {run_id}    End with: labctl train stop {run_id}"
-                )
-        raise typer.Exit(0 if ok else 1)
-    _attached(c, spec, hosts, settings.stop_grace, root, run_id, ranks)
-
-
-def _for_cluster(spec: Any, default_ckpt: bool) -> Any:
-    """The run's paths for a cluster job: relative to where the job starts, not in labctl's host folder."""
-    import dataclasses
-
-    settings = {**spec.settings, "metrics_path": f"labctl-runs/{spec.run_id}/metrics.jsonl"}
-    if default_ckpt:
-        settings["checkpoint_dir"] = f"checkpoints/phase{spec.phase}"
-    return dataclasses.replace(spec, settings=settings, log_dir="")
-
-
-def _attached(
-    c: Any, spec: Any, hosts: list[Any], grace: int, root: Path, run_id: str, ranks: set[int] | None
-) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
-    from labctl.train import launch, runs
-
-    out_console = Console(highlight=False, soft_wrap=True)
-    width = max(len(n.host) for n in spec.nodes) + 3
-    lock = threading.Lock()
-
-    def show(label: str, text: str, stream: str) -> None:
-        with lock:
-            target = out_console if stream == "stdout" else c.console
-            target.print(f"[cyan]{label:<{width}}[/] │ {escape(text)}")
-
-    if not c.json_mode:
-        c.console.print(
-            f"[bold]train {run_id}[/]: phase {spec.phase}, {spec.world_size} processes on "
+        self.printer = HostLinePrinter(self.c.console, max(len(n.host) for n in spec.nodes) + 3)
+        self.c.console.print(
+            f"[bold]train {spec.run_id}[/]: phase {spec.phase}, {spec.world_size} processes on "
             f"{', '.join(f'{n.host} ({n.nproc} {n.device})' for n in spec.nodes)}; "
-            f"rendezvous {spec.head_address}:{spec.port}; logs {root / run_id}"
+            f"rendezvous {spec.head_address}:{spec.port}; logs {log_dir}"
         )
-    stream = launch.Stream(root / run_id, ranks, None if c.json_mode else show)
-    stream.open([n.host for n in spec.nodes])
-    try:
-        outcome = launch.run_attached(c, spec, hosts, stream, grace)
-    finally:
-        stream.close()
-    steps = [e for e in outcome.events if e.get("event") == "step"]
-    done = any(e.get("event") == "done" for e in outcome.events)
-    left = {h: p for h, p in outcome.remaining.items() if p}
-    ok = bool(outcome.results) and all(r.ok for r in outcome.results) and not outcome.interrupted
-    state = "interrupted" if outcome.interrupted else ("finished" if ok else "failed")
-    runs.update(root, run_id, state=state, ended=time.time(), remaining=left)
-    summary = {
-        "run_id": run_id,
-        "phase": spec.phase,
-        "state": state,
-        "world_size": spec.world_size,
-        "hosts": [r.to_json() for r in outcome.results],
-        "failed_host": outcome.failed_host,
-        "steps_logged": len(steps),
-        "first_step": steps[0]["step"] if steps else None,
-        "last_step": steps[-1]["step"] if steps else None,
-        "first_loss": steps[0]["loss"] if steps else None,
-        "last_loss": steps[-1]["loss"] if steps else None,
-        # Rank 0 says "start" each time its workers (re)start. Its TORCHELASTIC_RESTART_COUNT stays 0
-        # when another host failed and this one only re-joined, so the starts are what count.
-        "restarts": max(
-            sum(1 for e in outcome.events if e.get("event") == "start") - 1,
-            max((int(e.get("restart") or 0) for e in outcome.events), default=0),
-            0,
-        ),
-        "resumed_from": [e.get("resumed_from") for e in outcome.events if e.get("event") == "start"],
-        "done": done,
-        "first_step_seconds": outcome.first_step_seconds,
-        "remaining_processes": left,
-        "log_dir": str(root / run_id),
-    }
-    if c.json_mode:
-        c.emit(summary)
+
+    def line(self, label: str, text: str, stream: str) -> None:
+        self.printer.print(label, text, stream)
+
+
+def _render(c: Context, result: TrainResult) -> None:
+    from labctl.train import results
+
+    if isinstance(result, results.DryRun):
+        _print_dry_run(c, result.spec)
+    elif isinstance(result, results.JobFiles):
+        for p in result.files:
+            c.console.print(f"wrote {p}")
+        c.console.print(f"Submit with: {result.submit}")
+    elif isinstance(result, results.Detached):
+        _print_detached(c, result)
     else:
-        from labctl.recap import print_recap
-
-        if outcome.results:
-            print_recap(c.console, outcome.results, title=f"train {run_id}")
-        if steps and steps[0].get("loss") is not None and steps[-1].get("loss") is not None:
-            c.console.print(
-                f"loss {steps[0]['loss']:.4f} at step {steps[0]['step']} → {steps[-1]['loss']:.4f} at step {steps[-1]['step']}"
-                + (f"; {summary['restarts']} restart(s)" if summary["restarts"] else "")
-            )
-        if left:
-            c.console.print(f"[red]processes of {run_id} still running: {left}[/]")
-        else:
-            c.console.print(f"[dim]no process of {run_id} remains on {', '.join(outcome.remaining)}[/]")
-    if outcome.interrupted:
-        raise typer.Exit(130)
-    raise typer.Exit(0 if ok and not left else 1)
+        _print_attached(c, result)
 
 
-def _print_dry_run(c: Any, spec: Any) -> None:
-    if c.json_mode:
-        c.emit(
-            {
-                "run_id": spec.run_id,
-                "phase": spec.phase,
-                "backend": spec.dist_backend,
-                "world_size": spec.world_size,
-                "rendezvous": f"{spec.head_address}:{spec.port}",
-                "settings": spec.settings,
-                "hosts": [
-                    {
-                        "host": n.host,
-                        "nproc": n.nproc,
-                        "device": n.device,
-                        "gpus": list(n.gpu_names),
-                        "env": n.env,
-                        "argv": spec.torchrun_argv(n),
-                        "command": spec.shell_line(n),
-                    }
-                    for n in spec.nodes
-                ],
-            }
+def _print_detached(c: Context, result: Detached) -> None:
+    from labctl.recap import print_recap
+
+    print_recap(c.console, result.results, title=f"train {result.run_id} (detached)")
+    if result.ok:
+        c.console.print(
+            f"Follow with: labctl train status {result.run_id}    End with: labctl train stop {result.run_id}"
         )
-        return
+
+
+def _print_attached(c: Context, result: Attached) -> None:
+    from labctl.recap import print_recap
+
+    run_id, steps, left = result.run_id, result.steps, result.remaining
+    if result.results:
+        print_recap(c.console, result.results, title=f"train {run_id}")
+    if steps and steps[0].get("loss") is not None and steps[-1].get("loss") is not None:
+        c.console.print(
+            f"loss {steps[0]['loss']:.4f} at step {steps[0]['step']} → {steps[-1]['loss']:.4f} at step {steps[-1]['step']}"
+            + (f"; {result.restarts} restart(s)" if result.restarts else "")
+        )
+    if left:
+        c.console.print(f"[red]processes of {run_id} still running: {left}[/]")
+    else:
+        c.console.print(f"[dim]no process of {run_id} remains on {', '.join(result.checked)}[/]")
+
+
+def _print_dry_run(c: Context, spec: LaunchSpec) -> None:
     c.console.print(
         f"[bold]dry run[/] {spec.run_id}: phase {spec.phase}, {spec.world_size} processes, {spec.dist_backend}, "
         f"rendezvous {spec.head_address}:{spec.port}. Preflight passed on {', '.join(n.host for n in spec.nodes)}; nothing launched."
@@ -404,63 +247,44 @@ def status(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Runs recorded here and, for those still running, what their hosts say (step, loss, state)."""
-    from rich.table import Table
-
-    from labctl.train import launch, runs
+    from labctl.train import run
 
     c = make_context(ctx, inventory, json_out, verbose)
     try:
-        root = runs.runs_dir(c.inventory.path)
-        records = [runs.load(root, run_id)] if run_id else runs.list_runs(root)[:10]
-        rows: list[dict[str, Any]] = []
-        for rec in records:
-            hosts_state: dict[str, Any] = {}
-            if rec.get("state") == "running" or run_id:
-                hosts = launch.record_hosts(c, rec)
-                for res in launch.host_status(c, rec, hosts):
-                    hosts_state[res.host] = res.data if res.ok else {"state": res.status, "error": res.error}
-                states = {s.get("state") for s in hosts_state.values()}
-                if rec.get("state") == "running" and "running" not in states:
-                    new = (
-                        "finished"
-                        if states == {"finished"}
-                        else ("stopped" if "stopped" in states else "failed")
-                    )
-                    rec = runs.update(root, rec["run_id"], state=new)
-            rows.append({**rec, "host_state": hosts_state})
+        result = run.status(c, run_id)
     finally:
         c.close()
     if c.json_mode:
-        c.emit({"runs": rows})
-        return
-    if not rows:
-        c.console.print(f"No runs recorded in {root}.")
+        c.emit(result.to_json())
+    else:
+        _print_status(c, result)
+
+
+def _print_status(c: Context, result: RunsStatus) -> None:
+    from rich.table import Table
+
+    from labctl.train.launch import format_event
+
+    if not result.rows:
+        c.console.print(f"No runs recorded in {result.root}.")
         return
     table = Table(title="training runs")
     table.add_column("run", no_wrap=True)
     for col in ("phase", "state", "hosts", "last event"):
         table.add_column(col)
-    for r in rows:
-        events = [s.get("last_event") for s in r["host_state"].values() if s.get("last_event")]
-        if not events:
-            events = [e for e in [_last_local_event(root / r["run_id"] / "metrics.jsonl")] if e]
-        last = launch.format_event(events[0]) if events else ""
+    for r in result.rows:
+        event = result.last_event(r)
         per_host = ", ".join(f"{h}: {s.get('state')}" for h, s in r["host_state"].items()) or ", ".join(
             r["hosts"]
         )
-        table.add_row(r["run_id"], str(r.get("phase")), r.get("state", "?"), per_host, last)
+        table.add_row(
+            r["run_id"],
+            str(r.get("phase")),
+            r.get("state", "?"),
+            per_host,
+            format_event(event) if event else "",
+        )
     c.console.print(table)
-
-
-def _last_local_event(path: Path) -> dict[str, Any] | None:
-    """Rank 0's newest step or done event as an attached run streamed it here."""
-    from labctl.agent.train_host import newest_event
-
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return None
-    return newest_event(lines, want=lambda e: e["event"] in ("step", "done") and e.get("loss") is not None)
 
 
 @app.command("stop")
@@ -472,22 +296,22 @@ def stop(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Stop a run on every host: SIGTERM, SIGKILL after its grace period, then check nothing is left."""
-    from labctl.train import launch, runs
+    from labctl.train import run
 
     c = make_context(ctx, inventory, json_out, verbose)
     try:
-        root = runs.runs_dir(c.inventory.path)
-        rec = runs.load(root, run_id)
-        hosts = launch.record_hosts(c, rec)
-        remaining = launch.stop_everywhere(c, run_id, hosts, int(rec.get("grace", 10)), rec.get("log_dir"))
+        result = run.stop(c, run_id)
     finally:
         c.close()
-    left = {h: p for h, p in remaining.items() if p}
-    runs.update(root, run_id, state="stopped" if not left else "stopping", remaining=left)
     if c.json_mode:
-        c.emit({"run_id": run_id, "remaining": left, "hosts": list(remaining)})
-    elif left:
-        c.console.print(f"[red]still running after SIGKILL: {left}[/]")
+        c.emit(result.to_json())
     else:
-        c.console.print(f"stopped {run_id}: no process of it remains on {', '.join(remaining)}")
-    raise typer.Exit(0 if not left else 1)
+        _print_stopped(c, result)
+    raise typer.Exit(result.exit_code)
+
+
+def _print_stopped(c: Context, result: Stopped) -> None:
+    if result.remaining:
+        c.console.print(f"[red]still running after SIGKILL: {result.remaining}[/]")
+    else:
+        c.console.print(f"stopped {result.run_id}: no process of it remains on {', '.join(result.checked)}")

@@ -14,7 +14,7 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -217,7 +217,7 @@ class Stream:
     """Routes every host's lines: all to per-host files, rank 0's events to metrics, chosen ranks to the screen."""
 
     folder: Path
-    ranks: set[int] | None  # None: every rank
+    ranks: Collection[int] | None  # None: every rank
     show: Callable[[str, str, str], None] | None  # (host/rank label, text, stream)
     events: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -1,4 +1,4 @@
-"""Slurm and Kubeflow job files (train/backends.py): the batch script is executed with stand-ins
+"""Slurm and Kubeflow job files (train/backends/slurm.py, k8s.py): the batch script is executed with stand-ins
 for Slurm's commands, and the manifest's command is read the way the kubelet and torchrun read it."""
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import yaml
 
 from labctl.agent_ship import agent_zip
 from labctl.errors import InputError
-from labctl.train.backends import DEFAULT_IMAGE, k8s_job_name, render_pytorchjob, render_sbatch, write_job
+from labctl.train.backends.jobs import write_job
+from labctl.train.backends.k8s import DEFAULT_IMAGE, k8s_job_name, render_pytorchjob
+from labctl.train.backends.slurm import render_sbatch
 from labctl.train.spec import LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec, NodeSpec
 
 # Everything a shell or the kubelet could take for syntax: quotes, spaces, $, backticks, %.

@@ -1,0 +1,203 @@
+"""Backends that write a training run as a cluster's job file instead of launching it.
+
+`labctl train` launches torchrun over SSH, which suits a handful of lab hosts. When the lab
+outgrows that (a scheduler owns the GPUs, hosts come and go), `--backend slurm` and
+`--backend k8s` hand the SAME run, the same `LaunchSpec` the SSH launcher and `--dry-run`
+use, to the cluster's own launcher as a job file.
+
+The output is self-contained: with the reference trainer, the agent zipapp that holds it
+travels with the job (a `.pyz` next to the batch script, or a ConfigMap inside the
+manifest), so nothing has to be installed on the cluster beyond Python and torch.
+
+What changes on the way, and why:
+- Host-specific settings stay behind: CUDA_VISIBLE_DEVICES (the scheduler picks the GPUs),
+  the lab's interpreter paths and log folders. Only settings that mean the same on any
+  node are carried (`PORTABLE_ENV`).
+- Every node of a Slurm or Kubeflow job runs the same number of processes, where a
+  heterogeneous lab may not: the job uses the largest count and says so in its header.
+- c10d's rendezvous wait is `join_timeout` (torch ignores a plain `timeout` for c10d).
+- The trainer's paths are relative to where the job starts (`for_cluster`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from labctl.errors import InputError
+from labctl.train import backends
+from labctl.train.request import JobOptions
+from labctl.train.results import JobFiles
+from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.train.backends import PlannedRun, RunView
+
+LOG_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+DEVICE_ENV = "LABCTL_TRAIN_DEVICE"
+TORCHRUN = "torch.distributed.run"
+# Settings that mean the same on any node of a cluster. Host-bound ones (CUDA_VISIBLE_DEVICES,
+# PATH, PYTHONPATH, the lab's log folders) are the scheduler's or the image's business.
+PORTABLE_ENV = frozenset(
+    {
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "OMP_NUM_THREADS",
+        "NCCL_DEBUG",
+        RUN_ENV,
+        LOG_PREFIX_ENV,
+        DEVICE_ENV,
+        *FRESH_STORE_ENV,
+    }
+)
+
+
+class JobFileBackend(ABC):
+    """A backend whose `submit` writes files into a folder and says how to hand them to the cluster."""
+
+    name: str
+    options: tuple[str, ...] = ()  # the JobOptions it reads; it refuses any other that is given
+
+    @abstractmethod
+    def write(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
+        """Write the job's files for `spec` (already made cluster-relative) into `folder`."""
+
+    @abstractmethod
+    def submit_command(self, paths: list[Path]) -> str:
+        """The shell command that submits what `write` wrote."""
+
+    def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> JobFiles:
+        spec = for_cluster(run.spec, run.default_checkpoint)
+        folder = run.request.output or run.runs_root / spec.run_id / self.name
+        paths = self.write_checked(spec, folder, run.request.job)
+        return JobFiles(spec.run_id, self.name, paths, self.submit_command(paths))
+
+    def write_checked(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
+        foreign = [o for o in job.given() if o not in self.options]
+        if foreign:
+            flags = ", ".join(f"--{o.replace('_', '-')}" for o in foreign)
+            others = " or ".join(b.name for b in job_file_backends() if set(foreign) & set(b.options))
+            raise InputError(
+                f"{flags} applies to --backend {others}, not {self.name}."
+                if others
+                else f"{flags} does not apply to --backend {self.name}.",
+                f"Drop it, or use --backend {others}." if others else "Drop it.",
+            )
+        return self.write(spec, folder, job)
+
+
+def job_file_backends() -> list[JobFileBackend]:
+    return [b for b in map(backends.get, backends.names()) if isinstance(b, JobFileBackend)]
+
+
+def write_job(
+    spec: LaunchSpec,
+    backend: str,
+    out_dir: Path,
+    *,
+    image: str | None = None,
+    partition: str | None = None,
+    time_limit: str | None = None,
+    min_nodes: int | None = None,
+) -> list[Path]:
+    """Write the job file for `backend` (and the agent zip Slurm needs) into `out_dir`; return the paths."""
+    chosen = {b.name: b for b in job_file_backends()}
+    if backend not in chosen:
+        raise InputError(
+            f"unknown backend {backend!r}.",
+            f"Use one of: {', '.join(chosen)} (or no --backend to launch over SSH).",
+        )
+    job = JobOptions(image=image, partition=partition, time_limit=time_limit, min_nodes=min_nodes)
+    return chosen[backend].write_checked(spec, out_dir, job)
+
+
+def for_cluster(spec: LaunchSpec, default_checkpoint: bool) -> LaunchSpec:
+    """The run's paths for a cluster job: relative to where the job starts, not in labctl's host folder.
+
+    A checkpoint folder the user chose stays; labctl's default one is a lab host's path.
+    """
+    settings = {**spec.settings, "metrics_path": f"labctl-runs/{spec.run_id}/metrics.jsonl"}
+    if default_checkpoint:
+        settings["checkpoint_dir"] = f"checkpoints/phase{spec.phase}"
+    return dataclasses.replace(spec, settings=settings, log_dir="")
+
+
+def agent_for(spec: LaunchSpec) -> tuple[bytes, str] | None:
+    """The agent zip's bytes and file name when the run uses the reference trainer."""
+    if spec.script:
+        return None
+    from labctl.agent_ship import agent_zip
+
+    data, sha = agent_zip()
+    return data, f"labctl-agent-{sha}.pyz"
+
+
+def uniform(spec: LaunchSpec) -> tuple[int, str]:
+    """The per-node process count and device every node of the job gets."""
+    if not spec.nodes:
+        raise InputError("the run has no nodes.", "Check the phase's hosts in the inventory.")
+    bad = [f"{n.host}: {n.nproc}" for n in spec.nodes if n.nproc < 1]
+    if bad:
+        raise InputError(
+            f"nodes without worker processes ({', '.join(bad)}).", "Give every node at least one."
+        )
+    devices = sorted({n.device for n in spec.nodes})
+    if len(devices) > 1:
+        listing = ", ".join(f"{n.host}: {n.device}" for n in spec.nodes)
+        raise InputError(
+            f"the run mixes devices ({listing}); a cluster job runs one kind on every node.",
+            "Limit the phase to GPU hosts (or to CPU hosts) before writing a job file.",
+        )
+    if devices[0] not in ("cuda", "cpu"):
+        raise InputError(f"unknown device {devices[0]!r}.", "Use cuda or cpu.")
+    if not 0 < spec.port < 65536:
+        raise InputError(f"rendezvous port {spec.port} is out of range.", "Use a port in 1..65535.")
+    return max(n.nproc for n in spec.nodes), devices[0]
+
+
+def heterogeneity_note(spec: LaunchSpec, nproc: int) -> list[str]:
+    counts = {n.nproc for n in spec.nodes}
+    if len(counts) == 1:
+        return []
+    per_host = ", ".join(f"{n.host}: {n.nproc}" for n in spec.nodes)
+    return [
+        f"# The lab's hosts run different process counts ({per_host}); every node of this job runs {nproc},",
+        f"# so the world size is {nproc * spec.nnodes}, not the lab's {spec.world_size}.",
+    ]
+
+
+def portable_env(spec: LaunchSpec, device: str) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """(the portable settings every node agrees on, {key: {host: value}} for those they do not)."""
+    keys = sorted({k for n in spec.nodes for k in n.env if k in PORTABLE_ENV})
+    env: dict[str, str] = {}
+    differing: dict[str, dict[str, str]] = {}
+    for key in keys:
+        values = {n.host: n.env.get(key, "(unset)") for n in spec.nodes}
+        if len(set(values.values())) == 1 and key in spec.nodes[0].env:
+            env[key] = spec.nodes[0].env[key]
+        else:
+            differing[key] = values
+    # These come from the run itself, whatever the hosts' environments say.
+    env[RUN_ENV] = spec.run_id
+    env[LOG_PREFIX_ENV] = LOG_PREFIX_TEMPLATE
+    env[DEVICE_ENV] = device
+    for key in (RUN_ENV, LOG_PREFIX_ENV, DEVICE_ENV):
+        differing.pop(key, None)
+    return env, differing
+
+
+def differing_notes(differing: dict[str, dict[str, str]]) -> list[str]:
+    """A header line for each setting left out because the lab's hosts disagree on it."""
+    return [f"{key} is not set here: the lab's hosts differ ({per_host(v)})." for key, v in differing.items()]
+
+
+def per_host(values: dict[str, str]) -> str:
+    return ", ".join(f"{host}: {oneline(v)}" for host, v in values.items())
+
+
+def oneline(text: str) -> str:
+    """Text safe inside a one-line comment (a newline would end the comment)."""
+    return text.replace("\r", " ").replace("\n", " ")

@@ -1,0 +1,226 @@
+"""What `labctl train`, `train status` and `train stop` come back with, before anyone renders it.
+
+Each result's `to_json()` is exactly what `--json` prints, and `exit_code` what the command
+exits with; the CLI only turns them into text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from labctl.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_OK
+from labctl.train.spec import LaunchSpec
+
+if TYPE_CHECKING:
+    from labctl.fanout import HostResult
+    from labctl.train.launch import Outcome
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """Preflight passed; what each host would run."""
+
+    spec: LaunchSpec
+    exit_code = EXIT_OK
+
+    def to_json(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "run_id": spec.run_id,
+            "phase": spec.phase,
+            "backend": spec.dist_backend,
+            "world_size": spec.world_size,
+            "rendezvous": f"{spec.head_address}:{spec.port}",
+            "settings": spec.settings,
+            "hosts": [
+                {
+                    "host": n.host,
+                    "nproc": n.nproc,
+                    "device": n.device,
+                    "gpus": list(n.gpu_names),
+                    "env": n.env,
+                    "argv": spec.torchrun_argv(n),
+                    "command": spec.shell_line(n),
+                }
+                for n in spec.nodes
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """The run written as files for a cluster's own launcher; nothing was started."""
+
+    run_id: str
+    backend: str
+    files: list[Path]
+    submit: str  # the shell command that hands the files to the cluster
+    exit_code = EXIT_OK
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "backend": self.backend, "files": [str(p) for p in self.files]}
+
+
+@dataclass(frozen=True)
+class Detached:
+    """Every host was asked to start the run in the background."""
+
+    run_id: str
+    results: list[HostResult]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.ok else EXIT_HOST
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "detached": True, "results": [r.to_json() for r in self.results]}
+
+
+def left_over(checked: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """The hosts where a process of the run outlived the stop, with those processes."""
+    return {h: p for h, p in checked.items() if p}
+
+
+def count_restarts(events: Iterable[dict[str, Any]]) -> int:
+    """How often the workers restarted, from rank 0's events.
+
+    Rank 0 says "start" each time its workers (re)start. Its TORCHELASTIC_RESTART_COUNT stays 0
+    when another host failed and this one only re-joined, so the starts are what count.
+    """
+    events = list(events)
+    return max(
+        sum(1 for e in events if e.get("event") == "start") - 1,
+        max((int(e.get("restart") or 0) for e in events), default=0),
+        0,
+    )
+
+
+@dataclass(frozen=True)
+class Attached:
+    """An attached run that has ended: how each host fared, what rank 0 reported, what is left."""
+
+    spec: LaunchSpec
+    results: list[HostResult]
+    events: list[dict[str, Any]]  # rank 0's, in order
+    interrupted: bool
+    failed_host: str | None
+    first_step_seconds: float | None
+    checked: dict[str, list[dict[str, Any]]]  # every host asked afterwards: its processes of the run
+    log_dir: Path
+
+    @classmethod
+    def from_outcome(cls, spec: LaunchSpec, outcome: Outcome, log_dir: Path) -> Attached:
+        return cls(
+            spec,
+            outcome.results,
+            outcome.events,
+            outcome.interrupted,
+            outcome.failed_host,
+            outcome.first_step_seconds,
+            outcome.remaining,
+            log_dir,
+        )
+
+    @property
+    def run_id(self) -> str:
+        return self.spec.run_id
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == "step"]
+
+    @property
+    def remaining(self) -> dict[str, list[dict[str, Any]]]:
+        return left_over(self.checked)
+
+    @property
+    def state(self) -> str:
+        if self.interrupted:
+            return "interrupted"
+        ok = bool(self.results) and all(r.ok for r in self.results)
+        return "finished" if ok else "failed"
+
+    @property
+    def restarts(self) -> int:
+        return count_restarts(self.events)
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_OK if self.state == "finished" and not self.remaining else EXIT_HOST
+
+    def to_json(self) -> dict[str, Any]:
+        steps = self.steps
+        return {
+            "run_id": self.run_id,
+            "phase": self.spec.phase,
+            "state": self.state,
+            "world_size": self.spec.world_size,
+            "hosts": [r.to_json() for r in self.results],
+            "failed_host": self.failed_host,
+            "steps_logged": len(steps),
+            "first_step": steps[0]["step"] if steps else None,
+            "last_step": steps[-1]["step"] if steps else None,
+            "first_loss": steps[0]["loss"] if steps else None,
+            "last_loss": steps[-1]["loss"] if steps else None,
+            "restarts": self.restarts,
+            "resumed_from": [e.get("resumed_from") for e in self.events if e.get("event") == "start"],
+            "done": any(e.get("event") == "done" for e in self.events),
+            "first_step_seconds": self.first_step_seconds,
+            "remaining_processes": self.remaining,
+            "log_dir": str(self.log_dir),
+        }
+
+
+TrainResult = DryRun | JobFiles | Detached | Attached
+
+
+@dataclass(frozen=True)
+class RunsStatus:
+    """Recorded runs, newest first, each with what its hosts said (`host_state`) where they were asked."""
+
+    root: Path  # where the records are
+    rows: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runs": self.rows}
+
+    def last_event(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """The newest event a host reported, else rank 0's newest step as an attached run streamed it here."""
+        events = [s.get("last_event") for s in row["host_state"].values() if s.get("last_event")]
+        return events[0] if events else _last_local_event(self.root / row["run_id"] / "metrics.jsonl")
+
+
+def _last_local_event(path: Path) -> dict[str, Any] | None:
+    from labctl.agent.train_host import newest_event
+
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    return newest_event(lines, want=lambda e: e["event"] in ("step", "done") and e.get("loss") is not None)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    run_id: str
+    checked: dict[str, list[dict[str, Any]]]  # every host asked: its processes of the run left after SIGKILL
+
+    @property
+    def remaining(self) -> dict[str, list[dict[str, Any]]]:
+        return left_over(self.checked)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if not self.remaining else EXIT_HOST
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "remaining": self.remaining, "hosts": list(self.checked)}

@@ -1,0 +1,92 @@
+"""The training run layer under the CLI: `start`, `status` and `stop`, each a result out.
+
+`start` turns a `TrainRequest` into a planned run (phase settings, hosts, preflight, the
+`LaunchSpec`) and hands it to the chosen backend (train/backends/). Nothing here prints:
+live output of an attached run goes to the `RunView` the caller passes, the rest comes back
+as a result (train/results.py) for the CLI to render.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from labctl.context import Context
+from labctl.errors import InputError
+from labctl.inventory.select import select_hosts
+from labctl.train import backends, launch, runs
+from labctl.train.backends import PlannedRun, RunView
+from labctl.train.phases import load_phases
+from labctl.train.request import TrainRequest
+from labctl.train.results import DryRun, RunsStatus, Stopped, TrainResult
+
+
+def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> TrainResult:
+    """Preflight and plan the run, then launch it or write it down as `request.backend` does."""
+    backend = backends.get(request.backend)
+    settings = load_phases(request.file).settings(request.phase, list(request.sets))
+    script = request.script
+    if script is None and settings.script:
+        script = Path(settings.script)
+    if script is not None and not script.is_file():
+        raise InputError(f"No script at {script}.", "Give the path of your training script on this machine.")
+    hosts = launch.linux_hosts(select_hosts(ctx.inventory, request.limit or settings.hosts))
+    spec = launch.prepare(
+        ctx,
+        settings=settings,
+        phase=request.phase,
+        run_id=runs.new_run_id(request.phase),
+        hosts=hosts,
+        device=request.device,
+        python=request.python,
+        script=str(script) if script else None,
+        script_args=request.script_args,
+    )
+    if request.dry_run:
+        return DryRun(spec)
+    planned = PlannedRun(request, settings, spec, hosts, script, runs.runs_dir(ctx.inventory.path))
+    return backend.submit(ctx, planned, view)
+
+
+def settled_state(recorded: str | None, host_state: dict[str, dict[str, Any]]) -> str | None:
+    """The state a run recorded as running has ended in, from what its hosts say now.
+
+    None while any host still runs it, and for a run not recorded as running.
+    """
+    states = {s.get("state") for s in host_state.values()}
+    if recorded != "running" or "running" in states:
+        return None
+    if states == {"finished"}:
+        return "finished"
+    return "stopped" if "stopped" in states else "failed"
+
+
+def status(ctx: Context, run_id: str | None = None) -> RunsStatus:
+    """`run_id`'s record, or the ten newest; the hosts are asked about the one named and those running."""
+    root = runs.runs_dir(ctx.inventory.path)
+    records = [runs.load(root, run_id)] if run_id else runs.list_runs(root)[:10]
+    rows: list[dict[str, Any]] = []
+    for rec in records:
+        host_state: dict[str, dict[str, Any]] = {}
+        if rec.get("state") == "running" or run_id:
+            for res in launch.host_status(ctx, rec, launch.record_hosts(ctx, rec)):
+                host_state[res.host] = res.data if res.ok else {"state": res.status, "error": res.error}
+            new = settled_state(rec.get("state"), host_state)
+            if new is not None:
+                rec = runs.update(root, rec["run_id"], state=new)
+        rows.append({**rec, "host_state": host_state})
+    return RunsStatus(root, rows)
+
+
+def stop(ctx: Context, run_id: str) -> Stopped:
+    """Stop `run_id` on every host it ran on and record whether anything is left."""
+    root = runs.runs_dir(ctx.inventory.path)
+    rec = runs.load(root, run_id)
+    checked = launch.stop_everywhere(
+        ctx, run_id, launch.record_hosts(ctx, rec), int(rec.get("grace", 10)), rec.get("log_dir")
+    )
+    result = Stopped(run_id, checked)
+    runs.update(
+        root, run_id, state="stopped" if not result.remaining else "stopping", remaining=result.remaining
+    )
+    return result
