@@ -676,11 +676,13 @@ def sync_host(
 
 
 def _pull_failed(e: HostError, host: str, target: Target, last: Mapping[str, Any]) -> HostError:
+    from labctl.agent_ship import CANCELLED, NO_JSON, AgentFailed
+
     where = ""
     if last.get("total") and last.get("done"):
         where = f" at {fmt_bytes(last.get('done'))} of {fmt_bytes(last.get('total'))}"
     message = e.message
-    if "did not answer in JSON" in message or "cancelled" in message:
+    if isinstance(e, AgentFailed) and e.kind in (CANCELLED, NO_JSON):
         # Killed mid-copy: what it printed is progress noise, not an explanation.
         message = f"{host}: the copy from {target.source.name} was stopped{where} before it finished."
     elif where:

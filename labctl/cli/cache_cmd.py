@@ -267,7 +267,7 @@ def verify_cmd(
 def _pin(
     ctx: typer.Context, model: str, host: str, pinned: bool, inventory: Any, json_out: bool, verbose: int
 ) -> None:
-    from labctl.agent_ship import call_agent
+    from labctl.agent_ship import AgentFailed, call_agent
     from labctl.cache import cache_hosts, check_models
     from labctl.errors import HostError
     from labctl.fanout import HostResult, HostRun, exit_code, fan_out
@@ -282,8 +282,8 @@ def _pin(
             data = call_agent(
                 run, "cache_pin", {"cache": run.host.model_cache.path, "model": name, "pinned": pinned}
             )
-        except HostError as e:
-            if "is not in the cache" in e.message:
+        except AgentFailed as e:
+            if e.kind == "not_cached":
                 raise HostError(
                     f"{run.host.name}: {name} is not in its cache {run.host.model_cache.path}.",
                     f"Sync it first: labctl cache sync {name} --host {run.host.name}.",
