@@ -16,13 +16,16 @@ import shlex
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labctl.agent import paths
 from labctl.errors import HostError
-from labctl.fanout import HostRun
+from labctl.fanout import HostRun, on_host
 from labctl.inventory.model import Host
 from labctl.transport.base import LineCallback
+
+if TYPE_CHECKING:
+    from labctl.context import Context
 
 ROOT_MAIN = b"from labctl.agent.__main__ import main\nimport sys\nsys.exit(main())\n"
 # Runs the agent from a zip held in memory (argv), for calls that must not write to the
@@ -173,3 +176,8 @@ def call_agent(
             error, kind = answer.get("error", answer), str(answer.get("kind") or kind)
         raise AgentFailed(f"{run.host.name}: agent '{command}' failed: {error}.", kind=kind)
     return answer
+
+
+def ask_agent(ctx: Context, host: Host, command: str, args: dict[str, Any] | None = None, **kw: Any) -> Any:
+    """call_agent on one host outside a fan_out step (through fanout.on_host); raises its error."""
+    return on_host(ctx, host, lambda run: call_agent(run, command, args, **kw))

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.agent_ship import call_agent
+from labctl.agent_ship import ask_agent
 from labctl.bench_stages import STAGES, Stage, attach_seed, link_gbps, make_stage, speedup_ram_vs_network
 from labctl.errors import HostError, InputError
-from labctl.fanout import HostRun
 from labctl.inventory.model import Host
 
 if TYPE_CHECKING:
@@ -18,15 +16,11 @@ if TYPE_CHECKING:
     from labctl.context import Context
 
 
-def _run(ctx: Context, host: Host) -> HostRun:
-    return HostRun(ctx, host, threading.Event())
-
-
 def torch_python(ctx: Context, host: Host, given: str | None) -> str:
     """The interpreter with torch on `host`: --python, else its provisioned torch_env."""
     if given:
         return given
-    facts = call_agent(_run(ctx, host), "facts", {"sections": ["torch_env"], "torch": False})
+    facts = ask_agent(ctx, host, "facts", {"sections": ["torch_env"], "torch": False})
     env = facts.get("torch_env") or {}
     if env.get("provisioned") and env.get("python"):
         return str(env["python"])
@@ -69,12 +63,12 @@ def measure_model_load(
         stored = f"{source.storage.models.rstrip('/')}/{model}"
         path = f"{mc.path.rstrip('/')}/{model}"
         measured["network"] = network_stage(ctx, h, model)
-        measured["storage_cold"] = call_agent(_run(ctx, source), "read_cold", {"path": stored}, timeout=3600)
+        measured["storage_cold"] = ask_agent(ctx, source, "read_cold", {"path": stored}, timeout=3600)
         if measured["storage_cold"].get("fstype") == "tmpfs":
             measured["storage_cold"] = {
                 "skipped": f"{stored} is on tmpfs on {source.name}: no device to read cold"
             }
-        facts = call_agent(_run(ctx, h), "facts", {"sections": ["nics"], "torch": False})
+        facts = ask_agent(ctx, h, "facts", {"sections": ["nics"], "torch": False})
         declared = [n.speed_mbps for n in h.nics if n.speed_mbps]
         net_ceiling = link_gbps(facts, declared)
         bonded = net_ceiling[1].startswith("bond ")  # an active bond, not "no bond up"
@@ -84,9 +78,9 @@ def measure_model_load(
         for name in ("network", "storage_cold"):
             measured[name] = {"skipped": "--file: the model is already on the host"}
     py = torch_python(ctx, h, python)
-    run = _run(ctx, h)
-    run.host = h.model_copy(update={"python": py})
-    loaded = call_agent(run, "load_stages", {"path": path, "device": device}, timeout=3600)
+    # The same host (and pooled connection) with the interpreter that has torch.
+    with_torch = h.model_copy(update={"python": py})
+    loaded = ask_agent(ctx, with_torch, "load_stages", {"path": path, "device": device}, timeout=3600)
     measured.update(loaded["stages"])
     nbytes = int(loaded["stages"]["ram_cache"]["bytes"])
     ceilings = {
@@ -119,7 +113,7 @@ def network_stage(ctx: Context, host: Host, model: str) -> dict[str, Any]:
     from labctl.cache import sync
 
     assert host.model_cache is not None
-    gone = call_agent(_run(ctx, host), "cache_evict", {"cache": host.model_cache.path, "models": [model]})
+    gone = ask_agent(ctx, host, "cache_evict", {"cache": host.model_cache.path, "models": [model]})
     if gone.get("pinned"):
         return {"skipped": f"{model} is pinned in {host.name}'s cache; unpin it to measure the network path"}
     result = sync(ctx, host.name, [model])

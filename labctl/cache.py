@@ -367,20 +367,14 @@ def resolve_target(inv: Inventory, name: str) -> Target:
     return Target(host, mc, source, source.storage.models.rstrip("/") or "/")
 
 
-def _run(ctx: Context, host: Host, cancel: threading.Event | None = None) -> HostRun:
-    from labctl.fanout import HostRun
-
-    return HostRun(ctx, host, cancel or threading.Event())
-
-
 def list_source(
     ctx: Context, source: Host, root: str, models: Sequence[str], chunk_size: int = DEFAULT_CHUNK
 ) -> dict[str, Any]:
     """The storage host's listing of `models`; a model it lacks is an InputError (exit 2)."""
-    from labctl.agent_ship import call_agent
+    from labctl.agent_ship import ask_agent
 
-    answer: dict[str, Any] = call_agent(
-        _run(ctx, source), "cache_list", {"root": root, "models": list(models), "chunk_size": chunk_size}
+    answer: dict[str, Any] = ask_agent(
+        ctx, source, "cache_list", {"root": root, "models": list(models), "chunk_size": chunk_size}
     )
     if answer.get("missing"):
         missing = answer["missing"]
@@ -429,14 +423,22 @@ class SourceServer:
             "idle_timeout": 120,
             "allow_missing": True,
         }
-        self.run = _run(ctx, target.source, self.cancel)
+        self.ctx = ctx
+        self.source = target.source
         self.thread = threading.Thread(target=self._serve, daemon=True, name=f"serve-{target.source.name}")
 
     def _serve(self) -> None:
         from labctl.agent_ship import call_agent
+        from labctl.fanout import on_host
+
+        def serve(run: HostRun) -> dict[str, Any]:
+            answer: dict[str, Any] = call_agent(
+                run, "cache_serve", self.args, timeout=LONG, on_line=self._line
+            )
+            return answer
 
         try:
-            self.result = call_agent(self.run, "cache_serve", self.args, timeout=LONG, on_line=self._line)
+            self.result = on_host(self.ctx, self.source, serve, self.cancel)
         except LabctlError as e:
             self.error = e
         finally:
@@ -466,7 +468,7 @@ class SourceServer:
             if (cancel is not None and cancel.is_set()) or time.monotonic() > deadline:
                 self.stop(0)
                 raise HostError(
-                    f"{self.run.host.name}: cache_serve did not start listening "
+                    f"{self.source.name}: cache_serve did not start listening "
                     + (
                         "(cancelled)."
                         if cancel is not None and cancel.is_set()
@@ -476,7 +478,7 @@ class SourceServer:
         if self.info is None:
             if self.error is not None:
                 raise self.error
-            raise HostError(f"{self.run.host.name}: cache_serve ended before it listened.")
+            raise HostError(f"{self.source.name}: cache_serve ended before it listened.")
         return self.info
 
     def stop(self, grace: float = 5.0) -> None:
@@ -513,12 +515,14 @@ def prepare(
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    from labctl.fanout import on_host
+
     servers = {t.host.name: SourceServer(ctx, t, models, chunk_size, port).begin() for t in targets}
     try:
 
         def state_of(t: Target) -> dict[str, Any] | LabctlError:
             try:
-                return cache_state(_run(ctx, t.host), t.cache)
+                return on_host(ctx, t.host, lambda run: cache_state(run, t.cache))
             except LabctlError as e:
                 return e
 
@@ -733,9 +737,15 @@ def sync(
     network stage): raises a LabctlError when it fails."""
     names = check_models(models)
     target = resolve_target(ctx.inventory, host)
+    from labctl.fanout import on_host
+
     p = prepare(ctx, [target], names, chunk_size)[host]
-    return sync_prepared(
-        _run(ctx, target.host), p, names, streams=streams, chunk_size=chunk_size, on_progress=on_progress
+    return on_host(
+        ctx,
+        target.host,
+        lambda run: sync_prepared(
+            run, p, names, streams=streams, chunk_size=chunk_size, on_progress=on_progress
+        ),
     )
 
 
