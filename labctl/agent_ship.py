@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import shlex
+import threading
 import uuid
 import zipfile
 from pathlib import Path
@@ -178,6 +179,14 @@ def call_agent(
     return answer
 
 
-def ask_agent(ctx: Context, host: Host, command: str, args: dict[str, Any] | None = None, **kw: Any) -> Any:
+def ask_agent(
+    ctx: Context,
+    host: Host,
+    command: str,
+    args: dict[str, Any] | None = None,
+    *,
+    cancel: threading.Event | None = None,
+    **kw: Any,
+) -> Any:
     """call_agent on one host outside a fan_out step (through fanout.on_host); raises its error."""
-    return on_host(ctx, host, lambda run: call_agent(run, command, args, **kw))
+    return on_host(ctx, host, lambda run: call_agent(run, command, args, **kw), cancel)
