@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from labctl.agent.cache import chunk_ranges, page_round
+from labctl.agent.cache.manifest import chunk_ranges, page_round
 from labctl.errors import HostError
 from labctl.fmt import fmt_bytes
 

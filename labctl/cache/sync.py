@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from labctl.agent.cache import DEFAULT_CHUNK
+from labctl.agent.cache.manifest import DEFAULT_CHUNK
 from labctl.cache.ops import cache_state
 from labctl.cache.plan import plan_sync
 from labctl.cache.targets import Target, cache_of, resolve_target

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from labctl.agent.cache import check_name
+from labctl.agent.cache.manifest import check_name
 from labctl.errors import InputError
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.cache import chunk_ranges
+from labctl.agent.cache.manifest import chunk_ranges
 from labctl.cache.plan import SLACK, CacheFull, Evictable, plan_eviction, plan_sync
 from labctl.cache.targets import check_models
 from labctl.errors import InputError
@@ -373,7 +373,7 @@ def test_touch_and_pin_update_the_manifest(store: Path, tmp_path: Path) -> None:
         ).stdout
     )
     assert listed["models"]["one.safetensors"]["files"][0]["hashed"] is True
-    from labctl.agent.cache import touch, touch_path
+    from labctl.agent.cache.manifest import touch, touch_path
 
     before = json.loads((cache / ".labctl" / "manifest.json").read_text())["models"]["one.safetensors"][
         "last_used"
