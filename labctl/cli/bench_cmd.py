@@ -108,7 +108,7 @@ def model_load(
 
         labctl bench model-load --file /mnt/model-cache/tinylm-1g --json
     """
-    from labctl.bench_model_load import measure_model_load, render_table, write_plot
+    from labctl.modelload.measure import measure_model_load, render_table, write_plot
 
     c = make_context(ctx, inventory, json_out, verbose)
     try:

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.agent_ship import ask_agent
-from labctl.bench_stages import STAGES, Stage, attach_seed, link_gbps, make_stage, speedup_ram_vs_network
 from labctl.cache.targets import Target, load_host, resolve_target
 from labctl.errors import HostError, InputError
 from labctl.fanout import HostRun, on_host
 from labctl.inventory.model import Host
+from labctl.modelload.stages import STAGES, Stage, attach_seed, link_gbps, make_stage, speedup_ram_vs_network
 
 if TYPE_CHECKING:
     from rich.console import Console
