@@ -11,6 +11,7 @@ one (`cache verify`'s repair, the model-load bench's network stage).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -89,15 +90,8 @@ class SourceServer:
             self.ready.set()
 
     def _line(self, stream: str, line: str) -> None:
-        if stream != "stderr" or not line.startswith("{") or self.info is not None:
-            return
-        import json
-
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return
-        if isinstance(event, dict) and event.get("event") == "listening":
+        event = None if self.info is not None else _event(stream, line, "listening")
+        if event is not None:
             self.info = event
             self.ready.set()
 
@@ -132,6 +126,17 @@ class SourceServer:
         if self.thread.is_alive():
             self.cancel.set()  # the channel closes and the watchdog kills the server
             self.thread.join(10)
+
+
+def _event(stream: str, line: str, name: str) -> dict[str, Any] | None:
+    """The JSON event `name` when `line` is one (agents report on stderr while they run)."""
+    if stream != "stderr" or not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and event.get("event") == name else None
 
 
 @dataclass
@@ -198,15 +203,8 @@ class Prepared:
             last: dict[str, Any] = {}
 
             def on_line(stream: str, line: str) -> None:
-                if stream != "stderr" or not line.startswith('{"'):
-                    return
-                import json
-
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    return
-                if isinstance(event, dict) and event.get("event") == "progress":
+                event = _event(stream, line, "progress")
+                if event is not None:
                     last.update(event)
                     if on_progress is not None:
                         on_progress(host, event)
