@@ -13,16 +13,20 @@ import hashlib
 import io
 import json
 import shlex
+import threading
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labctl.agent import paths
 from labctl.errors import HostError
-from labctl.fanout import HostRun
+from labctl.fanout import HostRun, on_host
 from labctl.inventory.model import Host
 from labctl.transport.base import LineCallback
+
+if TYPE_CHECKING:
+    from labctl.context import Context
 
 ROOT_MAIN = b"from labctl.agent.__main__ import main\nimport sys\nsys.exit(main())\n"
 # Runs the agent from a zip held in memory (argv), for calls that must not write to the
@@ -48,9 +52,26 @@ sys.argv = ["agent"] + sys.argv[2:]
 from labctl.agent.__main__ import main
 sys.exit(main())
 """
-MISSING_RC = 197
-MAX_ARGV = 100_000  # the wrapper's "no agent of this hash here yet"
+MISSING_RC = 197  # the wrapper's "no agent of this hash here yet"
+MAX_ARGV = 100_000
+# AgentFailed kinds for what went wrong around the agent rather than inside it.
+CANCELLED = "cancelled"  # the caller's cancel flag closed the command
+NO_PYTHON = "no_python"  # the host has no interpreter at its `python`
+NO_JSON = "no_json"  # the agent printed no answer: killed, crashed, or an interpreter too old
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep the hash a function of the code alone
+
+
+class AgentFailed(HostError):
+    """The agent could not do what call_agent asked: `kind` says why, for code to branch on.
+
+    The agent's own kind when it answered (see labctl/agent/commands.py: "not_cached", "busy",
+    "cache_full", ...), else CANCELLED, NO_PYTHON or NO_JSON. A command that ran past its
+    timeout raises CommandTimeout instead, as any command does.
+    """
+
+    def __init__(self, message: str, hint: str = "", kind: str = "failed") -> None:
+        super().__init__(message, hint)
+        self.kind = kind
 
 
 @functools.cache
@@ -127,7 +148,7 @@ def call_agent(
         conn.put_bytes(data, path, mode=0o600)
         result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     if result.cancelled:
-        raise HostError(f"{run.host.name}: cancelled.")
+        raise AgentFailed(f"{run.host.name}: cancelled.", kind=CANCELLED)
     if result.timed_out:
         from labctl.transport.base import CommandTimeout
 
@@ -136,19 +157,36 @@ def call_agent(
             "Raise the timeout or check the host's load.",
         )
     if result.rc == 127:
-        raise HostError(
+        raise AgentFailed(
             f"{run.host.name}: no Python at {run.host.python} ({result.stderr.strip()}).",
             "Install python3 on the host or set `python:` for it in the inventory.",
+            NO_PYTHON,
         )
     try:
         answer = json.loads(result.stdout)
     except json.JSONDecodeError:
-        raise HostError(
+        raise AgentFailed(
             f"{run.host.name}: the agent's '{command}' did not answer in JSON (rc {result.rc}): "
             f"{(result.stderr or result.stdout).strip()[-400:]}",
             f"Check that {run.host.python} is Python 3.8 or newer.",
+            NO_JSON,
         ) from None
     if result.rc != 0:
-        error = answer.get("error", answer) if isinstance(answer, dict) else answer
-        raise HostError(f"{run.host.name}: agent '{command}' failed: {error}.")
+        error, kind = answer, "failed"
+        if isinstance(answer, dict):
+            error, kind = answer.get("error", answer), str(answer.get("kind") or kind)
+        raise AgentFailed(f"{run.host.name}: agent '{command}' failed: {error}.", kind=kind)
     return answer
+
+
+def ask_agent(
+    ctx: Context,
+    host: Host,
+    command: str,
+    args: dict[str, Any] | None = None,
+    *,
+    cancel: threading.Event | None = None,
+    **kw: Any,
+) -> Any:
+    """call_agent on one host outside a fan_out step (through fanout.on_host); raises its error."""
+    return on_host(ctx, host, lambda run: call_agent(run, command, args, **kw), cancel)

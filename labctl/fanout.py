@@ -2,7 +2,8 @@
 
 A host that fails never stops the others. Ctrl-C cancels every host's step (their remote
 commands die with their channels, see transport/wrap.py) and is re-raised so the CLI
-exits 130. Every command that touches hosts goes through `fan_out`.
+exits 130. Every command that touches hosts goes through `fan_out`, or `on_host` for a call
+on one host whose value (or error) the caller needs itself.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from labctl.errors import LabctlError
 from labctl.inventory.model import Host
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from labctl.transport.pool import AnyConnection
 
 OK_STATUSES = frozenset({"ok", "changed", "skipped"})
+T = TypeVar("T")
 
 
 @dataclass
@@ -69,14 +71,27 @@ class HostRun:
 Step = Callable[[HostRun], HostResult]
 
 
+def on_host(ctx: Context, host: Host, fn: Callable[[HostRun], T], cancel: threading.Event | None = None) -> T:
+    """`fn` on one host, in this thread: its value, or its LabctlError raised as it is.
+
+    `fn` gets what a fan_out step gets: the host's pooled connection and a cancel flag (`cancel`,
+    e.g. the calling step's own, or a new one). A connection that failed leaves the pool, so
+    the next call on that host connects again.
+    """
+    try:
+        return fn(HostRun(ctx, host, cancel if cancel is not None else threading.Event()))
+    except TransportError:
+        ctx.pool.drop(host.name)
+        raise
+
+
 def _run_one(ctx: Context, host: Host, step: Step, cancel: threading.Event) -> HostResult:
     start = time.monotonic()
     try:
-        result = step(HostRun(ctx, host, cancel))
+        result = on_host(ctx, host, step, cancel)
     except Skipped as e:
         result = HostResult(host.name, "skipped", error=str(e))
     except TransportError as e:
-        ctx.pool.drop(host.name)
         result = HostResult(host.name, e.status, error=e.message, hint=e.hint)
     except LabctlError as e:
         result = HostResult(host.name, "failed", error=e.message, hint=e.hint)

@@ -34,23 +34,14 @@ def make_model(
     Example: labctl bench make-model --size-gb 2 --host irina
     """
     from labctl.agent_ship import call_agent
-    from labctl.errors import InputError
+    from labctl.cache.targets import in_folder, library_root, storage_host
     from labctl.fanout import HostResult, HostRun, fan_out
-    from labctl.inventory.select import select_hosts
     from labctl.recap import print_recap
 
     c = make_context(ctx, inventory, json_out, verbose)
-    inv = c.inventory
-    hosts = select_hosts(inv, host) if host else [h for h in inv.hosts.values() if h.storage]
-    if not hosts or any(h.storage is None for h in hosts):
-        raise InputError(
-            f"No storage host to write the model on{f' ({host} has no storage section)' if host else ''}.",
-            "Give a host with storage: {models: /srv/models} in the inventory, with --host.",
-        )
-    target = hosts[0]
-    assert target.storage is not None
+    target = storage_host(c.inventory, host)
     folder = name or f"tinylm-{size_gb:g}g"
-    path = f"{target.storage.models.rstrip('/')}/{folder}"
+    path = in_folder(library_root(target), folder)
 
     def step(run: HostRun) -> HostResult:
         ans = call_agent(run, "make_model", {"path": path, "size_gb": size_gb, "dtype": dtype}, timeout=3600)
@@ -117,7 +108,7 @@ def model_load(
 
         labctl bench model-load --file /mnt/model-cache/tinylm-1g --json
     """
-    from labctl.bench_model_load import measure_model_load, render_table, write_plot
+    from labctl.modelload.measure import measure_model_load, render_table, write_plot
 
     c = make_context(ctx, inventory, json_out, verbose)
     try:

@@ -73,7 +73,8 @@ def sync_cmd(
 
         labctl cache sync llama-8b qwen-7b --host m5 --streams 4 --json
     """
-    from labctl.cache import check_models, prepare, resolve_target, sync_prepared
+    from labctl.cache.sync import prepare
+    from labctl.cache.targets import check_models, resolve_target
     from labctl.fanout import HostResult, HostRun, exit_code, fan_out
     from labctl.inventory.select import select_hosts
 
@@ -87,8 +88,7 @@ def sync_cmd(
         bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
 
         def step(run: HostRun) -> HostResult:
-            p = prepared[run.host.name]
-            data = sync_prepared(run, p, names, streams=streams, chunk_size=chunk, on_progress=bars.update)
+            data = prepared[run.host.name].sync(run, streams=streams, on_progress=bars.update)
             return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
         with bars:
@@ -118,7 +118,8 @@ def status_cmd(
 
         labctl cache status --host m5 --json | jq '.results[0].models'
     """
-    from labctl.cache import cache_hosts, cache_state
+    from labctl.cache.ops import cache_state
+    from labctl.cache.targets import cache_hosts
     from labctl.fanout import HostResult, HostRun, exit_code, fan_out
 
     c = make_context(ctx, inventory, json_out, verbose)
@@ -155,8 +156,8 @@ def evict_cmd(
 
         labctl cache evict tinylm-1g --host m5
     """
-    from labctl.agent_ship import call_agent
-    from labctl.cache import cache_hosts, check_models
+    from labctl.cache.ops import evict
+    from labctl.cache.targets import cache_hosts, check_models
     from labctl.fanout import HostResult, HostRun, exit_code, fan_out
 
     c = make_context(ctx, inventory, json_out, verbose)
@@ -165,9 +166,7 @@ def evict_cmd(
 
     def step(run: HostRun) -> HostResult:
         assert run.host.model_cache is not None
-        data = call_agent(
-            run, "cache_evict", {"cache": run.host.model_cache.path, "models": names, "force": force}
-        )
+        data = evict(run, run.host.model_cache, names, force)
         if data["pinned"]:
             return HostResult(
                 run.host.name,
@@ -185,7 +184,7 @@ def evict_cmd(
     if c.json_mode:
         c.emit({"results": [_flat(r) for r in results]})
     else:
-        from labctl.cache import fmt_bytes
+        from labctl.fmt import fmt_bytes
 
         for r in results:
             d = r.data or {}
@@ -226,7 +225,8 @@ def verify_cmd(
 
         labctl cache verify tinylm-1g --host m5 --no-repair --json
     """
-    from labctl.cache import cache_hosts, check_models, verify_host
+    from labctl.cache.sync import verify_host
+    from labctl.cache.targets import cache_hosts, check_models
     from labctl.fanout import HostResult, HostRun, exit_code, fan_out
 
     c = make_context(ctx, inventory, json_out, verbose)
@@ -267,9 +267,8 @@ def verify_cmd(
 def _pin(
     ctx: typer.Context, model: str, host: str, pinned: bool, inventory: Any, json_out: bool, verbose: int
 ) -> None:
-    from labctl.agent_ship import call_agent
-    from labctl.cache import cache_hosts, check_models
-    from labctl.errors import HostError
+    from labctl.cache.ops import pin
+    from labctl.cache.targets import cache_hosts, check_models
     from labctl.fanout import HostResult, HostRun, exit_code, fan_out
 
     c = make_context(ctx, inventory, json_out, verbose)
@@ -278,17 +277,7 @@ def _pin(
 
     def step(run: HostRun) -> HostResult:
         assert run.host.model_cache is not None
-        try:
-            data = call_agent(
-                run, "cache_pin", {"cache": run.host.model_cache.path, "model": name, "pinned": pinned}
-            )
-        except HostError as e:
-            if "is not in the cache" in e.message:
-                raise HostError(
-                    f"{run.host.name}: {name} is not in its cache {run.host.model_cache.path}.",
-                    f"Sync it first: labctl cache sync {name} --host {run.host.name}.",
-                ) from None
-            raise
+        data = pin(run, run.host.model_cache, name, pinned)
         return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
     try:
@@ -371,7 +360,7 @@ class Bars:
     def update(self, host: str, event: dict[str, Any]) -> None:
         if self.progress is None:
             return
-        from labctl.cache import RateMeter, fmt_bytes, fmt_duration, fmt_rate
+        from labctl.fmt import RateMeter, fmt_bytes, fmt_duration, fmt_rate
 
         done, total = float(event.get("done", 0)), float(event.get("total", 0)) or 1.0
         if host not in self.tasks:
@@ -419,7 +408,7 @@ def _print_failures(console: Any, results: Any) -> None:
 def _render_sync(console: Any, results: Any, verbose: int) -> None:
     from rich.table import Table
 
-    from labctl.cache import fmt_bytes, fmt_duration, fmt_rate
+    from labctl.fmt import fmt_bytes, fmt_duration, fmt_rate
 
     table = Table(title="cache sync", title_justify="left")
     for col in ("host", "model", "result", "size", "copied", "resumed", "time", "rate"):
@@ -468,7 +457,7 @@ def _render_status(console: Any, results: Any) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from labctl.cache import fmt_age, fmt_bytes
+    from labctl.fmt import fmt_age, fmt_bytes
 
     for r in results:
         if not r.ok:
@@ -517,7 +506,7 @@ def _render_status(console: Any, results: Any) -> None:
 def _render_verify(console: Any, results: Any) -> None:
     from rich.table import Table
 
-    from labctl.cache import fmt_bytes, fmt_duration
+    from labctl.fmt import fmt_bytes, fmt_duration
 
     table = Table(title="cache verify", title_justify="left")
     for col in ("host", "model", "result", "size", "time", "detail"):

@@ -7,7 +7,6 @@ tests leave m5 as they found it (test_provision expects its cache unprovisioned)
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,17 +179,12 @@ def small_cache(lab: Any, tmp_path: Path) -> Path:
 
 def touch(inv: Path, model: str) -> None:
     """What the loader does on m5 when it loads a model: the agent's cache_touch."""
-    from labctl.agent_ship import call_agent
+    from labctl.agent_ship import ask_agent
     from labctl.context import Context
-    from labctl.fanout import HostRun
 
     ctx = Context.create(inventory_path=inv)
     try:
-        out = call_agent(
-            HostRun(ctx, ctx.inventory.host("m5"), threading.Event()),
-            "cache_touch",
-            {"cache": SMALL, "model": model},
-        )
+        out = ask_agent(ctx, ctx.inventory.host("m5"), "cache_touch", {"cache": SMALL, "model": model})
     finally:
         ctx.close()
     assert out["touched"] is True

@@ -1,4 +1,4 @@
-"""labctl cache: pure planning (eviction, sync plans, chunks, rate/ETA), and the agent's
+"""labctl cache: pure planning (eviction, sync plans, chunks, model names), and the agent's
 copy protocol between two local processes over loopback (no simulated lab needed)."""
 
 from __future__ import annotations
@@ -14,29 +14,17 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.cache import chunk_ranges
-from labctl.cache import (
-    SLACK,
-    CacheFull,
-    Evictable,
-    RateMeter,
-    check_models,
-    fmt_age,
-    fmt_bytes,
-    fmt_duration,
-    plan_eviction,
-    plan_sync,
-    resolve_target,
-)
+from labctl.agent.cache.manifest import chunk_ranges
+from labctl.cache.plan import SLACK, CacheFull, Evictable, plan_eviction, plan_sync
+from labctl.cache.targets import check_models
 from labctl.errors import InputError
-from labctl.inventory.model import Host, Inventory, ModelCache, Storage
 
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------
-# chunks, names, formatting
+# chunks and names
 
 
 def test_chunk_ranges_cover_the_file_exactly() -> None:
@@ -59,45 +47,6 @@ def test_model_names_are_deduplicated_in_order() -> None:
     assert check_models(["b", "a", "b"]) == ["b", "a"]
     with pytest.raises(InputError):
         check_models([])
-
-
-def test_formatting() -> None:
-    assert fmt_bytes(512) == "512 B"
-    assert fmt_bytes(3 * MIB) == "3.0 MiB"
-    assert fmt_bytes(5 << 30) == "5.0 GiB"
-    assert fmt_duration(3.24) == "3.2s"
-    assert fmt_duration(125) == "2m05s"
-    assert fmt_duration(7300) == "2h01m"
-    assert fmt_age(None, 100.0) == "never"
-    assert fmt_age(90.0, 100.0) == "just now"
-    assert fmt_age(100.0, 400.0) == "5m00s ago"
-
-
-# ---------------------------------------------------------------------------------------------
-# rate and ETA
-
-
-def test_rate_meter_uses_a_sliding_window() -> None:
-    m = RateMeter(window=5.0)
-    assert m.rate() is None and m.eta(100) is None
-    m.update(0.0, 0)
-    assert m.rate() is None  # one sample: no rate yet
-    for t in range(1, 11):
-        m.update(float(t), t * 100.0)  # a steady 100 B/s
-    assert m.rate() == pytest.approx(100.0)
-    assert m.eta(2000) == pytest.approx(10.0)
-    for t in range(11, 21):
-        m.update(float(t), 1000 + (t - 10) * 10.0)  # slows to 10 B/s
-    assert m.rate() == pytest.approx(10.0)  # today's rate, not the average since the start
-    assert m.eta(1100) == 0.0
-
-
-def test_rate_meter_resumed_start_is_not_counted_as_speed() -> None:
-    m = RateMeter()
-    m.update(0.0, 600.0)  # a resumed copy starts 60% done
-    m.update(2.0, 800.0)
-    assert m.rate() == pytest.approx(100.0)
-    assert m.eta(1000.0) == pytest.approx(2.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,35 +194,6 @@ def test_the_plan_keeps_slack_for_the_manifest() -> None:
     plan = plan_sync(state, listing_of(n=[("n", 10 * MIB)]), ["n"], MIB)
     assert [e.name for e in plan.evict] == ["old"]  # 10 MiB free is not 10 MiB + SLACK
     assert SLACK > 0
-
-
-# ---------------------------------------------------------------------------------------------
-# who copies from whom
-
-
-def inventory(**hosts: Host) -> Inventory:
-    return Inventory(lab="t", path=Path("/tmp/inv.yaml"), hosts=hosts)
-
-
-def test_target_resolution_errors_are_one_paragraph_input_errors() -> None:
-    m5 = Host(name="m5", address="10.0.0.1", model_cache=ModelCache(path="/mnt/c", size_gb=2, source="irina"))
-    irina = Host(name="irina", address="10.0.0.2", storage=Storage(models="/srv/models/"))
-    bare = Host(name="pharaoh", address="10.0.0.3")
-    t = resolve_target(inventory(m5=m5, irina=irina, pharaoh=bare), "m5")
-    assert (t.source.name, t.root, t.cache.path) == ("irina", "/srv/models", "/mnt/c")
-    cases = {
-        "pharaoh has no model_cache": (inventory(m5=m5, irina=irina, pharaoh=bare), "pharaoh"),
-        "which declares no storage": (
-            inventory(m5=m5, irina=bare.model_copy(update={"name": "irina"})),
-            "m5",
-        ),
-        "'irina', which is not a host": (inventory(m5=m5), "m5"),
-        "No host 'nope'": (inventory(m5=m5), "nope"),
-    }
-    for text, (inv, name) in cases.items():
-        with pytest.raises(InputError) as e:
-            resolve_target(inv, name)
-        assert text in e.value.message and "\n" not in e.value.message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,7 +373,7 @@ def test_touch_and_pin_update_the_manifest(store: Path, tmp_path: Path) -> None:
         ).stdout
     )
     assert listed["models"]["one.safetensors"]["files"][0]["hashed"] is True
-    from labctl.agent.cache import touch, touch_path
+    from labctl.agent.cache.manifest import touch, touch_path
 
     before = json.loads((cache / ".labctl" / "manifest.json").read_text())["models"]["one.safetensors"][
         "last_used"

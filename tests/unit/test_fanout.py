@@ -11,7 +11,7 @@ from rich.console import Console
 
 from labctl.context import Context
 from labctl.errors import HostError
-from labctl.fanout import HostResult, HostRun, Skipped, exit_code, fan_out
+from labctl.fanout import HostResult, HostRun, Skipped, exit_code, fan_out, on_host
 from labctl.inventory.model import Host
 from labctl.recap import recap_table
 from labctl.transport.base import AuthFailed, CommandTimeout, HostKeyError, Unreachable
@@ -108,3 +108,41 @@ def test_recap_lists_every_host_with_status_and_hint() -> None:
 @pytest.mark.parametrize(("statuses", "code"), [(["ok", "changed", "skipped"], 0), (["ok", "cancelled"], 1)])
 def test_exit_code(statuses: list[str], code: int) -> None:
     assert exit_code([HostResult(str(i), s) for i, s in enumerate(statuses)]) == code
+
+
+def test_on_host_returns_the_value_on_the_pooled_connection() -> None:
+    c = ctx()
+    here = Host(name="here", address="127.0.0.1", connection="local")
+    seen: list[object] = []
+
+    def step(run: HostRun) -> str:
+        seen.append(run.conn)
+        assert not run.cancel.is_set()
+        return run.host.name
+
+    assert on_host(c, here, step) == "here"
+    assert on_host(c, here, step) == "here"
+    assert seen[0] is seen[1]  # one connection per host, as in fan_out
+    cancel = threading.Event()
+    assert on_host(c, here, lambda run: run.cancel, cancel) is cancel  # e.g. the calling step's own
+
+
+def test_on_host_raises_the_error_and_drops_a_broken_connection() -> None:
+    c = ctx()
+    here = Host(name="here", address="127.0.0.1", connection="local")
+    first = on_host(c, here, lambda run: run.conn)
+
+    def fails(error: Exception) -> object:
+        def step(run: HostRun) -> object:
+            run.conn  # noqa: B018 (opens it)
+            raise error
+
+        return step
+
+    with pytest.raises(HostError) as e:
+        on_host(c, here, fails(HostError("here broke", "fix it")))
+    assert (e.value.message, e.value.hint) == ("here broke", "fix it")
+    assert on_host(c, here, lambda run: run.conn) is first  # a failed command keeps the connection
+    with pytest.raises(Unreachable):
+        on_host(c, here, fails(Unreachable("here is gone", "power it on")))
+    assert on_host(c, here, lambda run: run.conn) is not first  # a failed transport connects again

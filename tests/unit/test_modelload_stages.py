@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labctl.bench_stages import attach_seed, link_gbps, make_stage, seed_scaled, speedup_ram_vs_network
+from labctl.modelload.stages import attach_seed, link_gbps, make_stage, seed_scaled, speedup_ram_vs_network
 
 
 def test_stage_rate_and_share_of_ceiling() -> None:

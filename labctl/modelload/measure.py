@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.agent_ship import call_agent
-from labctl.bench_stages import STAGES, Stage, attach_seed, link_gbps, make_stage, speedup_ram_vs_network
+from labctl.agent_ship import ask_agent
+from labctl.cache.targets import Target, load_host, resolve_target
 from labctl.errors import HostError, InputError
-from labctl.fanout import HostRun
+from labctl.fanout import HostRun, on_host
 from labctl.inventory.model import Host
+from labctl.modelload.stages import STAGES, Stage, attach_seed, link_gbps, make_stage, speedup_ram_vs_network
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -18,15 +18,11 @@ if TYPE_CHECKING:
     from labctl.context import Context
 
 
-def _run(ctx: Context, host: Host) -> HostRun:
-    return HostRun(ctx, host, threading.Event())
-
-
 def torch_python(ctx: Context, host: Host, given: str | None) -> str:
     """The interpreter with torch on `host`: --python, else its provisioned torch_env."""
     if given:
         return given
-    facts = call_agent(_run(ctx, host), "facts", {"sections": ["torch_env"], "torch": False})
+    facts = ask_agent(ctx, host, "facts", {"sections": ["torch_env"], "torch": False})
     env = facts.get("torch_env") or {}
     if env.get("provisioned") and env.get("python"):
         return str(env["python"])
@@ -36,45 +32,26 @@ def torch_python(ctx: Context, host: Host, given: str | None) -> str:
     )
 
 
-def _choose_host(ctx: Context, name: str | None) -> Host:
-    inv = ctx.inventory
-    if name:
-        if name not in inv.hosts:
-            raise InputError(f"No host '{name}' in {inv.path}.", f"Hosts: {', '.join(inv.hosts)}.")
-        return inv.hosts[name]
-    for h in inv.hosts.values():
-        if h.model_cache is not None:
-            return h
-    raise InputError("No host has a model_cache in the inventory.", "Name one with --host, or use --file.")
-
-
 def measure_model_load(
     ctx: Context, *, host: str | None, model: str | None, file: str | None, device: str, python: str | None
 ) -> dict[str, Any]:
     if bool(model) == bool(file):
         raise InputError("Give exactly one of --model NAME or --file PATH.", "e.g. --model tinylm-1g")
-    h = _choose_host(ctx, host)
+    h = load_host(ctx.inventory, host)
     measured: dict[str, dict[str, Any]] = {}
     bonded = False
     net_ceiling: tuple[float | None, str] = (None, "")
     if model:
-        mc = h.model_cache
-        if mc is None or mc.source is None:
-            raise InputError(
-                f"{h.name} has no model_cache with a source in the inventory.",
-                "Add model_cache: {path, size_gb, source}.",
-            )
-        source = ctx.inventory.host(mc.source)
-        assert source.storage is not None
-        stored = f"{source.storage.models.rstrip('/')}/{model}"
-        path = f"{mc.path.rstrip('/')}/{model}"
-        measured["network"] = network_stage(ctx, h, model)
-        measured["storage_cold"] = call_agent(_run(ctx, source), "read_cold", {"path": stored}, timeout=3600)
+        target = resolve_target(ctx.inventory, h.name)
+        stored = target.stored(model)
+        path = target.cached(model)
+        measured["network"] = network_stage(ctx, target, model)
+        measured["storage_cold"] = ask_agent(ctx, target.source, "read_cold", {"path": stored}, timeout=3600)
         if measured["storage_cold"].get("fstype") == "tmpfs":
             measured["storage_cold"] = {
-                "skipped": f"{stored} is on tmpfs on {source.name}: no device to read cold"
+                "skipped": f"{stored} is on tmpfs on {target.source.name}: no device to read cold"
             }
-        facts = call_agent(_run(ctx, h), "facts", {"sections": ["nics"], "torch": False})
+        facts = ask_agent(ctx, h, "facts", {"sections": ["nics"], "torch": False})
         declared = [n.speed_mbps for n in h.nics if n.speed_mbps]
         net_ceiling = link_gbps(facts, declared)
         bonded = net_ceiling[1].startswith("bond ")  # an active bond, not "no bond up"
@@ -84,9 +61,9 @@ def measure_model_load(
         for name in ("network", "storage_cold"):
             measured[name] = {"skipped": "--file: the model is already on the host"}
     py = torch_python(ctx, h, python)
-    run = _run(ctx, h)
-    run.host = h.model_copy(update={"python": py})
-    loaded = call_agent(run, "load_stages", {"path": path, "device": device}, timeout=3600)
+    # The same host (and pooled connection) with the interpreter that has torch.
+    with_torch = h.model_copy(update={"python": py})
+    loaded = ask_agent(ctx, with_torch, "load_stages", {"path": path, "device": device}, timeout=3600)
     measured.update(loaded["stages"])
     nbytes = int(loaded["stages"]["ram_cache"]["bytes"])
     ceilings = {
@@ -110,25 +87,29 @@ def measure_model_load(
     }
 
 
-def network_stage(ctx: Context, host: Host, model: str) -> dict[str, Any]:
+def network_stage(ctx: Context, target: Target, model: str) -> dict[str, Any]:
     """A fresh `cache sync` of the model from the storage host: the network path, measured.
 
     A model already cached is evicted first so the transfer really happens (it is cached
     again at the end); a pinned one is left alone and the stage says so.
     """
-    from labctl.cache import sync
+    from labctl.cache.ops import evict
+    from labctl.cache.sync import sync
 
-    assert host.model_cache is not None
-    gone = call_agent(_run(ctx, host), "cache_evict", {"cache": host.model_cache.path, "models": [model]})
-    if gone.get("pinned"):
-        return {"skipped": f"{model} is pinned in {host.name}'s cache; unpin it to measure the network path"}
-    result = sync(ctx, host.name, [model])
-    fetched = int(result.get("fetched_bytes") or 0)
-    if not fetched:
-        raise HostError(
-            f"the network stage moved no bytes of {model} to {host.name}.", "Run `labctl cache status`."
-        )
-    return {"bytes": fetched, "seconds": float(result["seconds"]), "streams": result.get("streams")}
+    host = target.host.name
+
+    def stage(run: HostRun) -> dict[str, Any]:
+        if evict(run, target.cache, [model]).get("pinned"):
+            return {"skipped": f"{model} is pinned in {host}'s cache; unpin it to measure the network path"}
+        result = sync(run, target, [model])
+        fetched = int(result.get("fetched_bytes") or 0)
+        if not fetched:
+            raise HostError(
+                f"the network stage moved no bytes of {model} to {host}.", "Run `labctl cache status`."
+            )
+        return {"bytes": fetched, "seconds": float(result["seconds"]), "streams": result.get("streams")}
+
+    return on_host(ctx, target.host, stage)
 
 
 def render_table(console: Console, result: dict[str, Any]) -> None:

@@ -1,0 +1,402 @@
+"""Carrying out a sync: the storage host serves, the cache host pulls, this process only starts both.
+
+The data path is host to host: the storage host's agent serves the models (`cache_serve`) and
+the cache host's agent pulls them (`cache_pull`, see labctl/agent/cache/); this process starts
+both over SSH, passes the one-time token along, and reads progress lines.
+
+Two entry points: `prepare` then `Prepared.sync` for many cache hosts at once (`labctl cache
+sync`: every server starts while every cache's state is read, one round trip), and `sync` for
+one (`cache verify`'s repair, the model-load bench's network stage).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from labctl.agent.cache.manifest import DEFAULT_CHUNK
+from labctl.cache.ops import cache_state
+from labctl.cache.plan import plan_sync
+from labctl.cache.targets import Target, cache_of, resolve_target
+from labctl.errors import HostError, InputError, LabctlError
+from labctl.fmt import fmt_bytes
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.fanout import HostRun
+
+# Two streams at least: an 802.3ad bond hashing layer3+4 puts each TCP flow on one member,
+# so one stream can never use more than one link. Four keeps both members busy even when
+# two flows happen to hash onto the same one.
+DEFAULT_STREAMS = 4
+LONG = 7 * 24 * 3600.0  # "no timeout" for copies: the transfer itself has stall timeouts
+READY_TIMEOUT = 300.0  # listing a large library (hash caches read) before the server answers
+STOP_AFTER_ENV = "LABCTL_CACHE_TEST_STOP_AFTER"
+
+ProgressFn = Callable[[str, dict[str, Any]], None]
+
+
+class SourceServer:
+    """`cache_serve` on the storage host, in a thread, for as long as one pull needs it.
+
+    It is started before planning, in parallel with reading the cache's state: its
+    announcement carries the listing, so the copy costs no separate listing round trip. When
+    the plan finds nothing to copy, it is closed unused.
+    """
+
+    def __init__(
+        self, ctx: Context, target: Target, models: Sequence[str], chunk_size: int, port: int = 0
+    ) -> None:
+        self.cancel = threading.Event()
+        self.ready = threading.Event()
+        self.info: dict[str, Any] | None = None
+        self.result: dict[str, Any] | None = None
+        self.error: LabctlError | None = None
+        self.args = {
+            "root": target.root,
+            "models": list(models),
+            "chunk_size": chunk_size,
+            "bind": target.source.address,
+            "port": port,
+            "idle_timeout": 120,
+            "allow_missing": True,
+        }
+        self.ctx = ctx
+        self.source = target.source
+        self.thread = threading.Thread(target=self._serve, daemon=True, name=f"serve-{target.source.name}")
+
+    def _serve(self) -> None:
+        from labctl.agent_ship import ask_agent
+
+        try:
+            self.result = ask_agent(
+                self.ctx,
+                self.source,
+                "cache_serve",
+                self.args,
+                cancel=self.cancel,
+                timeout=LONG,
+                on_line=self._line,
+            )
+        except LabctlError as e:
+            self.error = e
+        finally:
+            self.ready.set()
+
+    def _line(self, stream: str, line: str) -> None:
+        event = None if self.info is not None else _event(stream, line, "listening")
+        if event is not None:
+            self.info = event
+            self.ready.set()
+
+    def begin(self) -> SourceServer:
+        self.thread.start()
+        return self
+
+    def wait_ready(self, cancel: threading.Event | None = None) -> dict[str, Any]:
+        """The server's announcement (port, token, listing); raises if it could not start."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not self.ready.wait(0.05):
+            if (cancel is not None and cancel.is_set()) or time.monotonic() > deadline:
+                self.stop(0)
+                raise HostError(
+                    f"{self.source.name}: cache_serve did not start listening "
+                    + (
+                        "(cancelled)."
+                        if cancel is not None and cancel.is_set()
+                        else f"within {READY_TIMEOUT:g} s."
+                    )
+                )
+        if self.info is None:
+            if self.error is not None:
+                raise self.error
+            raise HostError(f"{self.source.name}: cache_serve ended before it listened.")
+        return self.info
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Wait for the server's own exit (the pull asks it to stop), else close its channel."""
+        if self.thread.is_alive():
+            self.thread.join(grace)
+        if self.thread.is_alive():
+            self.cancel.set()  # the channel closes and the watchdog kills the server
+            self.thread.join(10)
+
+
+def _event(stream: str, line: str, name: str) -> dict[str, Any] | None:
+    """The JSON event `name` when `line` is one (agents report on stderr while they run)."""
+    if stream != "stderr" or not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and event.get("event") == name else None
+
+
+@dataclass
+class Prepared:
+    """One cache host ready to sync: its storage host's listing and server, its cache's state."""
+
+    target: Target
+    server: SourceServer
+    models: list[str]
+    chunk_size: int
+    listing: dict[str, Any]
+    state: dict[str, Any] | None = None
+    error: LabctlError | None = None  # reading the cache's state failed: that host fails alone
+
+    def sync(
+        self, run: HostRun, *, streams: int = DEFAULT_STREAMS, on_progress: ProgressFn | None = None
+    ) -> dict[str, Any]:
+        """Bring the models into the target's cache (`run` is the cache host); returns what
+        happened (JSON-ready).
+
+        Plans from the cache's state first (an error here means nothing moved), then runs the
+        pull on the cache host against the server on the storage host: host to host.
+        """
+        from labctl.agent_ship import agent_dir, call_agent
+
+        target, server, models = self.target, self.server, self.models
+        host = run.host.name
+        mc = target.cache
+        pulled: dict[str, Any] | None = None
+        try:
+            if self.error is not None:
+                raise self.error
+            assert self.state is not None
+            plan = plan_sync(self.state, self.listing, models, self.chunk_size, where=target.where)
+            result: dict[str, Any] = {
+                "cache": mc.path,
+                "source": target.source.name,
+                "source_address": target.source.address,
+                "plan": plan.to_json(),
+                "models": [
+                    {
+                        "name": m.name,
+                        "action": m.action,
+                        "bytes": m.bytes,
+                        "fetched_bytes": 0,
+                        "resumed_bytes": 0,
+                    }
+                    for m in plan.models
+                ],
+                "evicted": [],
+                "fetched_bytes": 0,
+                "changed": False,
+            }
+            fetch = plan.to_fetch
+            if not fetch:
+                return result
+            info = server.wait_ready(run.cancel)
+            gone = [n for n in fetch if n not in info["models"]]
+            if gone:  # removed from the storage host since it was listed
+                raise HostError(
+                    f"{target.source.name} no longer has {', '.join(gone)} in {target.root}.",
+                    "Check the storage host's model folder and sync again.",
+                )
+            last: dict[str, Any] = {}
+
+            def on_line(stream: str, line: str) -> None:
+                event = _event(stream, line, "progress")
+                if event is not None:
+                    last.update(event)
+                    if on_progress is not None:
+                        on_progress(host, event)
+
+            # The token goes in a 0600 file, never on a command line other users can read.
+            token_file = f"{agent_dir(run.host)}/cache-token-{uuid.uuid4().hex}"
+            run.conn.put_bytes(str(info["token"]).encode(), token_file, mode=0o600)
+            args: dict[str, Any] = {
+                "cache": mc.path,
+                "size_gb": mc.size_gb,
+                "address": target.source.address,
+                "port": info["port"],
+                "token_file": token_file,
+                "streams": streams,
+                "chunk_size": self.chunk_size,
+                "models": [info["models"][n] for n in fetch],
+                "evict": [e.name for e in plan.evict if not e.partial],
+                "evict_partials": [e.name for e in plan.evict if e.partial],
+                "source": f"{target.source.name}:{target.root}",  # the agent appends /MODEL
+            }
+            stop_after = int(os.environ.get(STOP_AFTER_ENV) or 0)
+            if stop_after:
+                args["stop_after_chunks"] = stop_after
+            try:
+                pulled = call_agent(run, "cache_pull", args, timeout=LONG, on_line=on_line)
+            except HostError as e:
+                raise _pull_failed(e, host, target, last) from None
+        finally:
+            # A pull that finished told the server to stop; otherwise close its channel now.
+            server.stop(5.0 if pulled is not None else 0.0)
+        by_name = {m["name"]: m for m in pulled.get("models", [])}
+        for m in result["models"]:
+            got = by_name.get(m["name"])
+            if got:
+                m.update(
+                    fetched_bytes=got["fetched_bytes"],
+                    resumed_bytes=got["resumed_bytes"],
+                    chunks=got["chunks"],
+                    fetched_chunks=got["fetched_chunks"],
+                    resumed_chunks=got["resumed_chunks"],
+                    path=got["path"],
+                    verified=got["committed"],
+                )
+        result.update(
+            evicted=pulled.get("evicted", []),
+            fetched_bytes=pulled.get("fetched_bytes", 0),
+            resumed_bytes=pulled.get("resumed_bytes", 0),
+            streams=pulled.get("streams"),
+            chunk_size=pulled.get("chunk_size"),
+            seconds=pulled.get("seconds"),
+            verify_seconds=pulled.get("verify_seconds"),
+            rate_bytes_per_s=pulled.get("rate_bytes_per_s"),
+            retries=pulled.get("retries", 0),
+            port=info["port"],
+            served=server.result,
+            changed=True,
+        )
+        return result
+
+
+def _pull_failed(e: HostError, host: str, target: Target, last: Mapping[str, Any]) -> HostError:
+    from labctl.agent_ship import CANCELLED, NO_JSON, AgentFailed
+
+    where = ""
+    if last.get("total") and last.get("done"):
+        where = f" at {fmt_bytes(last.get('done'))} of {fmt_bytes(last.get('total'))}"
+    message = e.message
+    if isinstance(e, AgentFailed) and e.kind in (CANCELLED, NO_JSON):
+        # Killed mid-copy: what it printed is progress noise, not an explanation.
+        message = f"{host}: the copy from {target.source.name} was stopped{where} before it finished."
+    elif where:
+        message = f"{message.rstrip('.')} (stopped{where})."
+    return HostError(
+        message,
+        "Chunks verified so far are kept in the cache's partial folder (the model is not listed as cached): "
+        "run the same `labctl cache sync` again to resume.",
+    )
+
+
+def prepare(
+    ctx: Context,
+    targets: Sequence[Target],
+    models: Sequence[str],
+    chunk_size: int = DEFAULT_CHUNK,
+    port: int = 0,
+) -> dict[str, Prepared]:
+    """Start a server on each target's storage host and read each cache's state, all at once.
+
+    A model missing on a storage host is an InputError (exit 2) and an unreachable storage
+    host a HostError, both before anything is copied; every server started is then closed.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from labctl.fanout import on_host
+
+    servers = {t.host.name: SourceServer(ctx, t, models, chunk_size, port).begin() for t in targets}
+    try:
+
+        def state_of(t: Target) -> dict[str, Any] | LabctlError:
+            try:
+                return on_host(ctx, t.host, lambda run: cache_state(run, t.cache))
+            except LabctlError as e:
+                return e
+
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(targets)))) as pool:
+            states = dict(zip([t.host.name for t in targets], pool.map(state_of, targets), strict=True))
+        out: dict[str, Prepared] = {}
+        for t in targets:
+            info = servers[t.host.name].wait_ready()
+            if info.get("missing"):
+                missing, have = info["missing"], info.get("available") or []
+                raise InputError(
+                    f"{t.source.name} has no {'model' if len(missing) == 1 else 'models'} "
+                    f"{', '.join(missing)} in {t.root}.",
+                    f"It has: {', '.join(have)}." if have else f"{t.root} on {t.source.name} is empty.",
+                )
+            st = states[t.host.name]
+            out[t.host.name] = Prepared(
+                t,
+                servers[t.host.name],
+                list(models),
+                chunk_size,
+                info["models"],
+                None if isinstance(st, LabctlError) else st,
+                st if isinstance(st, LabctlError) else None,
+            )
+        return out
+    except BaseException:
+        for srv in servers.values():
+            srv.stop(0)
+        raise
+
+
+def sync(
+    run: HostRun,
+    target: Target,
+    models: Sequence[str],
+    *,
+    streams: int = DEFAULT_STREAMS,
+    chunk_size: int = DEFAULT_CHUNK,
+    on_progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """`labctl cache sync` for one cache host (`run`'s) as a function: raises a LabctlError."""
+    p = prepare(run.ctx, [target], models, chunk_size)[target.host.name]
+    return p.sync(run, streams=streams, on_progress=on_progress)
+
+
+def verify_host(
+    run: HostRun,
+    models: Sequence[str],
+    *,
+    repair: bool = True,
+    streams: int = DEFAULT_STREAMS,
+    on_progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Re-hash cached models; re-fetch the corrupt ones from the storage host (resuming
+    from their good chunks, so only the bad ones cross the network)."""
+    from labctl.agent_ship import call_agent
+
+    inv = run.ctx.inventory
+    mc = cache_of(inv, run.host)
+    cache_state(run, mc)  # a clear error when the cache folder is missing
+    verified: dict[str, Any] = call_agent(
+        run, "cache_verify", {"cache": mc.path, "models": list(models), "repair": repair}, timeout=LONG
+    )
+    out: dict[str, Any] = {"cache": mc.path, "models": verified["models"], "changed": False}
+    corrupt = [
+        m["name"] for m in verified["models"] if m["status"] == "corrupt" and m.get("moved_to_partial")
+    ]
+    if not corrupt:
+        return out
+    out["changed"] = True
+    try:
+        target = resolve_target(inv, run.host.name)
+        # The chunk size the model was cached with: the source's cached hashes for it still apply.
+        cs = next(
+            int(m.get("chunk_size") or DEFAULT_CHUNK) for m in verified["models"] if m["name"] in corrupt
+        )
+        synced = sync(run, target, corrupt, streams=streams, chunk_size=cs, on_progress=on_progress)
+    except LabctlError as e:
+        for m in out["models"]:
+            if m["name"] in corrupt:
+                m["repaired"] = False
+        raise HostError(
+            f"{run.host.name}: {', '.join(corrupt)} failed verification and {'was' if len(corrupt) == 1 else 'were'} "
+            f"taken out of the cache, but re-fetching failed: {e.message}",
+            e.hint or "Run `labctl cache sync` for it once the storage host is back.",
+        ) from None
+    fetched = {m["name"]: m for m in synced["models"]}
+    for m in out["models"]:
+        if m["name"] in fetched:
+            m["repaired"] = bool(fetched[m["name"]].get("verified"))
+            m["refetched_bytes"] = fetched[m["name"]].get("fetched_bytes", 0)
+    out["sync"] = synced
+    return out

@@ -1,0 +1,62 @@
+"""call_agent against this machine's own agent (a local connection): the agent's error kind
+reaches the controller, and so do the outcomes around it (cancelled, no Python, no JSON)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from labctl import agent_ship
+from labctl.agent_ship import CANCELLED, NO_JSON, NO_PYTHON, AgentFailed, call_agent
+from labctl.context import Context
+from labctl.fanout import HostRun
+from labctl.inventory.model import Host
+
+
+@pytest.fixture
+def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Context:
+    # The agent goes to (or runs from memory instead of) a folder of this test, not ~/.cache.
+    monkeypatch.setattr(agent_ship, "agent_dir", lambda host: str(tmp_path / "agent"))
+    return Context.create(inventory_path=Path("unused.yaml"), console=Console(stderr=True))
+
+
+def here(python: str = sys.executable) -> Host:
+    return Host(name="here", address="127.0.0.1", connection="local", python=python)
+
+
+def ask(ctx: Context, host: Host, command: str, args: dict[str, object], read_only: bool = False) -> object:
+    return call_agent(HostRun(ctx, host, threading.Event()), command, args, read_only=read_only)
+
+
+@pytest.mark.parametrize("read_only", [True, False])  # from memory, then as the uploaded zipapp
+def test_the_agents_error_kind_survives_call_agent(ctx: Context, tmp_path: Path, read_only: bool) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    # The cache commands live in a sub-package of the agent: both ways of running it import it.
+    state = ask(ctx, here(), "cache_state", {"cache": str(cache)}, read_only=read_only)
+    assert isinstance(state, dict) and state["exists"] is True and state["models"] == {}
+    with pytest.raises(AgentFailed) as e:
+        ask(ctx, here(), "cache_pin", {"cache": str(cache), "model": "nope"}, read_only=read_only)
+    assert e.value.kind == "not_cached"
+    assert e.value.message == f"here: agent 'cache_pin' failed: nope is not in the cache {cache}."
+    with pytest.raises(AgentFailed) as e:
+        ask(ctx, here(), "no_such_command", {}, read_only=read_only)
+    assert e.value.kind == "unknown_command"
+
+
+def test_outcomes_around_the_agent_have_kinds_too(ctx: Context) -> None:
+    with pytest.raises(AgentFailed) as e:
+        ask(ctx, here("/nonexistent/python3"), "ping", {}, read_only=True)
+    assert e.value.kind == NO_PYTHON and "no Python at /nonexistent/python3" in e.value.message
+    with pytest.raises(AgentFailed) as e:
+        ask(ctx, here("/bin/echo"), "ping", {}, read_only=True)  # prints, but not an answer
+    assert e.value.kind == NO_JSON and "did not answer in JSON" in e.value.message
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(AgentFailed) as e:
+        call_agent(HostRun(ctx, here(), cancel), "ping", read_only=True)
+    assert e.value.kind == CANCELLED and e.value.message == "here: cancelled."
