@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Optional
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 
 from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.fanout import HostResult, Step
+    from labctl.inventory.model import Host
 
 app = typer.Typer(
     help=(
@@ -75,7 +81,7 @@ def sync_cmd(
     """
     from labctl.cache.sync import prepare
     from labctl.cache.targets import check_models, resolve_target
-    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+    from labctl.fanout import HostResult, HostRun
     from labctl.inventory.select import select_hosts
 
     c = make_context(ctx, inventory, json_out, verbose)
@@ -91,15 +97,17 @@ def sync_cmd(
             data = prepared[run.host.name].sync(run, streams=streams, on_progress=bars.update)
             return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
-        with bars:
-            results = fan_out(c, [t.host for t in targets], step, progress=False)
-    finally:
+    except BaseException:
         c.close()
-    if c.json_mode:
-        c.emit({"results": [_flat(r) for r in results]})
-    else:
-        _render_sync(c.console, results, verbose)
-    raise typer.Exit(exit_code(results))
+        raise
+    _finish(
+        c,
+        [t.host for t in targets],
+        step,
+        "cache sync",
+        lambda rs: _render_sync(c.console, rs, verbose),
+        bars,
+    )
 
 
 @app.command("status")
@@ -120,7 +128,7 @@ def status_cmd(
     """
     from labctl.cache.ops import cache_state
     from labctl.cache.targets import cache_hosts
-    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+    from labctl.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
     hosts = cache_hosts(c.inventory, host)
@@ -129,15 +137,7 @@ def status_cmd(
         assert run.host.model_cache is not None
         return HostResult(run.host.name, "ok", data=cache_state(run, run.host.model_cache))
 
-    try:
-        results = fan_out(c, hosts, step, label="cache status")
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit({"results": [_status_json(r) for r in results]})
-    else:
-        _render_status(c.console, results)
-    raise typer.Exit(exit_code(results))
+    _finish(c, hosts, step, "cache status", lambda rs: _render_status(c.console, rs), to_json=_status_json)
 
 
 @app.command("evict")
@@ -158,7 +158,7 @@ def evict_cmd(
     """
     from labctl.cache.ops import evict
     from labctl.cache.targets import cache_hosts, check_models
-    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+    from labctl.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
     names = check_models(models)
@@ -177,13 +177,7 @@ def evict_cmd(
             )
         return HostResult(run.host.name, "changed" if data["evicted"] else "ok", data=data)
 
-    try:
-        results = fan_out(c, hosts, step, label="cache evict")
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit({"results": [_flat(r) for r in results]})
-    else:
+    def render(results: list[HostResult]) -> None:
         from labctl.fmt import fmt_bytes
 
         for r in results:
@@ -196,7 +190,8 @@ def evict_cmd(
             for n in d.get("not_cached", []):
                 c.console.print(f"[dim]not cached[/] {r.host} {n}")
         _print_failures(c.console, results)
-    raise typer.Exit(exit_code(results))
+
+    _finish(c, hosts, step, "cache evict", render)
 
 
 @app.command("verify")
@@ -227,7 +222,7 @@ def verify_cmd(
     """
     from labctl.cache.sync import verify_host
     from labctl.cache.targets import cache_hosts, check_models
-    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+    from labctl.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
     names = check_models(models) if models else []
@@ -252,16 +247,7 @@ def verify_cmd(
             )
         return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
-    try:
-        with bars:
-            results = fan_out(c, hosts, step, label="cache verify", progress=not bars.enabled)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit({"results": [_flat(r) for r in results]})
-    else:
-        _render_verify(c.console, results)
-    raise typer.Exit(exit_code(results))
+    _finish(c, hosts, step, "cache verify", lambda rs: _render_verify(c.console, rs), bars)
 
 
 def _pin(
@@ -269,7 +255,7 @@ def _pin(
 ) -> None:
     from labctl.cache.ops import pin
     from labctl.cache.targets import cache_hosts, check_models
-    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+    from labctl.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
     name = check_models([model])[0]
@@ -280,20 +266,15 @@ def _pin(
         data = pin(run, run.host.model_cache, name, pinned)
         return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
-    try:
-        results = fan_out(c, hosts, step, label="cache pin")
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit({"results": [_flat(r) for r in results]})
-    else:
+    def render(results: list[HostResult]) -> None:
         for r in results:
             if r.ok:
                 word = "pinned" if pinned else "unpinned"
                 note = "" if r.status == "changed" else " (already)"
                 c.console.print(f"{r.host} {name}: {word}{note}")
         _print_failures(c.console, results)
-    raise typer.Exit(exit_code(results))
+
+    _finish(c, hosts, step, "cache pin", render)
 
 
 @app.command("pin")
@@ -320,6 +301,33 @@ def unpin_cmd(
 ) -> None:
     """Unpin a model: it may be evicted again when room is needed (least recently used first)."""
     _pin(ctx, model, host, False, inventory, json_out, verbose)
+
+
+def _finish(
+    c: Context,
+    hosts: Sequence[Host],
+    step: Step,
+    label: str,
+    render: Callable[[list[HostResult]], None],
+    bars: Bars | None = None,
+    to_json: Callable[[HostResult], dict[str, Any]] | None = None,
+) -> NoReturn:
+    """Run `step` on every cache host, close the connections, print or emit, exit 1 if any failed."""
+    from labctl.fanout import exit_code, fan_out
+
+    try:
+        if bars is not None:
+            with bars:
+                results = fan_out(c, hosts, step, label=label, progress=not bars.enabled)
+        else:
+            results = fan_out(c, hosts, step, label=label)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit({"results": [(to_json or _flat)(r) for r in results]})
+    else:
+        render(results)
+    raise typer.Exit(exit_code(results))
 
 
 # ---------------------------------------------------------------------------------------------
