@@ -35,6 +35,7 @@ from labctl.sim.plan import (
     parse_subnet,
     plan_hosts,
     seed_hosts,
+    sshd_config,
 )
 from labctl.sim.state import HostState, Recorder, SimState, load, locked, state_path, write_atomic
 
@@ -110,6 +111,11 @@ class SimLab:
         """Start host `name`'s sshd again; False when it was already running."""
         self._check(name)
         return start_host(self.dir, name)
+
+    def set_sftp(self, name: str, enabled: bool) -> bool:
+        """Run host `name`'s sshd with or without its sftp subsystem; True when that changed."""
+        self._check(name)
+        return set_sftp(self.dir, name, enabled)
 
     def status(self) -> list[HostStatus]:
         return status(self.dir)
@@ -588,6 +594,38 @@ def start_host(dir: Path | str, name: str) -> bool:
                 f"The namespace {hs.namespace} of sim host {name} is gone.",
                 f"Run `labctl sim up --dir {sim_dir}` to rebuild it.",
             )
+        plan = HostPlan(
+            name=hs.name, namespace=hs.namespace, address=hs.address, veths=(hs.veths[0], hs.veths[1])
+        )
+        hs.sshd_pid = sshd.start(plan, files)
+        Recorder(sim_dir, st).update_host(hs)
+        return True
+
+
+def set_sftp(dir: Path | str, name: str, enabled: bool) -> bool:
+    """Restart host `name`'s sshd with or without the sftp subsystem (a minimal install has none).
+
+    For tests of hosts without SFTP; `labctl sim up` puts the subsystem back. The new sshd gets
+    fresh mounts (the managed paths only): what a session mounted on that host is gone.
+    """
+    _preflight()
+    sim_dir = _resolve_dir(dir)
+    _require_state(sim_dir)
+    with locked(sim_dir):
+        st = _require_state(sim_dir)
+        hs = _host(st, name, sim_dir)
+        files = sshd.HostFiles(sim_dir, name)
+        text = sshd_config(
+            hs.address,
+            str(files.host_key),
+            str(files.pid_file),
+            str(sim_dir / AUTHORIZED_KEYS_FILE),
+            sftp=enabled,
+        )
+        if files.config.exists() and files.config.read_text() == text:
+            return False
+        files.config.write_text(text)
+        sshd.stop(hs.sshd_pid, files)
         plan = HostPlan(
             name=hs.name, namespace=hs.namespace, address=hs.address, veths=(hs.veths[0], hs.veths[1])
         )

@@ -261,8 +261,11 @@ def tbf_args(rate: str) -> list[str]:
     return ["tbf", "rate", str(bits), "burst", str(burst), "latency", "20ms"]
 
 
-def sshd_config(address: str, host_key: str, pid_file: str, authorized_keys: str) -> str:
-    """The sshd_config of one sim host; every path absolute, since sshd starts from anywhere."""
+def sshd_config(address: str, host_key: str, pid_file: str, authorized_keys: str, sftp: bool = True) -> str:
+    """The sshd_config of one sim host; every path absolute, since sshd starts from anywhere.
+
+    `sftp=False` leaves out the sftp Subsystem, as on minimal installs and some appliances.
+    """
 
     def q(p: str) -> str:
         return f'"{p}"' if re.search(r"\s", p) else p
@@ -286,7 +289,7 @@ def sshd_config(address: str, host_key: str, pid_file: str, authorized_keys: str
             # labctl opens one connection per host at once, and a test may fan out to 32 hosts.
             "MaxStartups 200",
             "MaxSessions 64",
-            "Subsystem sftp internal-sftp",
+            *(["Subsystem sftp internal-sftp"] if sftp else []),
             "AcceptEnv LANG LC_*",
             "",
         ]
