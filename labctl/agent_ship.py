@@ -23,7 +23,7 @@ from labctl.agent import paths
 from labctl.errors import HostError
 from labctl.fanout import HostRun, on_host
 from labctl.inventory.model import Host
-from labctl.transport.base import LineCallback
+from labctl.transport.base import LineCallback, file_error
 
 if TYPE_CHECKING:
     from labctl.context import Context
@@ -52,12 +52,31 @@ sys.argv = ["agent"] + sys.argv[2:]
 from labctl.agent.__main__ import main
 sys.exit(main())
 """
-MISSING_RC = 197  # the wrapper's "no agent of this hash here yet"
+# Runs the cached zipapp only when its bytes still have the hash its name promises (a file cut
+# short by a full disk, or damaged since, is replaced instead): one read of ~100 KB per call.
+BOOT = r"""
+import hashlib, runpy, sys
+path, digest = sys.argv[1], sys.argv[2]
+try:
+    with open(path, "rb") as f:
+        whole = hashlib.sha256(f.read()).hexdigest().startswith(digest)
+except OSError:
+    whole = False
+if not whole:
+    sys.exit(197)
+if sys.path and sys.path[0] == "":
+    del sys.path[0]
+sys.argv = [path] + sys.argv[3:]
+runpy.run_path(path, run_name="__main__")
+"""
+MISSING_RC = 197  # BOOT's "no agent of this hash here (yet, or no longer whole)"
 MAX_ARGV = 100_000
 # AgentFailed kinds for what went wrong around the agent rather than inside it.
 CANCELLED = "cancelled"  # the caller's cancel flag closed the command
 NO_PYTHON = "no_python"  # the host has no interpreter at its `python`
 NO_JSON = "no_json"  # the agent printed no answer: killed, crashed, or an interpreter too old
+# The agent's kinds for an OSError it could name (labctl/agent/__main__.py), with the path.
+FILE_KINDS = {"disk_full": "ENOSPC", "read_only": "EROFS", "permission_denied": "EACCES"}
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep the hash a function of the code alone
 
 
@@ -99,15 +118,6 @@ def agent_dir(host: Host) -> str:
     return paths.agent_dir(root=host.user == "root")
 
 
-def _ensure_dir(run: HostRun, directory: str) -> None:
-    mk = run.conn.run(f"mkdir -p {shlex.quote(directory)} && chmod 700 {shlex.quote(directory)}", timeout=30)
-    if mk.rc != 0:
-        raise HostError(
-            f"{run.host.name}: cannot create {directory} for labctl's agent: {mk.stderr.strip()}.",
-            "Give the SSH user a writable home directory, or connect as root.",
-        )
-
-
 def call_agent(
     run: HostRun,
     command: str,
@@ -131,21 +141,16 @@ def call_agent(
     if len(arg_text) > MAX_ARGV:
         # The kernel caps one argument at 128 KiB: send big args as a file instead.
         arg_path = f"{directory}/args-{uuid.uuid4().hex}.json"
-        _ensure_dir(run, directory)
-        conn.put_bytes(arg_text.encode(), arg_path, mode=0o600)
+        conn.put_bytes(arg_text.encode(), arg_path, mode=0o600, dir_mode=0o700)
         arg_text = "@" + arg_path
-    line = (
-        f"[ -f {shlex.quote(path)} ] || exit {MISSING_RC}; "
-        f"exec {py} {shlex.quote(path)} {shlex.quote(command)} {shlex.quote(arg_text)}"
-    )
+    line = f"exec {py} -c {shlex.quote(BOOT)} {shlex.join([path, digest, command, arg_text])}"
     result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     if result.rc == MISSING_RC and read_only:
         blob = base64.b64encode(data).decode()
         line = f"exec {py} -c {shlex.quote(IN_MEMORY)} {blob} {shlex.quote(command)} {shlex.quote(arg_text)}"
         result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     elif result.rc == MISSING_RC:
-        _ensure_dir(run, directory)
-        conn.put_bytes(data, path, mode=0o600)
+        conn.put_bytes(data, path, mode=0o600, dir_mode=0o700)
         result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     if result.cancelled:
         raise AgentFailed(f"{run.host.name}: cancelled.", kind=CANCELLED)
@@ -165,18 +170,34 @@ def call_agent(
     try:
         answer = json.loads(result.stdout)
     except json.JSONDecodeError:
-        raise AgentFailed(
-            f"{run.host.name}: the agent's '{command}' did not answer in JSON (rc {result.rc}): "
-            f"{(result.stderr or result.stdout).strip()[-400:]}",
-            f"Check that {run.host.python} is Python 3.8 or newer.",
-            NO_JSON,
-        ) from None
+        raise _no_answer(run.host, command, result.rc, result.stderr or result.stdout) from None
     if result.rc != 0:
         error, kind = answer, "failed"
         if isinstance(answer, dict):
             error, kind = answer.get("error", answer), str(answer.get("kind") or kind)
+            if kind in FILE_KINDS and answer.get("path"):
+                named = file_error(run.host.name, str(answer["path"]), FILE_KINDS[kind], str(error))
+                raise AgentFailed(named.message, named.hint, kind)
         raise AgentFailed(f"{run.host.name}: agent '{command}' failed: {error}.", kind=kind)
     return answer
+
+
+def _no_answer(host: Host, command: str, rc: int | None, output: str) -> AgentFailed:
+    """The agent printed no JSON: say whether it was killed or its python could not run it."""
+    tail = output.strip()[-400:]
+    if rc is not None and (rc < 0 or rc >= 128):
+        signal = f" by signal {rc - 128}" if rc > 128 else ""
+        return AgentFailed(
+            f"{host.name}: the agent's '{command}' was killed{signal} before it answered (rc {rc}): {tail}",
+            "Check the host's memory (an out-of-memory kill shows in `dmesg`) and run the command again.",
+            NO_JSON,
+        )
+    hint = "Run the command again with -v; if it repeats, check the host's python and disk."
+    if "SyntaxError" in output or "ImportError" in output:
+        hint = f"Check that {host.python} is Python 3.8 or newer."
+    return AgentFailed(
+        f"{host.name}: the agent's '{command}' did not answer in JSON (rc {rc}): {tail}", hint, NO_JSON
+    )
 
 
 def ask_agent(

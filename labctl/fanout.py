@@ -55,6 +55,19 @@ class Skipped(Exception):
     """Raised by a step to report `skipped` with a reason (e.g. "windows")."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a fan_out, with the results the hosts had reached (the CLI's message uses them)."""
+
+    def __init__(self, results: Sequence[HostResult]) -> None:
+        super().__init__()
+        self.results = list(results)
+
+    @property
+    def may_still_run(self) -> list[str]:
+        """Hosts where closing the session may not have stopped the command (see CommandResult)."""
+        return [r.host for r in self.results if r.extra.get("may_still_run")]
+
+
 class HostRun:
     """What a step gets: its host, a lazily opened connection, and the cancel flag."""
 
@@ -96,17 +109,53 @@ def _run_one(ctx: Context, host: Host, step: Step, cancel: threading.Event) -> H
     except LabctlError as e:
         result = HostResult(host.name, "failed", error=e.message, hint=e.hint)
     except Exception as e:  # a bug in a step must not take the other hosts down with it
-        detail = traceback.format_exc() if ctx.verbose else ""
-        result = HostResult(
-            host.name,
-            "failed",
-            error=f"internal error: {type(e).__name__}: {e}",
-            hint=detail or "Re-run with -v for the traceback and report it.",
-        )
+        named = _named(host, e)
+        if named is not None:
+            ctx.pool.drop(host.name)
+            result = HostResult(host.name, named.status, error=named.message, hint=named.hint)
+        else:
+            detail = traceback.format_exc() if ctx.verbose else ""
+            result = HostResult(
+                host.name,
+                "failed",
+                error=f"internal error: {type(e).__name__}: {e}",
+                hint=detail or "Re-run with -v for the traceback and report it.",
+            )
+    return _finish(result, cancel, start)
+
+
+def _finish(result: HostResult, cancel: threading.Event, start: float) -> HostResult:
     if cancel.is_set() and result.status not in OK_STATUSES:
         result.status = "cancelled"
     result.seconds = time.monotonic() - start
     return result
+
+
+def _named(host: Host, e: Exception) -> TransportError | None:
+    """What an exception that escaped a step means, when it can be named: a lost connection
+    (a socket or paramiko error, EOF), or a full or read-only disk on this machine."""
+    import errno
+
+    from labctl.transport.base import DISK_FULL, NOT_WRITABLE, ConnectionLost
+
+    name = errno.errorcode.get(getattr(e, "errno", None) or 0, "")
+    if isinstance(e, OSError) and (name in DISK_FULL or name in NOT_WRITABLE):
+        return TransportError(
+            f"{host.name}: {'disk full' if name in DISK_FULL else 'not writable'} on this machine, "
+            f"writing {e.filename or 'a file'} ({e.strerror}).",
+            "Free space or fix that folder's permissions on this machine, then run the command again.",
+        )
+    # paramiko's "Socket is closed" is a bare OSError with no errno.
+    lost = isinstance(e, (ConnectionError, TimeoutError, EOFError)) or (
+        type(e) is OSError and e.errno is None
+    )
+    if lost or type(e).__module__.startswith("paramiko"):
+        reason = (e.strerror if isinstance(e, OSError) else None) or str(e) or type(e).__name__
+        return ConnectionLost(
+            f"connection to {host.name} ({host.address}:{host.port}) lost: {reason}.",
+            "Check that the host is up and on the network, then run the command again.",
+        )
+    return None
 
 
 def fan_out(
@@ -155,7 +204,9 @@ def fan_out(
         deadline = time.monotonic() + 5
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        raise
+        with lock:
+            so_far = [results[h.name] for h in hosts if h.name in results]
+        raise Interrupted(so_far) from None
     return [results[h.name] for h in hosts]
 
 

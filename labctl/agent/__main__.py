@@ -7,6 +7,7 @@ Prints exactly one JSON object on stdout. Exit 0 with the command's result, or e
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -107,13 +108,34 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         _emit(_dumps({"error": "interrupted", "kind": "interrupted"}))
         return 1
-    except Exception as exc:  # the controller needs an answer whatever broke
-        error = {"error": f"{type(exc).__name__}: {exc}", "kind": "exception"}
-        error["traceback"] = traceback.format_exc()
-        _emit(_dumps(error))
+    except OSError as exc:
+        kind = _FILE_KINDS.get(errno.errorcode.get(exc.errno or 0, ""))
+        if kind is None:
+            return _exception(exc)
+        # A full or read-only disk is the host's condition, not labctl's bug: name it and where.
+        _emit(_dumps({"error": exc.strerror or str(exc), "kind": kind, "path": exc.filename}))
         return 1
+    except Exception as exc:  # the controller needs an answer whatever broke
+        return _exception(exc)
     _emit(text)
     return 0
+
+
+# errno names of an OSError the controller words as a fault of the host's disk.
+_FILE_KINDS = {
+    "ENOSPC": "disk_full",
+    "EDQUOT": "disk_full",
+    "EROFS": "read_only",
+    "EACCES": "permission_denied",
+    "EPERM": "permission_denied",
+}
+
+
+def _exception(exc: BaseException) -> int:
+    error = {"error": f"{type(exc).__name__}: {exc}", "kind": "exception"}
+    error["traceback"] = traceback.format_exc()
+    _emit(_dumps(error))
+    return 1
 
 
 if __name__ == "__main__":

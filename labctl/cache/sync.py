@@ -272,6 +272,13 @@ def _pull_failed(e: HostError, host: str, target: Target, last: Mapping[str, Any
     if last.get("total") and last.get("done"):
         where = f" at {fmt_bytes(last.get('done'))} of {fmt_bytes(last.get('total'))}"
     message = e.message
+    if isinstance(e, AgentFailed) and e.kind == "disk_full":
+        return HostError(
+            f"disk full on {host}:{target.cache.path}: the copy from {target.source.name} stopped{where}.",
+            f"Free space there (`labctl exec -l {host} -- df -h {target.cache.path}`; files labctl did not "
+            "put there count too), or make the cache smaller; then run the same `labctl cache sync` again: "
+            "verified chunks are kept and the copy resumes.",
+        )
     if isinstance(e, AgentFailed) and e.kind in (CANCELLED, NO_JSON):
         # Killed mid-copy: what it printed is progress noise, not an explanation.
         message = f"{host}: the copy from {target.source.name} was stopped{where} before it finished."

@@ -21,10 +21,20 @@ class CommandResult:
     seconds: float
     timed_out: bool = False
     cancelled: bool = False
+    # Timed out or cancelled where closing the channel does not stop the command (Windows).
+    may_still_run: bool = False
 
     @property
     def ok(self) -> bool:
         return self.rc == 0 and not self.timed_out and not self.cancelled
+
+
+def still_running_hint(host: str) -> str:
+    """How to find and end a command that may outlive its session on a Windows host."""
+    return (
+        f"Look for it with `labctl exec -l {host} -- tasklist /v` and end it with "
+        f"`labctl exec -l {host} -- taskkill /T /F /PID PID`."
+    )
 
 
 class TransportError(HostError):
@@ -50,6 +60,10 @@ class HostKeyError(TransportError):
         self.pinned = pinned
 
 
+class ConnectionLost(Unreachable):
+    """The SSH session went away while a command or an upload was under way."""
+
+
 class CommandTimeout(TransportError):
     status = "timeout"
 
@@ -72,9 +86,36 @@ class Connection(Protocol):
         watchdog: bool = True,
     ) -> CommandResult: ...
 
-    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None: ...
+    def put_bytes(
+        self, data: bytes, remote_path: str, mode: int = 0o644, dir_mode: int | None = None
+    ) -> None: ...
 
     def close(self) -> None: ...
+
+
+# errno names (as errno.errorcode spells them) of a file system that cannot take a write.
+DISK_FULL = frozenset({"ENOSPC", "EDQUOT"})
+NOT_WRITABLE = frozenset({"EROFS", "EACCES", "EPERM"})
+
+
+def file_error(host: str, path: str, errno_name: str, reason: str) -> HostError:
+    """A write on `host` under `path` that failed with `errno_name`, named with its fix."""
+    where = f"{host}:{path}"
+    if errno_name in DISK_FULL:
+        return HostError(
+            f"disk full on {where} ({reason}).",
+            f"Free space there (`labctl exec -l {host} -- df -h {path}` shows what is left), then run the "
+            "command again: nothing half-written was kept.",
+        )
+    if errno_name in NOT_WRITABLE:
+        return HostError(
+            f"{where} is not writable ({reason}).",
+            "Make it writable for the SSH user (a read-only mount: `mount -o remount,rw`; else its "
+            "owner and mode), then run the command again.",
+        )
+    return HostError(
+        f"{host}: cannot write {path}: {reason}.", "Check that folder on the host, then run again."
+    )
 
 
 class LineSplitter:

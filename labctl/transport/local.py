@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import selectors
 import signal
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from labctl.fsutil import write_atomic
 from labctl.inventory.model import Host
-from labctl.transport.base import CommandResult, LineCallback, LineSplitter
+from labctl.transport.base import CommandResult, LineCallback, LineSplitter, file_error
 
 
 class LocalConnection:
@@ -79,8 +80,23 @@ class LocalConnection:
             cancelled=cancelled,
         )
 
-    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
-        write_atomic(Path(remote_path), data, mode)
+    def put_bytes(
+        self, data: bytes, remote_path: str, mode: int = 0o644, dir_mode: int | None = None
+    ) -> None:
+        path = Path(remote_path)
+        try:
+            if dir_mode is not None:
+                path.parent.mkdir(mode=dir_mode, parents=True, exist_ok=True)
+                if path.parent.stat().st_mode & 0o7777 != dir_mode:
+                    path.parent.chmod(dir_mode)
+            write_atomic(path, data, mode)
+        except OSError as e:
+            raise file_error(
+                self.name,
+                e.filename or str(path.parent),
+                errno.errorcode.get(e.errno or 0, ""),
+                e.strerror or str(e),
+            ) from None
 
     def close(self) -> None:
         pass

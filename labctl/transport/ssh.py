@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import io
+import hashlib
+import json
+import logging
+import posixpath
 import select
 import shlex
 import threading
@@ -13,17 +16,79 @@ from labctl.inventory.model import Host
 from labctl.transport.base import (
     AuthFailed,
     CommandResult,
+    ConnectionLost,
     HostKeyError,
     LineCallback,
     LineSplitter,
     TransportError,
     Unreachable,
+    file_error,
 )
 from labctl.transport.hostkeys import fingerprint, known_hosts_name, load_known_hosts
 from labctl.transport.wrap import wrap_with_watchdog
 
 if TYPE_CHECKING:
     import paramiko
+
+# Runs on the host with its python (3.8 or newer, as the agent): receives a file on stdin into
+# a temporary name, reads it back, and renames it into place only when size and sha256 match.
+# Answers one JSON object on stdout; rc 3: an OSError (errno name, reason, path), 4: a mismatch.
+UPLOAD = r"""
+import errno, hashlib, json, os, sys
+dest, size, digest, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4], 8)
+dir_mode = None if sys.argv[5] == "-" else int(sys.argv[5], 8)
+folder = os.path.dirname(dest) or "."
+tmp = os.path.join(folder, ".%s.%d.upload" % (os.path.basename(dest), os.getpid()))
+def answer(rc, **kw):
+    sys.stdout.write(json.dumps(kw))
+    sys.stdout.flush()
+    os._exit(rc)
+try:
+    if dir_mode is not None:
+        if not os.path.isdir(folder):
+            os.makedirs(folder, dir_mode)
+        if os.stat(folder).st_mode & 0o7777 != dir_mode:
+            os.chmod(folder, dir_mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            while True:
+                block = sys.stdin.buffer.read(1 << 16)
+                if not block:
+                    break
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        h, n = hashlib.sha256(), 0
+        with open(tmp, "rb") as f:
+            for block in iter(lambda: f.read(1 << 16), b""):
+                h.update(block)
+                n += len(block)
+        if n != size or h.hexdigest() != digest:
+            os.unlink(tmp)
+            answer(4, size=n, sha256=h.hexdigest())
+        os.chmod(tmp, mode)
+        os.rename(tmp, dest)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+except OSError as e:
+    answer(3, errno=errno.errorcode.get(e.errno, str(e.errno)), error=e.strerror or str(e), path=e.filename or folder)
+answer(0)
+"""
+
+
+def _quiet_paramiko() -> None:
+    """Keep paramiko's own log lines and thread tracebacks off the terminal.
+
+    Its transport thread logs a failed handshake (a port that answers but is not SSH) with a
+    traceback; the connection's caller reports the same failure as one clean row.
+    """
+    log = logging.getLogger("paramiko")
+    if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
+        log.addHandler(logging.NullHandler())
+        log.propagate = False
 
 
 def _unknown_key_policy(host: Host) -> paramiko.MissingHostKeyPolicy:
@@ -48,11 +113,11 @@ class SSHConnection:
         self.name = host.name
         self.connect_timeout = connect_timeout or host.connect_timeout
         self._client: paramiko.SSHClient | None = None
-        self._sftp: paramiko.SFTPClient | None = None
 
     def connect(self) -> None:
         import paramiko
 
+        _quiet_paramiko()
         h = self.host
         client = paramiko.SSHClient()
         # Only the inventory's file is trusted: ~/.ssh/known_hosts is deliberately not read.
@@ -134,14 +199,35 @@ class SSHConnection:
             command = f"export {exports}; {command}"
         if watchdog and not self.host.is_windows:
             command = wrap_with_watchdog(command)
+        result = self._exec(command, timeout=timeout, on_line=on_line, cancel=cancel)
+        # Win32-OpenSSH has no process groups to kill: closing the channel does not stop it there.
+        result.may_still_run = (result.timed_out or result.cancelled) and (
+            self.host.is_windows or not watchdog
+        )
+        return result
+
+    def _exec(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        on_line: LineCallback | None = None,
+        cancel: threading.Event | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
+        """One exec channel: `command` as given, `stdin` sent then closed (else left open)."""
+        import paramiko
+
         start = time.monotonic()
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
-            raise Unreachable(f"The SSH connection to {self.name} dropped.", "Run the command again.")
+            raise self._lost("before the command started")
         try:
             chan = transport.open_session(timeout=self.connect_timeout)
             chan.exec_command(command)
         except Exception as e:
+            if not transport.is_active():
+                raise self._lost("before the command started") from None
             raise TransportError(
                 f"{self.name}: could not start the command: {e}.", "Check the host's sshd log."
             ) from None
@@ -151,6 +237,12 @@ class SSHConnection:
         deadline = None if timeout is None else start + timeout
         exited_at: float | None = None
         try:
+            if stdin is not None:
+                try:
+                    chan.sendall(stdin)
+                    chan.shutdown_write()
+                except OSError:
+                    pass  # the command ended before reading it all: its answer says why
             while True:
                 if chan.recv_ready():
                     out.feed(chan.recv(65536))
@@ -158,6 +250,8 @@ class SSHConnection:
                 if chan.recv_stderr_ready():
                     err.feed(chan.recv_stderr(65536))
                     continue
+                if chan.closed:
+                    break  # drained, and nothing more can come
                 now = time.monotonic()
                 if chan.exit_status_ready():
                     # A background child left holding stdout would keep EOF away for ever.
@@ -175,9 +269,14 @@ class SSHConnection:
                 else:
                     select.select([chan], [], [], 0.1)
             rc = None if (timed_out or cancelled) else chan.recv_exit_status()
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise self._lost(f"while a command ran there ({type(e).__name__}: {e})") from None
         finally:
             # Closing the channel is what stops the remote command (see wrap.py).
             chan.close()
+        if rc == -1 and not transport.is_active():
+            # No exit status, and the session is gone: the command's fate is unknown.
+            raise self._lost("while a command ran there; it may not have finished")
         return CommandResult(
             rc=rc,
             stdout=out.finish(),
@@ -187,23 +286,65 @@ class SSHConnection:
             cancelled=cancelled,
         )
 
-    def sftp(self) -> paramiko.SFTPClient:
-        if self._sftp is None:
-            self._sftp = self.client.open_sftp()
-        return self._sftp
+    def _lost(self, when: str) -> ConnectionLost:
+        h = self.host
+        return ConnectionLost(
+            f"connection to {h.name} ({h.address}:{h.port}) lost {when}.",
+            "Check that the host is up and on the network (a reboot, a dropped link, sshd restarted), "
+            "then run the command again.",
+        )
 
-    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
-        """Write a file atomically: upload beside it, set the mode, rename over."""
-        sftp = self.sftp()
-        tmp = f"{remote_path}.labctl-tmp"
-        sftp.putfo(io.BytesIO(data), tmp, confirm=False)
-        sftp.chmod(tmp, mode)
-        sftp.posix_rename(tmp, remote_path)
+    def put_bytes(
+        self, data: bytes, remote_path: str, mode: int = 0o644, dir_mode: int | None = None
+    ) -> None:
+        """Write a file whole or not at all, over the exec channel (hosts need no SFTP subsystem).
+
+        The host's python receives the bytes into a temporary name beside the file, reads them
+        back, and renames them into place only when their size and sha256 match: one round trip,
+        and a failure names its cause (disk full, read-only) instead of leaving half a file.
+        """
+        digest = hashlib.sha256(data).hexdigest()
+        argv = [
+            remote_path,
+            str(len(data)),
+            digest,
+            f"{mode:o}",
+            "-" if dir_mode is None else f"{dir_mode:o}",
+        ]
+        line = f"exec {shlex.quote(self.host.python)} -c {shlex.quote(UPLOAD)} {shlex.join(argv)}"
+        res = self._exec(line, timeout=max(60.0, len(data) / 1e6), stdin=data)
+        if res.rc == 0:
+            return
+        folder = posixpath.dirname(remote_path) or "."
+        try:
+            answer = json.loads(res.stdout)
+        except ValueError:
+            answer = None
+        if res.rc == 3 and isinstance(answer, dict):
+            raise file_error(
+                self.name,
+                str(answer.get("path") or folder),
+                str(answer.get("errno")),
+                str(answer.get("error")),
+            )
+        if res.rc == 4 and isinstance(answer, dict):
+            raise TransportError(
+                f"{self.name}: {remote_path} arrived with {answer.get('size')} of {len(data)} bytes "
+                "(or a different sha256); it was not put in place.",
+                "Run the command again; if it happens again, check the host's disk and memory.",
+            )
+        if res.rc == 127:
+            raise TransportError(
+                f"{self.name}: no Python at {self.host.python} to receive {remote_path} "
+                f"({(res.stderr or res.stdout).strip()[-200:]}).",
+                "Install python3 on the host or set `python:` for it in the inventory.",
+            )
+        raise TransportError(
+            f"{self.name}: could not write {remote_path} (rc {res.rc}): {(res.stderr or res.stdout).strip()[-400:]}",
+            "Check that folder on the host, then run the command again.",
+        )
 
     def close(self) -> None:
-        if self._sftp is not None:
-            self._sftp.close()
-            self._sftp = None
         if self._client is not None:
             self._client.close()
             self._client = None

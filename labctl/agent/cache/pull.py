@@ -7,6 +7,7 @@ partial folder); each verified chunk is recorded as it lands, so a stopped copy 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import signal
@@ -37,6 +38,15 @@ from .serve import PROTOCOL, read_line, send_line
 
 class _Transfer(Exception):
     pass
+
+
+class _LocalWrite(Exception):
+    """Writing into the cache failed (a full or read-only disk): the copy's fault is here, not
+    the network's."""
+
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(f"{exc.strerror or exc} writing {exc.filename}" if exc.filename else str(exc))
+        self.kind = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "write_failed"
 
 
 class _Plan:
@@ -247,6 +257,7 @@ class _Puller:
         self.state_lock = threading.Lock()
         self.abort = threading.Event()
         self.errors: List[str] = []
+        self.kind = "transfer_failed"  # the first error's
         self.fetched = 0
         self.chunks = 0
         self.retries = 0
@@ -289,14 +300,18 @@ class _Puller:
                             self.retries += 1
         except _Transfer as exc:
             self.fail(str(exc))
+        except _LocalWrite as exc:
+            self.fail(str(exc), exc.kind)
         except (OSError, ValueError) as exc:
             self.fail(f"the connection to {self.address}:{self.port} broke: {exc}")
         finally:
             if sock is not None:
                 sock.close()
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, kind: str = "transfer_failed") -> None:
         with self.lock:
+            if not self.errors:
+                self.kind = kind
             self.errors.append(message)
         self.abort.set()
 
@@ -320,7 +335,11 @@ class _Puller:
             h.update(buf[:n])
             view = buf[:n]
             while view:
-                w = os.pwrite(fd, view, pos)
+                try:
+                    w = os.pwrite(fd, view, pos)
+                except OSError as exc:
+                    exc.filename = exc.filename or plan.cache.file_path(rel, partial=True)
+                    raise _LocalWrite(exc) from None
                 view = view[w:]
                 pos += w
             left -= n
@@ -342,7 +361,11 @@ class _Puller:
             plan.fetched_chunks += 1
             # Recorded only after the chunk's bytes are written and verified: a crash at any point
             # leaves a state that the next run can trust (it re-verifies anyway).
-            write_json(plan.cache.state_path(plan.name), plan.state)
+            try:
+                write_json(plan.cache.state_path(plan.name), plan.state)
+            except OSError as exc:
+                exc.filename = exc.filename or plan.cache.state_path(plan.name)
+                raise _LocalWrite(exc) from None
             with self.lock:
                 self.chunks += 1
                 chunks = self.chunks
@@ -496,7 +519,7 @@ def _pull_locked(
             f"{puller.errors[0]}; {kept} verified chunks are kept in {cache.meta}/partial"
             + (f" and {', '.join(done_models)} completed" if done_models else "")
             + "; run the sync again to resume",
-            "transfer_failed",
+            puller.kind,
         )
     return {
         "cache": cache.path,
