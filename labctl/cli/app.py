@@ -88,9 +88,19 @@ def main() -> None:
     except LabctlError as e:
         _report(e.message, e.hint, e.exit_code, argv)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("\ninterrupted\n")
+    except KeyboardInterrupt as e:
+        _interrupted(argv, e)
         sys.exit(EXIT_INTERRUPTED)
+    except SystemExit as e:
+        if e.code == EXIT_INTERRUPTED:  # typer turns Ctrl-C into a silent exit 130
+            _interrupted(argv, e)
+        raise
+
+
+def _interrupted(argv: list[str], e: BaseException) -> None:
+    from labctl.cli.interrupted import report
+
+    report(argv, e)
 
 
 def _report(message: str, hint: str, code: int, argv: list[str]) -> None:

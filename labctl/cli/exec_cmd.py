@@ -29,7 +29,8 @@ def exec_(
 
     Output lines are printed as they arrive, prefixed with the host (stdout to stdout,
     stderr to stderr); a recap table follows on stderr. The command is stopped on every
-    host on Ctrl-C or `--timeout`, and nothing keeps running there.
+    Linux host on Ctrl-C or `--timeout`, and nothing keeps running there; on a Windows host
+    (Win32-OpenSSH) it may keep running, and the recap says so.
 
     Exit code: 0 when every host ran it and exited 0; 1 otherwise.
 
@@ -45,6 +46,7 @@ def exec_(
     from labctl.fanout import HostResult, HostRun, exit_code, fan_out
     from labctl.inventory.select import select_hosts
     from labctl.recap import print_recap
+    from labctl.transport.base import still_running_hint
 
     c = make_context(ctx, inventory, json_out, verbose)
     line = " ".join(command)
@@ -69,6 +71,7 @@ def exec_(
             cancel=run.cancel,
             on_line=None if c.json_mode else on_line,
         )
+        hint = None
         if res.timed_out:
             status, err = "timeout", f"stopped after {timeout or run.host.command_timeout:g} s"
         elif res.cancelled:
@@ -77,7 +80,23 @@ def exec_(
             status, err = "ok", None
         else:
             status, err = "failed", f"exit code {res.rc}"
-        return HostResult(name, status, rc=res.rc, stdout=res.stdout, stderr=res.stderr, error=err)
+        if res.may_still_run:
+            why = f"ran past {timeout or run.host.command_timeout:g} s" if res.timed_out else "Ctrl-C"
+            err = (
+                f"{why}: labctl closed its session, but {name} runs Windows, where that does not stop "
+                "the command: it may still be running there"
+            )
+            hint = still_running_hint(name)
+        return HostResult(
+            name,
+            status,
+            rc=res.rc,
+            stdout=res.stdout,
+            stderr=res.stderr,
+            error=err,
+            hint=hint,
+            extra={"may_still_run": True} if res.may_still_run else {},
+        )
 
     try:
         results = fan_out(c, hosts, step, max_workers=forks, label="exec", progress=c.json_mode)

@@ -273,6 +273,7 @@ def test_ctrl_c_exits_130_and_leaves_no_remote_process(lab: Any) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
+    assert "Interrupted (Ctrl-C): `labctl exec` stopped before it finished" in err
     assert _gone_within("sleep 432[23]", GRACE_SECONDS + 3)
 
 

@@ -190,11 +190,12 @@ def test_ctrl_c_leaves_no_process_of_the_run_on_any_host(lab: Any) -> None:
         wait_for_event(lab, run_id, lambda e: e.get("event") == "step")
         assert {h for _, h in run_processes(run_id)} == {"m5", "irina"}
         proc.send_signal(signal.SIGINT)
-        stdout, _ = proc.communicate(timeout=120)
+        stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130
+    assert "Interrupted (Ctrl-C): `labctl train`" in stderr and "resumes from the last checkpoint" in stderr
     out = json.loads(stdout)
     assert out["state"] == "interrupted" and out["remaining_processes"] == {}
     assert run_processes(run_id) == []
