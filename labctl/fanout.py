@@ -96,6 +96,15 @@ def on_host(ctx: Context, host: Host, fn: Callable[[HostRun], T], cancel: thread
     except TransportError:
         ctx.pool.drop(host.name)
         raise
+    except LabctlError:
+        raise
+    except Exception as e:
+        named = _named(host, e)
+        if named is None:
+            raise
+        if named.status == "unreachable":
+            ctx.pool.drop(host.name)
+        raise named from None
 
 
 def _run_one(ctx: Context, host: Host, step: Step, cancel: threading.Event) -> HostResult:
@@ -109,18 +118,13 @@ def _run_one(ctx: Context, host: Host, step: Step, cancel: threading.Event) -> H
     except LabctlError as e:
         result = HostResult(host.name, "failed", error=e.message, hint=e.hint)
     except Exception as e:  # a bug in a step must not take the other hosts down with it
-        named = _named(host, e)
-        if named is not None:
-            ctx.pool.drop(host.name)
-            result = HostResult(host.name, named.status, error=named.message, hint=named.hint)
-        else:
-            detail = traceback.format_exc() if ctx.verbose else ""
-            result = HostResult(
-                host.name,
-                "failed",
-                error=f"internal error: {type(e).__name__}: {e}",
-                hint=detail or "Re-run with -v for the traceback and report it.",
-            )
+        detail = traceback.format_exc() if ctx.verbose else ""
+        result = HostResult(
+            host.name,
+            "failed",
+            error=f"internal error: {type(e).__name__}: {e}",
+            hint=detail or "Re-run with -v for the traceback and report it.",
+        )
     return _finish(result, cancel, start)
 
 

@@ -10,6 +10,7 @@
     lab.key_path, lab.known_hosts_path             # client key and pinned host keys
     lab.namespace("m5")                            # "lc-m5", for `ip netns exec`
     lab.stop_host("irina"); lab.start_host("irina")  # a dead host, and back
+    lab.set_sftp("irina", False)                   # its sshd without SFTP, as a minimal install
     sim.status(tmp_dir)                            # [HostStatus(name, address, alive, reachable, ...)]
     sim.down(tmp_dir)                              # removes exactly what up recorded
 

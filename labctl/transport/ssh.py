@@ -239,6 +239,7 @@ class SSHConnection:
         try:
             if stdin is not None:
                 try:
+                    chan.settimeout(timeout)  # a host that never reads must not hold us past the deadline
                     chan.sendall(stdin)
                     chan.shutdown_write()
                 except OSError:

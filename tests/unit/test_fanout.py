@@ -146,3 +146,28 @@ def test_on_host_raises_the_error_and_drops_a_broken_connection() -> None:
     with pytest.raises(Unreachable):
         on_host(c, here, fails(Unreachable("here is gone", "power it on")))
     assert on_host(c, here, lambda run: run.conn) is not first  # a failed transport connects again
+
+
+def test_errors_that_can_be_named_are_not_internal_errors() -> None:
+    import errno
+
+    errors = {
+        "a": OSError(errno.ENOSPC, "No space left on device", "/var/tmp/x"),
+        "b": ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"),
+        "c": EOFError(),
+        "d": OSError("Socket is closed"),  # paramiko's, with no errno
+        "e": RuntimeError("a bug"),
+    }
+
+    def step(run: HostRun) -> HostResult:
+        raise errors[run.host.name]
+
+    by = {r.host: r for r in fan_out(ctx(), hosts(*errors), step)}
+    assert by["a"].status == "failed" and "disk full on this machine" in str(by["a"].error)
+    assert "/var/tmp/x" in str(by["a"].error)
+    for name in "bcd":
+        assert by[name].status == "unreachable" and f"connection to {name}" in str(by[name].error)
+        assert "lost" in str(by[name].error)
+    assert str(by["e"].error).startswith("internal error")
+    with pytest.raises(Unreachable, match=r"connection to c .* lost"):
+        on_host(ctx(), hosts("c")[0], lambda run: step(run))
