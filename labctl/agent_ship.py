@@ -175,8 +175,8 @@ def call_agent(
         error, kind = answer, "failed"
         if isinstance(answer, dict):
             error, kind = answer.get("error", answer), str(answer.get("kind") or kind)
-            if kind in FILE_KINDS and answer.get("path"):
-                named = file_error(run.host.name, str(answer["path"]), FILE_KINDS[kind], str(error))
+            if kind in FILE_KINDS:
+                named = file_error(run.host.name, str(answer.get("path") or ""), FILE_KINDS[kind], str(error))
                 raise AgentFailed(named.message, named.hint, kind)
         raise AgentFailed(f"{run.host.name}: agent '{command}' failed: {error}.", kind=kind)
     return answer

@@ -83,11 +83,13 @@ def write_atomic(
                 raise
             _copy_in_place(tmp, path)
             os.unlink(tmp)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = path  # a write that found the disk full names the file it was for
         raise
     if durable:
         fsync_dir(directory)

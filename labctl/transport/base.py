@@ -100,11 +100,12 @@ NOT_WRITABLE = frozenset({"EROFS", "EACCES", "EPERM"})
 
 def file_error(host: str, path: str, errno_name: str, reason: str) -> HostError:
     """A write on `host` under `path` that failed with `errno_name`, named with its fix."""
-    where = f"{host}:{path}"
+    where = f"{host}:{path}" if path else host
+    df = f"df -h {path}" if path else "df -h"
     if errno_name in DISK_FULL:
         return HostError(
             f"disk full on {where} ({reason}).",
-            f"Free space there (`labctl exec -l {host} -- df -h {path}` shows what is left), then run the "
+            f"Free space there (`labctl exec -l {host} -- {df}` shows what is left), then run the "
             "command again: nothing half-written was kept.",
         )
     if errno_name in NOT_WRITABLE:

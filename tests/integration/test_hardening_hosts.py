@@ -305,3 +305,14 @@ def test_a_sync_token_that_does_not_fit_is_named_not_written_empty(hard_cache: P
     r = doc["results"][0]
     assert rc == 1 and "token" not in r["error"], r
     assert f"disk full on m5:{AGENT_DIR}" in r["error"]
+
+
+def test_an_agent_write_to_a_full_cache_names_the_disk_and_file(hard_cache: Path) -> None:
+    inv = hard_cache
+    rc, doc = run_json(inv, "cache", "sync", MODEL, "--host", "m5")
+    assert rc == 0, doc
+    sh(inv, "m5", f"head -c 16M /dev/zero > {HARD}/not-labctls 2>/dev/null; true")  # the disk is now full
+    rc, doc = run_json(inv, "cache", "pin", MODEL, "--host", "m5")
+    r = doc["results"][0]
+    assert rc == 1 and "Errno" not in r["error"], r
+    assert f"disk full on m5:{HARD}/.labctl/" in r["error"], r
