@@ -201,9 +201,7 @@ class SSHConnection:
             command = wrap_with_watchdog(command)
         result = self._exec(command, timeout=timeout, on_line=on_line, cancel=cancel)
         # Win32-OpenSSH has no process groups to kill: closing the channel does not stop it there.
-        result.may_still_run = (result.timed_out or result.cancelled) and (
-            self.host.is_windows or not watchdog
-        )
+        result.may_still_run = (result.timed_out or result.cancelled) and self.host.is_windows
         return result
 
     def _exec(
