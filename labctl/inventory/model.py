@@ -126,8 +126,18 @@ class CPU(Strict):
     threads: Optional[int] = Field(None, ge=1, description="logical CPUs in total, e.g. threads: 56")
 
 
+def iface_name(v: str) -> str:
+    """A Linux interface name as netplan and `ip` take it: 1-15 characters, no blank or '/'."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", v) or v in (".", ".."):
+        raise ValueError(f"{v!r} is not an interface name (1-15 letters, digits, '_', '-' or '.')")
+    return v
+
+
+IfaceName = Annotated[str, AfterValidator(iface_name)]
+
+
 class NIC(Strict):
-    name: str = Field(description="interface name, e.g. name: eno1")
+    name: IfaceName = Field(description="interface name, e.g. name: eno1")
     speed_mbps: Optional[int] = Field(None, gt=0, description="link speed in Mbit/s, e.g. speed_mbps: 1000")
 
 
@@ -140,11 +150,11 @@ class Disk(Strict):
 
 
 class Bond(Strict):
-    name: str = Field("bond0", description="bond interface name, e.g. name: bond0")
+    name: IfaceName = Field("bond0", description="bond interface name, e.g. name: bond0")
     mode: Literal["802.3ad", "balance-rr", "active-backup", "balance-xor", "balance-alb", "balance-tlb"] = (
         Field("802.3ad", description="a Linux bonding mode: 802.3ad (LACP), balance-rr, active-backup, ...")
     )
-    interfaces: list[str] = Field(
+    interfaces: list[IfaceName] = Field(
         min_length=2, description="at least two NICs, e.g. interfaces: [eno1, eno2]"
     )
     address: Optional[ipaddress.IPv4Interface] = Field(

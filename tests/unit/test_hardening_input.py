@@ -194,6 +194,16 @@ def test_inventory_storage_and_disk_paths_are_checked(tmp_path: Path) -> None:
         load_inventory(write(tmp_path, text))
 
 
+@pytest.mark.parametrize("name", ['"eno1\\nmtu: 9000"', '"eth 0"', "an-interface-name-too-long", "'..'"])
+def test_an_interface_name_netplan_would_misread_is_refused(tmp_path: Path, name: str) -> None:
+    text = INV.replace(
+        "    roles: [storage]\n", f"    roles: [storage]\n    nics: [{{name: {name}}}, {{name: eno2}}]\n"
+    )
+    with pytest.raises(InventoryError, match="is not an interface name") as err:
+        load_inventory(write(tmp_path, text))
+    assert "inv.yaml:12: hosts.b.nics[0].name" in err.value.message
+
+
 def test_a_path_is_normalised_and_a_space_is_escaped_in_fstab() -> None:
     mc = ModelCache(path="/mnt/model cache//", size_gb=2)
     assert mc.path == "/mnt/model cache"
