@@ -174,7 +174,15 @@ def _build(node: yaml.Node, path: Path_, out: PositionedYaml, ctor: yaml.SafeLoa
         # YAML 1.1 reads 0644 as octal 420, which then looks like the mode 0o420; the text
         # keeps what was written, and the field it goes to reads it as it means it.
         return node.value
-    value = ctor.construct_object(node, deep=True)
+    try:
+        value = ctor.construct_object(node, deep=True)
+    except ValueError:  # an integer of thousands of digits: Python refuses to read it
+        raise YamlSyntaxError(
+            node.start_mark.line + 1,
+            node.start_mark.column + 1,
+            "this number has too many digits to be a setting",
+            "Write the number the setting needs.",
+        ) from None
     if isinstance(value, float) and not math.isfinite(value):
         raise YamlSyntaxError(
             node.start_mark.line + 1,

@@ -175,7 +175,7 @@ class ModelCache(Strict):
 
     @field_validator("size_gb")
     @classmethod
-    def _whole_mib(cls, v: float) -> float:
+    def _mountable_size(cls, v: float) -> float:
         return cache_size_gb(v)
 
 

@@ -347,6 +347,11 @@ def test_inf_and_nan_are_refused_anywhere_in_a_document(tmp_path: Path, value: s
         load_inventory(write(tmp_path, INV + f"    notes: {value}\n"))
 
 
+def test_a_number_with_thousands_of_digits_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"inv.yaml:7:.*too many digits"):
+        load_inventory(write(tmp_path, INV.replace("size_gb: 2", "size_gb: " + "9" * 5000)))
+
+
 def test_inventory_json_never_prints_infinity(tmp_path: Path) -> None:
     inv_path = str(write(tmp_path, INV.replace("size_gb: 2", "size_gb: .inf")))
     code, out = run_cli("-i", inv_path, "--json", "inventory", "show")

@@ -45,7 +45,7 @@ class ModelCacheParams(Params):
 
     @field_validator("size_gb")
     @classmethod
-    def _whole_mib(cls, v: Optional[float]) -> Optional[float]:
+    def _mountable_size(cls, v: Optional[float]) -> Optional[float]:
         return None if v is None else cache_size_gb(v)
 
 
