@@ -176,6 +176,8 @@ def test_a_cache_path_that_would_break_fstab_or_hide_a_system_folder_is_refused(
         ("file: {path: etc/motd, content: x}", "file.path"),
         ('line: {path: /etc/x, line: "a\\rb"}', "line"),
         ("torch_env: {path: venvs/torch}", "torch_env.path"),
+        ('package: {names: ["rsync\\n"]}', "package.names"),  # goes into the dpkg-query probe's shell line
+        ('cron: {name: "x\\n", state: absent}', "cron.name"),
         ('torch_env: {path: "/opt/t\\n"}', "torch_env.path"),
     ],
 )
