@@ -68,6 +68,8 @@ def read_document(path: Path, kind: str, missing_hint: str) -> PositionedYaml:
         return read_positioned(path)
     except YamlSyntaxError as e:
         where = f":{e.line}" + (f":{e.column}" if e.column else "") if e.line else ""
+        if e.hint:
+            raise InputError(f"{path}{where}: {e.problem}.", e.hint) from None
         raise InputError(
             f"{path}{where}: the YAML does not parse: {e.problem}.",
             "Check the indentation and quoting on that line (a tab, an unclosed quote or bracket, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -54,7 +55,7 @@ def _mount(p: Dict[str, Any]) -> Dict[str, Any]:
     with open("/proc/self/mounts") as f:
         for line in f:
             dev, mnt, fstype, opts = line.split()[:4]
-            mnt = mnt.replace("\\040", " ")
+            mnt = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), mnt)  # \040 is a space
             if mnt == path:
                 found = {"device": dev, "fstype": fstype, "options": opts.split(",")}
     if found is None:

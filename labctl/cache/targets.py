@@ -119,7 +119,7 @@ def cache_hosts(inv: Inventory, limit: str | None) -> list[Host]:
     """Hosts with a model_cache among those `limit` selects; an error when there is none."""
     from labctl.inventory.select import select_hosts
 
-    chosen = select_hosts(inv, limit)
+    chosen = select_hosts(inv, limit, label="--host")
     hosts = [h for h in chosen if has_cache(h)]
     if not hosts:
         raise InputError(
@@ -144,7 +144,11 @@ def storage_host(inv: Inventory, limit: str | None) -> Host:
     storage), each of which must have storage."""
     from labctl.inventory.select import select_hosts
 
-    hosts = select_hosts(inv, limit) if limit else [h for h in inv.hosts.values() if h.storage]
+    hosts = (
+        select_hosts(inv, limit, label="--host")
+        if limit is not None
+        else [h for h in inv.hosts.values() if h.storage]
+    )
     if not hosts or any(h.storage is None for h in hosts):
         raise InputError(
             f"No storage host to write the model on{f' ({limit} has no storage section)' if limit else ''}.",

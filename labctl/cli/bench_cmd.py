@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context, positive
 
 app = typer.Typer(help="Measure model loading (and make models to measure with).", no_args_is_help=True)
 
@@ -15,7 +15,9 @@ app = typer.Typer(help="Measure model loading (and make models to measure with).
 @app.command("make-model")
 def make_model(
     ctx: typer.Context,
-    size_gb: Annotated[float, typer.Option("--size-gb", help="Approximate size of the weights in GB.")] = 1.0,
+    size_gb: Annotated[
+        float, typer.Option("--size-gb", callback=positive, help="Approximate size of the weights in GB.")
+    ] = 1.0,
     name: Annotated[Optional[str], typer.Option("--name", help="Folder name (default tinylm-SIZEg).")] = None,
     host: Annotated[
         Optional[str], typer.Option("--host", help="Where to write it (default: the storage host).")

@@ -7,10 +7,12 @@ Typer has no inherited options, so each command declares `InventoryOpt`, `JsonOp
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
+from typer.core import TyperOption
 
 from labctl.context import Context
 
@@ -36,6 +38,35 @@ LimitOpt = Annotated[
         show_default=False,
     ),
 ]
+
+
+def positive(value: Optional[float]) -> Optional[float]:
+    """A typer callback for a number that must be finite and above 0 (seconds, sizes): the
+    range checks typer offers pass `nan`, and -1 would mean "no limit" further down."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value} is not a number above 0.")
+    return value
+
+
+def _flags_take_no_value() -> None:
+    """Show flags bare in --help (`--json`, not `--json <bool>`).
+
+    typer 0.29's rich help prints a type beside every option, flags and counters included
+    (`--json <bool>`, `--help <bool>`, `-v <int>`), as if they took a value; its plain help
+    leaves it out. Every command module imports this one, so the fix is made once here.
+    """
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "labctl_flags_bare", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> Optional[str]:
+        return None if self.is_flag or self.count else shown(self, ctx)
+
+    display_type_rich.labctl_flags_bare = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_value()
 
 
 def make_context(

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context, positive
 
 
 def exec_(
@@ -16,7 +16,10 @@ def exec_(
     ],
     limit: LimitOpt = None,
     timeout: Annotated[
-        Optional[float], typer.Option("--timeout", "-t", help="Seconds before a host's command is stopped.")
+        Optional[float],
+        typer.Option(
+            "--timeout", "-t", callback=positive, help="Seconds before a host's command is stopped."
+        ),
     ] = None,
     forks: Annotated[
         Optional[int], typer.Option("--forks", "-f", min=1, help="Hosts at once (default: all).")

@@ -10,10 +10,6 @@ import typer
 from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context
 
 
-def _split(value: Optional[str]) -> set[str]:
-    return {t.strip() for t in (value or "").split(",") if t.strip()}
-
-
 def provision(
     ctx: typer.Context,
     playbook: Annotated[
@@ -53,7 +49,7 @@ def provision(
     from labctl.inventory.select import select_hosts
     from labctl.provision.engine import ResourceResult
     from labctl.provision.engine import provision as run_provision
-    from labctl.provision.playbook import load_playbook
+    from labctl.provision.playbook import load_playbook, parse_tags
 
     c = make_context(ctx, inventory, json_out, verbose)
     book = load_playbook(playbook)
@@ -65,7 +61,13 @@ def provision(
 
     try:
         results, host_results = run_provision(
-            c, book, hosts, tags=_split(tags), skip_tags=_split(skip_tags), check=check, on_event=on_event
+            c,
+            book,
+            hosts,
+            tags=parse_tags(tags, "--tags"),
+            skip_tags=parse_tags(skip_tags, "--skip-tags"),
+            check=check,
+            on_event=on_event,
         )
     finally:
         c.close()

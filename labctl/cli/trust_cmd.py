@@ -39,7 +39,7 @@ def trust(
     from labctl.transport.hostkeys import fetch_host_key, fingerprint, pin_host_key, pinned_keys
 
     c = make_context(ctx, inventory, json_out, verbose)
-    chosen = select_hosts(c.inventory, ",".join(hosts) if hosts else None)
+    chosen = select_hosts(c.inventory, ",".join(hosts) if hosts else None, label="labctl trust")
     chosen = [h for h in chosen if h.connection == "ssh"]
     for h in chosen:
         if h.known_hosts is None:

@@ -9,20 +9,105 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import typing
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from labctl.agent import paths
 
 HOSTNAME_RE = re.compile(
-    r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+    r"^(?=.{1,253}\Z)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z"
 )
-HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-ROLE_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+ROLE_RE = re.compile(r"^[a-z][a-z0-9_-]*\Z")
+
+
+def _is_number(annotation: Any) -> bool:
+    if annotation in (int, float):
+        return True
+    return any(_is_number(a) for a in typing.get_args(annotation) if a is not bool)
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """The base of every model a document or the command line fills (inventory, playbook
+    parameters, training settings): unknown keys, `.inf`/`.nan` and yes/no for a number are
+    errors (YAML reads `true` as a bool, and pydantic would take it as 1)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_yes_no(cls, v: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(v, bool) and field is not None and _is_number(field.annotation):
+            raise ValueError(f"{str(v).lower()} is a yes/no value, not a number")
+        return v
+
+
+# Folders a mount would hide or break the system under: "/", the top-level folders
+# themselves, anything under these, and the working folders of /var.
+SYSTEM_TREES = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    paths.HOME,
+)
+SYSTEM_FOLDERS = (
+    "/home",
+    "/media",
+    "/mnt",
+    "/opt",
+    "/root",
+    "/srv",
+    "/tmp",
+    "/var",
+    "/var/lib",
+    "/var/log",
+    "/var/cache",
+    "/var/spool",
+    "/var/tmp",
+    "/var/backups",
+    "/var/mail",
+)
+
+
+def host_path(v: str) -> str:
+    """A path on a host as labctl writes it into fstab, cron, units or a command line:
+    absolute, without control characters or `..`, normalised (`/mnt/x/` → `/mnt/x`)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in v):
+        raise ValueError(f"{v!r} contains a control character (a newline or tab); write the path on one line")
+    if not v.startswith("/"):
+        raise ValueError(f"'{v}' is not an absolute path; write it from /, e.g. /mnt/model-cache")
+    if ".." in v.split("/"):
+        raise ValueError(f"'{v}' goes up with '..'; write the folder it means")
+    return "/" + "/".join(p for p in v.split("/") if p not in ("", "."))
+
+
+def mount_path(v: str) -> str:
+    """A `host_path` that labctl mounts something on: never a system folder, which it would hide."""
+    v = host_path(v)
+    if v == "/" or v in SYSTEM_FOLDERS or any(v == t or v.startswith(t + "/") for t in SYSTEM_TREES):
+        raise ValueError(
+            f"'{v}' is a system folder; mounting there would hide what the host keeps in it. "
+            "Use a folder of its own, e.g. /mnt/model-cache"
+        )
+    return v
+
+
+HostPath = Annotated[str, AfterValidator(host_path)]
+MountPath = Annotated[str, AfterValidator(mount_path)]
 
 
 class GPU(Strict):
@@ -41,8 +126,18 @@ class CPU(Strict):
     threads: Optional[int] = Field(None, ge=1, description="logical CPUs in total, e.g. threads: 56")
 
 
+def iface_name(v: str) -> str:
+    """A Linux interface name as netplan and `ip` take it: 1-15 characters, no blank or '/'."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", v) or v in (".", ".."):
+        raise ValueError(f"{v!r} is not an interface name (1-15 letters, digits, '_', '-' or '.')")
+    return v
+
+
+IfaceName = Annotated[str, AfterValidator(iface_name)]
+
+
 class NIC(Strict):
-    name: str = Field(description="interface name, e.g. name: eno1")
+    name: IfaceName = Field(description="interface name, e.g. name: eno1")
     speed_mbps: Optional[int] = Field(None, gt=0, description="link speed in Mbit/s, e.g. speed_mbps: 1000")
 
 
@@ -50,16 +145,16 @@ class Disk(Strict):
     name: str = Field(description="a label, e.g. name: fast-tier")
     size_tb: float = Field(gt=0, description="capacity in TB, e.g. size_tb: 48")
     kind: Optional[str] = Field(None, description="e.g. kind: raid5, nvme, ssd, hdd")
-    path: Optional[str] = Field(None, description="where it is mounted, e.g. path: /srv/models")
+    path: Optional[HostPath] = Field(None, description="where it is mounted, e.g. path: /srv/models")
     read_mbps: Optional[float] = Field(None, gt=0, description="sequential read in MB/s, e.g. read_mbps: 300")
 
 
 class Bond(Strict):
-    name: str = Field("bond0", description="bond interface name, e.g. name: bond0")
+    name: IfaceName = Field("bond0", description="bond interface name, e.g. name: bond0")
     mode: Literal["802.3ad", "balance-rr", "active-backup", "balance-xor", "balance-alb", "balance-tlb"] = (
         Field("802.3ad", description="a Linux bonding mode: 802.3ad (LACP), balance-rr, active-backup, ...")
     )
-    interfaces: list[str] = Field(
+    interfaces: list[IfaceName] = Field(
         min_length=2, description="at least two NICs, e.g. interfaces: [eno1, eno2]"
     )
     address: Optional[ipaddress.IPv4Interface] = Field(
@@ -74,20 +169,31 @@ class Bond(Strict):
 
 
 class ModelCache(Strict):
-    path: str = Field(description="absolute path of the RAM cache, e.g. path: /mnt/model-cache")
-    size_gb: float = Field(gt=0, description="tmpfs size in GB, e.g. size_gb: 200")
+    path: MountPath = Field(description="absolute path of the RAM cache, e.g. path: /mnt/model-cache")
+    size_gb: float = Field(gt=0, description="tmpfs size in GiB, e.g. size_gb: 200")
     source: Optional[str] = Field(None, description="the storage host to fill it from, e.g. source: irina")
 
-    @field_validator("path")
+    @field_validator("size_gb")
     @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError(f"'{v}' is not an absolute path")
-        return v
+    def _mountable_size(cls, v: float) -> float:
+        return cache_size_gb(v)
+
+
+def cache_size_gb(v: float) -> float:
+    """A tmpfs size labctl can mount: it is written in whole MiB (`cache_mib`), and one that
+    rounds to 0 would mount without any limit (`size=0`)."""
+    if cache_mib(v) < 1:
+        raise ValueError(f"{v:g} GiB is less than 1 MiB; a RAM cache needs at least size_gb: 0.001")
+    return v
+
+
+def cache_mib(size_gb: float) -> int:
+    """The size of a cache in MiB, rounded once: what the tmpfs is mounted with and reports."""
+    return round(size_gb * 1024)
 
 
 class Storage(Strict):
-    models: str = Field(description="folder holding the model library, e.g. models: /srv/models")
+    models: HostPath = Field(description="folder holding the model library, e.g. models: /srv/models")
     tiers: list[Disk] = Field(default_factory=list, description="storage tiers, each a disk entry")
 
 

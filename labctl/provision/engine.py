@@ -20,7 +20,7 @@ from labctl.agent_ship import call_agent
 from labctl.errors import LabctlError
 from labctl.fanout import HostResult, HostRun, fan_out
 from labctl.inventory.model import Host, Inventory
-from labctl.provision.playbook import Entry, Playbook, play_members
+from labctl.provision.playbook import Entry, Playbook, check_tags, play_members
 from labctl.provision.resource import Change, NotApplicable, PlanError, Resource, load_registry
 
 if TYPE_CHECKING:
@@ -59,8 +59,11 @@ def entries_for_hosts(
 ) -> dict[str, list[Entry]]:
     """Each of `hosts`' entries in playbook order; a play outside `hosts` (--limit) adds nothing.
 
-    A play whose `hosts:` matches nothing in `inventory` is a DocumentError (exit 2).
+    A play whose `hosts:` matches nothing in `inventory` is a DocumentError (exit 2), and so
+    is a tag that names no resource of the playbook (InputError).
     """
+    check_tags(playbook, tags, "--tags")
+    check_tags(playbook, skip, "--skip-tags")
     out: dict[str, list[Entry]] = {h.name: [] for h in hosts}
     for play, members in zip(playbook.plays, play_members(playbook, inventory), strict=True):
         for h in hosts:

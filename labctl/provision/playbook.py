@@ -202,6 +202,31 @@ def load_playbook(path: Path) -> Playbook:
     return Playbook(path=path, name=str(data.get("name") or path.stem), plays=plays)
 
 
+def parse_tags(value: str | None, label: str) -> set[str]:
+    """`--tags a,b` as a set; None is no filter, and an empty term (`''`, `a,,b`) is refused."""
+    if value is None:
+        return set()
+    terms = [t.strip() for t in value.split(",")]
+    if not all(terms):
+        raise InputError(
+            f"{label} {value!r} has an empty term, so it would not say which resources to use.",
+            "Name resource types or tags separated by single commas, e.g. --tags model_cache,cron.",
+        )
+    return set(terms)
+
+
+def check_tags(book: Playbook, tags: set[str], label: str) -> None:
+    """Every tag in `tags` must name a resource type or tag used in `book`: a typo in --tags
+    would otherwise select nothing and succeed having done nothing."""
+    known = {n for play in book.plays for e in play.entries for n in (e.type_name, *e.tags)}
+    unknown = sorted(tags - known)
+    if unknown:
+        raise InputError(
+            f"{label} {', '.join(map(repr, unknown))} matches no resource in {book.path}.",
+            f"Resource types and tags there: {', '.join(sorted(known))}.",
+        )
+
+
 def play_members(book: Playbook, inventory: Inventory) -> list[set[str]]:
     """The names each play's `hosts:` selects from the whole inventory.
 

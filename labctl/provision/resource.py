@@ -8,20 +8,21 @@ unit-tested without a host), and the engine hands the change's ops to the agent.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BeforeValidator
 
 from labctl.errors import LabctlError
-from labctl.inventory.model import Host
+from labctl.inventory.model import Host, Strict
 
 Probes = dict[str, dict[str, Any]]
 State = dict[str, dict[str, Any]]
 
 
-class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Params(Strict):
+    """A resource's parameters, as a playbook writes them (unknown keys are errors)."""
 
 
 @dataclass
@@ -106,8 +107,22 @@ def probe_error(state: State, key: str) -> str | None:
     return str(err) if err else None
 
 
-def parse_mode(value: int | str | None) -> int | None:
-    """Modes are written as in chmod: "0644" or "644" (octal); an int is taken as is."""
-    if value is None or isinstance(value, int):
-        return value
-    return int(value, 8)
+def parse_mode(value: Any) -> int:
+    """A file mode as chmod writes it: "0644", "644", "0o644" or, unquoted in YAML, 644 (read
+    as the octal it looks like, never as decimal 644 = 0o1204). Symbolic modes and numbers
+    that are not 3-4 octal digits are refused, so no mode outside 0-07777 reaches a host."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f'{value!r} is not a file mode; write it quoted, e.g. mode: "0644"')
+    text = str(value).strip()
+    if isinstance(value, str) and text.lower().startswith("0o"):
+        text = text[2:]
+    if not re.fullmatch(r"[0-7]{3,4}", text):
+        raise ValueError(
+            f"{value!r} is not a file mode: write 3 or 4 octal digits as chmod takes them, "
+            'quoted, e.g. mode: "0644" (rw-r--r--) or mode: "0600" (rw-------)'
+        )
+    return int(text, 8)
+
+
+FileMode = Annotated[int, BeforeValidator(parse_mode)]
+"""A mode field: the playbook's text or number, as the int the host's chmod gets."""

@@ -30,9 +30,9 @@ IFNAMSIZ = 15  # the kernel's limit on interface names
 # Keys the sim decides for every host (its sshd, its key); a seed host's own values would be wrong here.
 CONNECTION_KEYS = ("user", "port", "connection", "python", "ssh_key", "known_hosts")
 
-_HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-_BRIDGE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
-_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.IGNORECASE)
+_HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+_BRIDGE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*\Z")
+_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)\Z", re.IGNORECASE)
 _RATE_FACTORS = {
     "bit": 1,
     "kbit": 1_000,

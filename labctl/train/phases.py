@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from labctl.agent import paths
 from labctl.errors import InputError
+from labctl.inventory.model import HostPath, Strict
 from labctl.validation import (
     DocumentError,
     Problem,
@@ -37,8 +38,8 @@ DEFAULT_PHASES = Path("playbooks/train.yaml")
 STRATEGIES = ("single_gpu_debug", "multi_gpu_full", "multi_gpu_conservative")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(Strict):
+    pass
 
 
 class GradScaling(_Strict):
@@ -103,7 +104,7 @@ class Settings(_Strict):
     ema_decay: float = Field(default=0.999, gt=0, lt=1)
     dynamic_batch_sizing: bool = False
     bucket_cap_mb: int = Field(default=25, ge=1)
-    checkpoint_dir: str = Field(
+    checkpoint_dir: HostPath = Field(
         paths.TRAIN_DIR + "/phase{phase}", description="checkpoint_dir: /data/ckpt/phase{phase}"
     )
     checkpoint_every: int = Field(default=200, ge=1)

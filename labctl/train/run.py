@@ -30,7 +30,11 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
         script = Path(settings.script)
     if script is not None and not script.is_file():
         raise InputError(f"No script at {script}.", "Give the path of your training script on this machine.")
-    hosts = launch.linux_hosts(select_hosts(ctx.inventory, request.limit or settings.hosts))
+    if request.limit is not None:
+        chosen = select_hosts(ctx.inventory, request.limit)
+    else:
+        chosen = select_hosts(ctx.inventory, settings.hosts, label=f"phase {request.phase}'s hosts")
+    hosts = launch.linux_hosts(chosen)
     spec = launch.prepare(
         ctx,
         settings=settings,

@@ -11,7 +11,7 @@ import re
 import shlex
 from typing import Literal, Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from labctl.agent import paths
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
@@ -19,24 +19,55 @@ from labctl.provision.resources.files import plan_file
 
 CRON_DIR = "/etc/cron.d"
 UNIT_DIR = "/etc/systemd/system"
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}$")
-FIELD_RE = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}\Z")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\Z")
+# One element of a field: `*`, `N` or `A-B`, then a step `/S` only after `*` or a range (as
+# Debian's cron reads it: `5/10` is an error there).
+PART_RE = re.compile(r"(?:(\*)|(\d+)-(\d+)|(\d+))(?:/(\d+))?")
 RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
 FIELD_NAMES = ["minute", "hour", "day of month", "month", "day of week"]
 DOW = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 
 
 def check_schedule(schedule: str) -> list[str]:
+    """The five fields of a cron schedule, each checked element by element; a ValueError
+    says which field is wrong and why (cron itself would only skip the line, silently)."""
+    if any(ord(c) < 32 and c != "\t" for c in schedule):
+        raise ValueError("the schedule contains a control character (a newline?); write it on one line")
     fields = schedule.split()
     if len(fields) != 5:
         raise ValueError(f"'{schedule}' needs 5 fields (minute hour day month weekday), e.g. '0 */4 * * *'")
     for f, (lo, hi), name in zip(fields, RANGES, FIELD_NAMES, strict=True):
-        if not FIELD_RE.match(f):
-            raise ValueError(f"{name} field '{f}' is not cron syntax (numbers, *, a-b, */n, lists)")
-        for n in re.findall(r"\d+", re.sub(r"/\d+", "", f)):
-            if not lo <= int(n) <= hi:
-                raise ValueError(f"{name} field '{f}': {n} is outside {lo}-{hi}")
+        for part in f.split(","):
+            _check_part(part, f, lo, hi, name)
     return fields
+
+
+def _check_part(part: str, f: str, lo: int, hi: int, name: str) -> None:
+    m = PART_RE.fullmatch(part)
+    if m is None:
+        if re.search(r"[A-Za-z]", part):
+            raise ValueError(
+                f"{name} field '{f}': write numbers, not names ({name} runs {lo}-{hi}"
+                + (", 0 and 7 are Sunday)" if name == "day of week" else ")")
+            )
+        raise ValueError(
+            f"{name} field '{f}' is not cron syntax: numbers, *, a-b, */n or a-b/n, joined by commas"
+        )
+    star, a, b, single, step = m.groups()
+    for n in (a, b, single):
+        if n is not None and not lo <= int(n) <= hi:
+            raise ValueError(f"{name} field '{f}': {n} is outside {lo}-{hi}")
+    if a is not None and int(a) > int(b):
+        raise ValueError(f"{name} field '{f}': the range {a}-{b} runs backwards; write {b}-{a}")
+    if single is not None and step is not None:
+        raise ValueError(
+            f"{name} field '{f}': a step needs * or a range before it, e.g. */{step} or {single}-{hi}/{step}"
+        )
+    if step is not None:
+        span = (hi - lo) if star else (int(b) - int(a))
+        if not 1 <= int(step) <= max(span, 1):
+            raise ValueError(f"{name} field '{f}': the step {step} must be 1-{max(span, 1)}")
 
 
 def _calendar_field(f: str, width: int = 2) -> str:
@@ -96,9 +127,35 @@ class CronParams(Params):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None:
-            check_schedule(v)
+        return None if v is None else " ".join(check_schedule(v))
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: Optional[str]) -> Optional[str]:
+        # A newline would end the cron line and start another, run as another entry.
+        if v is not None and any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in v):
+            raise ValueError(
+                "the command contains a control character (a newline?); write one line, joining steps with ; or &&"
+            )
+        if v is not None and not v.strip():
+            raise ValueError("the command is empty")
         return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not USER_RE.match(v):
+            raise ValueError(f"{v!r} is not a user name (lower case letters, digits, '_', '-' or '.')")
+        return v
+
+    @model_validator(mode="after")
+    def _timer_can_say_it(self) -> CronParams:
+        if self.schedule is not None and self.backend != "cron":
+            try:
+                on_calendar(self.schedule)
+            except ValueError as e:
+                raise ValueError(f"{e}, or set backend: cron") from None
+        return self
 
 
 def locked_command(name: str, command: str) -> str:
@@ -109,20 +166,29 @@ def locked_command(name: str, command: str) -> str:
 def cron_file(p: CronParams) -> str:
     assert p.schedule and p.command
     log = f"{paths.LOG_DIR}/{p.name}.log"
+    # cron turns an unescaped % into a newline (the rest becomes the command's stdin).
+    line = f"{locked_command(p.name, p.command)} >>{log} 2>&1".replace("%", "\\%")
     return (
         f"# labctl:cron:{p.name} (written by labctl provision; edits here are overwritten)\n"
         "SHELL=/bin/sh\n"
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
-        f"{p.schedule} {p.user} {locked_command(p.name, p.command)} >>{log} 2>&1\n"
+        f"{p.schedule} {p.user} {line}\n"
     )
+
+
+def unit_escape(text: str) -> str:
+    """`text` as systemd reads it back in ExecStart: it expands %specifiers, $VARIABLES and
+    C escapes (backslashes) even inside quotes."""
+    return text.replace("\\", "\\\\").replace("%", "%%").replace("$", "$$")
 
 
 def systemd_units(p: CronParams) -> tuple[str, str]:
     assert p.schedule and p.command
     log = f"{paths.LOG_DIR}/{p.name}.log"
+    command = shlex.quote(locked_command(p.name, p.command) + f" >>{log} 2>&1")
     service = (
         f"# labctl:cron:{p.name}\n[Unit]\nDescription=labctl job {p.name}\n\n[Service]\nType=oneshot\nUser={p.user}\n"
-        f"ExecStart=/bin/sh -c {shlex.quote(locked_command(p.name, p.command) + f' >>{log} 2>&1')}\n"
+        f"ExecStart=/bin/sh -c {unit_escape(command)}\n"
     )
     timer = (
         f"# labctl:cron:{p.name}\n[Unit]\nDescription=labctl job {p.name} ({p.schedule})\n\n"

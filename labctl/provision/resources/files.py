@@ -7,27 +7,21 @@ import re
 import string
 from typing import Any, Literal, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from labctl.inventory.model import Host
+from labctl.inventory.model import Host, HostPath
 from labctl.provision.resource import (
     Change,
+    FileMode,
     Params,
     PlanError,
     Probes,
     Resource,
     State,
-    parse_mode,
     probe_error,
     register,
     unified_diff,
 )
-
-
-def _absolute(v: str) -> str:
-    if not v.startswith("/"):
-        raise ValueError(f"'{v}' is not an absolute path")
-    return v
 
 
 def host_vars(host: Host) -> dict[str, str]:
@@ -45,24 +39,18 @@ def file_text(state: dict[str, Any]) -> str | None:
 
 
 class FileParams(Params):
-    path: str = Field(description="absolute path on the host, e.g. path: /etc/motd")
+    path: HostPath = Field(description="absolute path on the host, e.g. path: /etc/motd")
     content: Optional[str] = Field(None, description="the file's text")
     template: bool = Field(False, description="substitute $name, $address, $roles, $user in content")
-    mode: Optional[str | int] = Field(None, description='e.g. mode: "0644"')
+    mode: Optional[FileMode] = Field(None, description='e.g. mode: "0644"')
     owner: Optional[str] = Field(None, description="user name, e.g. owner: root")
     group: Optional[str] = Field(None, description="group name, e.g. group: root")
     state: Literal["present", "absent"] = "present"
-
-    @field_validator("path")
-    @classmethod
-    def _path(cls, v: str) -> str:
-        return _absolute(v)
 
     @model_validator(mode="after")
     def _content_needed(self) -> FileParams:
         if self.state == "present" and self.content is None:
             raise ValueError("a present file needs content (or state: absent)")
-        parse_mode(self.mode)
         return self
 
 
@@ -179,26 +167,19 @@ class File(Resource):
         if err:
             raise PlanError(f"cannot read {self.params.path}: {err}.")
         uid, gid = owner_ids(state, "ids") if "ids" in state else (None, None)
-        change = plan_file(
-            self.params.path, self.desired(), state["file"], parse_mode(self.params.mode), uid, gid
-        )
+        change = plan_file(self.params.path, self.desired(), state["file"], self.params.mode, uid, gid)
         return with_parent(self.params.path, state.get("parent", {"is_dir": True}), change)
 
 
 class LineParams(Params):
-    path: str = Field(description="absolute path, e.g. path: /etc/sysctl.d/90-labctl.conf")
+    path: HostPath = Field(description="absolute path, e.g. path: /etc/sysctl.d/90-labctl.conf")
     line: Optional[str] = Field(None, description="the whole line, e.g. line: vm.swappiness = 10")
     regexp: Optional[str] = Field(
         None, description="lines matching this are replaced (present) or removed (absent)"
     )
     state: Literal["present", "absent"] = "present"
     create: bool = Field(True, description="create the file when missing")
-    mode: Optional[str | int] = Field(None, description='mode for a created file, e.g. mode: "0644"')
-
-    @field_validator("path")
-    @classmethod
-    def _path(cls, v: str) -> str:
-        return _absolute(v)
+    mode: Optional[FileMode] = Field(None, description='mode for a created file, e.g. mode: "0644"')
 
     @model_validator(mode="after")
     def _needs(self) -> LineParams:
@@ -206,8 +187,8 @@ class LineParams(Params):
             raise ValueError("state: present needs line")
         if self.line is None and self.regexp is None:
             raise ValueError("give line or regexp")
-        if self.line is not None and "\n" in self.line:
-            raise ValueError("line must be a single line")
+        if self.line is not None and any(ord(c) < 32 and c != "\t" for c in self.line):
+            raise ValueError("line must be a single line of text, without control characters")
         if self.regexp is not None:
             try:
                 re.compile(self.regexp)
@@ -267,5 +248,5 @@ class Line(Resource):
         new = edit_lines(current, p.line, p.regexp, p.state == "present")
         if st.get("exists") and new == current:
             return Change()
-        change = plan_file(p.path, new, st, parse_mode(p.mode) if not st.get("exists") else None)
+        change = plan_file(p.path, new, st, p.mode if not st.get("exists") else None)
         return with_parent(p.path, state.get("parent", {"is_dir": True}), change)

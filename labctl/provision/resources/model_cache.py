@@ -7,14 +7,16 @@ leave the host short of RAM when the cache fills. Sizes are GiB, as tmpfs `size=
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from labctl.agent import paths
-from labctl.inventory.model import Host
+from labctl.inventory.model import Host, MountPath, cache_mib, cache_size_gb
 from labctl.provision.resource import (
     Change,
+    FileMode,
     NotApplicable,
     Params,
     PlanError,
@@ -32,24 +34,41 @@ MARK = "# labctl:model_cache"
 
 
 class ModelCacheParams(Params):
-    path: Optional[str] = Field(None, description="override the inventory's model_cache.path")
+    path: Optional[MountPath] = Field(None, description="override the inventory's model_cache.path")
     size_gb: Optional[float] = Field(
         None, gt=0, description="override the inventory's model_cache.size_gb (GiB)"
     )
     reserve_gb: float = Field(
         8, ge=0, description="RAM (GiB) that must stay free for the host with the cache full"
     )
-    mode: str = Field(
-        "0755", pattern=r"^[0-7]{3,4}$", description='mode of the mount point, e.g. mode: "0755"'
-    )
+    mode: FileMode = Field(0o755, description='mode of the mount point, e.g. mode: "0755"')
+
+    @field_validator("size_gb")
+    @classmethod
+    def _mountable_size(cls, v: Optional[float]) -> Optional[float]:
+        return None if v is None else cache_size_gb(v)
 
 
-def fstab_entry(path: str, size_gb: float, mode: str) -> str:
-    return f"tmpfs {path} tmpfs size={_size_arg(size_gb)},mode={mode},nosuid,nodev 0 0"
+def fstab_escape(path: str) -> str:
+    """`path` as one fstab field: fstab(5) splits on blanks and reads `\\NNN` as octal."""
+    return path.replace("\\", "\\134").replace(" ", "\\040")
+
+
+def fstab_unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def fstab_entry(path: str, size_gb: float, mode: int) -> str:
+    return f"tmpfs {fstab_escape(path)} tmpfs {tmpfs_options(size_gb, mode)} 0 0"
+
+
+def tmpfs_options(size_gb: float, mode: int) -> str:
+    return f"size={_size_arg(size_gb)},mode={mode:04o},nosuid,nodev"
 
 
 def _size_arg(size_gb: float) -> str:
-    return f"{int(size_gb)}G" if float(size_gb).is_integer() else f"{int(size_gb * 1024)}M"
+    mib = cache_mib(size_gb)
+    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
 
 
 def edit_fstab(text: str, path: str, entry: str) -> str:
@@ -66,7 +85,7 @@ def edit_fstab(text: str, path: str, entry: str) -> str:
         if skip_next:
             skip_next = False
             fields = line.split()
-            if len(fields) >= 2 and fields[1] == path and not line.lstrip().startswith("#"):
+            if len(fields) >= 2 and fstab_unescape(fields[1]) == path and not line.lstrip().startswith("#"):
                 continue  # our old entry, replaced by the one written with the marker
         if line.strip() == f"{MARK} {path}":
             if not placed:
@@ -75,7 +94,12 @@ def edit_fstab(text: str, path: str, entry: str) -> str:
             skip_next = True
             continue
         fields = line.split()
-        if fields and not line.lstrip().startswith("#") and len(fields) >= 2 and fields[1] == path:
+        if (
+            fields
+            and not line.lstrip().startswith("#")
+            and len(fields) >= 2
+            and fstab_unescape(fields[1]) == path
+        ):
             raise PlanError(
                 f"{FSTAB} line {i + 1} already mounts {path} and was not written by labctl: {line.strip()!r}.",
                 "Remove that line, or point model_cache.path somewhere else.",
@@ -130,7 +154,7 @@ class ModelCache(Resource):
         for key in ("mount", "mem", "fstab"):
             if probe_error(state, key):
                 raise PlanError(f"cannot read the host's {key}: {probe_error(state, key)}.")
-        path, size = self.path, int(self.size_gb * GIB)
+        path, size = self.path, cache_mib(self.size_gb) << 20  # what the mount reports
         total = int(state["mem"]["total_bytes"])
         reserve = int(self.params.reserve_gb * GIB)
         if total - size < reserve:
@@ -142,7 +166,7 @@ class ModelCache(Resource):
             )
         change = Change()
         mount: dict[str, Any] = state["mount"]
-        opts = f"size={_size_arg(self.size_gb)},mode={self.params.mode},nosuid,nodev"
+        opts = tmpfs_options(self.size_gb, self.params.mode)
         if not mount.get("mounted"):
             change.add(
                 f"mount a {self.size_gb:g} GiB tmpfs at {path}",

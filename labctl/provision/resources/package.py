@@ -18,7 +18,7 @@ from labctl.provision.resource import (
     register,
 )
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+\Z")
 
 
 class PackageParams(Params):

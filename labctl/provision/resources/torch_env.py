@@ -19,7 +19,7 @@ from pydantic import Field
 from labctl.agent import paths
 from labctl.gpus import Cap, build_archs, builds_for, parse_cap, supports, variants_for
 from labctl.gpus import declared_caps as inventory_caps
-from labctl.inventory.model import Host
+from labctl.inventory.model import Host, HostPath
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
 
 
@@ -84,7 +84,7 @@ class TorchEnvParams(Params):
     cuda: str = Field(
         "auto", pattern=r"^(auto|cpu|cu\d{3})$", description="auto, cpu, or a build such as cu126"
     )
-    path: Optional[str] = Field(
+    path: Optional[HostPath] = Field(
         None, description=f"virtualenv path (default {paths.ENVS_DIR}/torch-VERSION-BUILD)"
     )
     python: Optional[str] = Field(
