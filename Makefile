@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 
 # System packages the simulated lab needs (Debian/Ubuntu, as root).
 deps:
-	@command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 iptables; }
+	@{ command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd; } && test -x /usr/sbin/cron || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 iptables cron; }
 
 lint: install
 	$(BIN)/ruff check labctl tests bench
