@@ -44,19 +44,22 @@ def in_folder(folder: str, name: str) -> str:
     return f"{folder.rstrip('/')}/{name}"
 
 
-def check_models(models: Sequence[str]) -> list[str]:
+def check_models(models: Sequence[str], command: str) -> list[str]:
+    """The model names given to `labctl cache COMMAND`, each checked, duplicates dropped; the
+    error's example is that command's own."""
     from labctl.agent.commands import AgentError
 
+    example = f"For example: labctl cache {command} tinylm-1g --host m5."
     out: list[str] = []
     for m in models:
         try:
             check_name(m)
         except AgentError as e:
-            raise InputError(f"{e.message}.", "For example: labctl cache sync tinylm-1g --host m5.") from None
+            raise InputError(f"{e.message}.", example) from None
         if m not in out:
             out.append(m)
     if not out:
-        raise InputError("No model named.", "For example: labctl cache sync tinylm-1g --host m5.")
+        raise InputError("No model named.", example)
     return out
 
 

@@ -85,7 +85,7 @@ def sync_cmd(
     from labctl.inventory.select import select_hosts
 
     c = make_context(ctx, inventory, json_out, verbose)
-    names = check_models(models)
+    names = check_models(models, "sync")
     chunk = chunk_mb << 20
     try:
         targets = [resolve_target(c.inventory, h.name) for h in select_hosts(c.inventory, host)]
@@ -161,7 +161,7 @@ def evict_cmd(
     from labctl.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
-    names = check_models(models)
+    names = check_models(models, "evict")
     hosts = cache_hosts(c.inventory, host)
 
     def step(run: HostRun) -> HostResult:
@@ -225,7 +225,7 @@ def verify_cmd(
     from labctl.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
-    names = check_models(models) if models else []
+    names = check_models(models, "verify") if models else []
     hosts = cache_hosts(c.inventory, host)
     bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
 
@@ -258,7 +258,7 @@ def _pin(
     from labctl.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
-    name = check_models([model])[0]
+    name = check_models([model], "pin" if pinned else "unpin")[0]
     hosts = cache_hosts(c.inventory, host)
 
     def step(run: HostRun) -> HostResult:

@@ -113,7 +113,9 @@ def _print_recap(console: Any, host_results: Any, check: bool) -> None:
     )
     for col in ("host", "ok", "changed", "failed", "skipped", "time", "detail"):
         table.add_column(
-            col, justify="right" if col in ("ok", "changed", "failed", "skipped", "time") else "left"
+            col,
+            justify="right" if col in ("ok", "changed", "failed", "skipped", "time") else "left",
+            overflow="fold",
         )
     for hr in host_results:
         e = hr.extra
@@ -124,6 +126,24 @@ def _print_recap(console: Any, host_results: Any, check: bool) -> None:
             f"[red]{e.get('failed', 0)}[/]" if e.get("failed") else "0",
             str(e.get("skipped", 0)),
             f"{hr.seconds:.2f}s",
-            "" if hr.status in ("ok", "changed", "failed") else f"[red]{hr.status}[/] {hr.error or ''}",
+            _detail(hr),
         )
     console.print(table)
+
+
+def _detail(hr: Any) -> str:
+    """Why a host did not end ok: its own error (it failed before any resource ran, or was
+    unreachable), else the resource that failed. Empty for a host that is fine."""
+    from rich.markup import escape
+
+    if hr.ok:
+        return ""
+    word = "" if hr.status == "failed" else f"{hr.status}: "
+    if hr.error:
+        hint = f" [dim]{escape(hr.hint)}[/]" if hr.hint else ""
+        return f"[red]{word}[/]{escape(hr.error)}{hint}"
+    failed = [r for r in hr.data or [] if r.status == "failed"]
+    if failed:
+        r = failed[0]
+        return f"[red]{escape(r.resource)}:[/] {escape(r.error or 'failed')}"
+    return f"[red]{hr.status}[/]"
