@@ -49,6 +49,8 @@ def provision(
 
         labctl provision --skip-tags torch --json
     """
+    from rich.markup import escape
+
     from labctl.fanout import exit_code
     from labctl.inventory.select import select_hosts
     from labctl.provision.engine import ResourceResult
@@ -65,7 +67,14 @@ def provision(
 
     try:
         results, host_results = run_provision(
-            c, book, hosts, tags=_split(tags), skip_tags=_split(skip_tags), check=check, on_event=on_event
+            c,
+            book,
+            hosts,
+            tags=_split(tags),
+            skip_tags=_split(skip_tags),
+            check=check,
+            on_event=on_event,
+            on_wait=lambda msg: c.console.print(f"[yellow]{escape(msg)}[/]", soft_wrap=True),
         )
     finally:
         c.close()
