@@ -17,8 +17,14 @@ def _split(value: Optional[str]) -> set[str]:
 def provision(
     ctx: typer.Context,
     playbook: Annotated[
-        Path, typer.Option("--playbook", "-p", help="Playbook YAML.", show_default=True)
-    ] = Path("playbooks/provision.yaml"),
+        Optional[Path],
+        typer.Option(
+            "--playbook",
+            "-p",
+            help="Playbook YAML. Default: playbooks/provision.yaml beside the inventory, else in the current folder.",
+            show_default=False,
+        ),
+    ] = None,
     limit: LimitOpt = None,
     tags: Annotated[
         Optional[str],
@@ -58,7 +64,7 @@ def provision(
     from labctl.provision.playbook import load_playbook
 
     c = make_context(ctx, inventory, json_out, verbose)
-    book = load_playbook(playbook)
+    book = load_playbook(playbook, c.inventory_path)
     hosts = select_hosts(c.inventory, limit)
 
     def on_event(r: ResourceResult) -> None:

@@ -36,7 +36,12 @@ def train(
         Optional[int], typer.Option("--phase", "-p", min=1, help="The training phase (1-4 in the seed lab).")
     ] = None,
     file: Annotated[
-        Optional[Path], typer.Option("--file", "-f", help="Phases file (default playbooks/train.yaml).")
+        Optional[Path],
+        typer.Option(
+            "--file",
+            "-f",
+            help="Phases file. Default: playbooks/train.yaml beside the inventory, else in the current folder.",
+        ),
     ] = None,
     set_: Annotated[
         Optional[list[str]],

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +103,55 @@ def test_a_failed_torch_env_verify_shows_the_command_in_short_and_its_last_lines
     )
     assert "wanted 0.0.0-none" in message or "No module named 'torch'" in message
     assert len(message) < 600
+
+
+def test_init_writes_a_lab_that_validates_and_whose_playbooks_are_found_from_anywhere(tmp_path: Path) -> None:
+    lab = tmp_path / "mylab"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = run_cli("init", str(lab), cwd=elsewhere)
+    assert proc.returncode == 0, proc.stderr
+    assert "edit " in proc.stderr and "inventory validate" in proc.stderr
+    inv = lab / "lab.yaml"
+    for rel in ("playbooks/provision.yaml", "playbooks/train.yaml"):
+        assert (lab / rel).read_bytes() == (REPO / rel).read_bytes()  # the repository's own files
+    assert run_cli("-i", str(inv), "inventory", "validate", cwd=elsewhere).returncode == 0
+    # Again: nothing is overwritten without --force, and nothing is half-written.
+    (lab / "playbooks/train.yaml").write_text("mine\n")
+    again = run_cli("init", str(lab), cwd=elsewhere)
+    assert again.returncode == 2 and "Not overwriting" in again.stderr
+    assert (lab / "playbooks/train.yaml").read_text() == "mine\n"
+    assert run_cli("init", str(lab), "--force", cwd=elsewhere).returncode == 0
+    assert (lab / "playbooks/train.yaml").read_bytes() == (REPO / "playbooks/train.yaml").read_bytes()
+
+    # provision --check from another folder, the inventory from $LABCTL_INVENTORY: the default
+    # playbook beside it is used. pharaoh made this machine, so nothing needs a network.
+    inv.write_text(
+        inv.read_text().replace(
+            "    address: 192.168.1.30\n", "    address: 127.0.0.1\n    connection: local\n"
+        )
+    )
+    check = run_cli(
+        "--json", "provision", "--check", "-l", "pharaoh", cwd=elsewhere, env={"LABCTL_INVENTORY": str(inv)}
+    )
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout)["playbook"] == str(lab / "playbooks/provision.yaml")
+
+
+def test_the_default_phases_file_is_found_beside_the_inventory_and_the_error_says_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from labctl.errors import InputError
+    from labctl.train.phases import load_phases
+
+    lab = tmp_path / "lab"
+    (lab / "playbooks").mkdir(parents=True)
+    shutil.copy(REPO / "playbooks/train.yaml", lab / "playbooks/train.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert load_phases(None, lab / "lab.yaml").path == lab / "playbooks/train.yaml"
+    (lab / "playbooks/train.yaml").unlink()
+    with pytest.raises(InputError) as e:
+        load_phases(None, lab / "lab.yaml")
+    assert str(lab / "playbooks/train.yaml") in e.value.message
+    assert str(tmp_path / "playbooks/train.yaml") in e.value.message
+    assert "labctl init" in e.value.hint
