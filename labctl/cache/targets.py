@@ -133,13 +133,34 @@ def cache_hosts(inv: Inventory, limit: str | None) -> list[Host]:
 
 
 def load_host(inv: Inventory, name: str | None) -> Host:
-    """Where `bench model-load` loads: the host named, else the first with a model_cache."""
+    """Where `bench model-load --model` loads: the host named, else the first with a model_cache.
+    (`--file` with no host loads on `this_machine()`.)"""
     if name:
         return host_named(inv, name)
     for h in inv.hosts.values():
         if has_cache(h):
             return h
-    raise InputError("No host has a model_cache in the inventory.", "Name one with --host, or use --file.")
+    raise InputError(
+        f"No host has a model_cache in {inv.path}, so there is no cache to load --model from.",
+        "Name the host with --host, or load a file on this machine with --file PATH.",
+    )
+
+
+def this_machine() -> Host:
+    """The machine labctl runs on, as a `connection: local` host whose agent runs on this Python."""
+    import socket
+    import sys
+
+    from labctl.inventory.model import Host
+
+    return Host.model_validate(
+        {
+            "name": socket.gethostname() or "local",
+            "address": "127.0.0.1",
+            "connection": "local",
+            "python": sys.executable,
+        }
+    )
 
 
 def storage_host(inv: Inventory, limit: str | None) -> Host:

@@ -155,3 +155,23 @@ def test_the_default_phases_file_is_found_beside_the_inventory_and_the_error_say
     assert str(lab / "playbooks/train.yaml") in e.value.message
     assert str(tmp_path / "playbooks/train.yaml") in e.value.message
     assert "labctl init" in e.value.hint
+
+
+def test_bench_model_load_with_a_file_and_no_host_loads_on_this_machine(tmp_path: Path) -> None:
+    import importlib.util
+    import socket
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed in this interpreter")
+    from labctl.agent.modelgen import make_model
+
+    make_model(str(tmp_path / "tiny"), 2 << 20, seed=3)
+    # No inventory anywhere: a file on this machine needs none.
+    proc = run_cli(
+        "--json", "bench", "model-load", "--file", str(tmp_path / "tiny"), "--device", "cpu", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["host"] == socket.gethostname() and result["path"] == str(tmp_path / "tiny")
+    stages = {s["name"]: s for s in result["stages"]}
+    assert stages["ram_cache"]["seconds"] > 0 and stages["ram_cache"]["bytes"] > 1 << 20
