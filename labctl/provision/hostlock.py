@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from labctl.fanout import HostRun
 
 LOCK_WAIT = 600.0  # seconds a run waits for another run on the same host
+LOCK_WAIT_ENV = "LABCTL_PROVISION_LOCK_WAIT"  # another wait, in seconds (tests use a short one)
 HOLD_FOREVER = 30 * 24 * 3600.0  # the lock lives as long as the run; its channel ends it
 
 # Who this run is, as the host records it for a run that finds the lock taken.
@@ -51,10 +52,10 @@ class HostLock:
     """`with HostLock(run):` the host's provision lock is held for the block."""
 
     def __init__(
-        self, run: HostRun, wait: float = LOCK_WAIT, on_wait: Callable[[str], None] | None = None
+        self, run: HostRun, wait: float | None = None, on_wait: Callable[[str], None] | None = None
     ) -> None:
         self.run = run
-        self.wait = wait
+        self.wait = wait if wait is not None else _wait_from_env()
         self.on_wait = on_wait
         self.release = threading.Event()
         self.locked = threading.Event()
@@ -142,3 +143,12 @@ def _user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return str(os.getuid())
+
+
+def _wait_from_env() -> float:
+    raw = os.environ.get(LOCK_WAIT_ENV)
+    try:
+        wait = float(raw) if raw else LOCK_WAIT
+    except ValueError:
+        wait = LOCK_WAIT
+    return wait if 0 <= wait < float("inf") else LOCK_WAIT

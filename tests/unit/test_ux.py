@@ -175,3 +175,18 @@ def test_bench_model_load_with_a_file_and_no_host_loads_on_this_machine(tmp_path
     assert result["host"] == socket.gethostname() and result["path"] == str(tmp_path / "tiny")
     stages = {s["name"]: s for s in result["stages"]}
     assert stages["ram_cache"]["seconds"] > 0 and stages["ram_cache"]["bytes"] > 1 << 20
+
+
+def test_provision_recap_names_the_resource_that_failed_and_why(tmp_path: Path) -> None:
+    (tmp_path / "lab.yaml").write_text(
+        f"lab: t\nhosts:\n  here: {{address: 127.0.0.1, connection: local, python: {sys.executable}}}\n"
+    )
+    (tmp_path / "afile").write_text("a file, not a folder\n")
+    (tmp_path / "pb.yaml").write_text(
+        "name: t\nplays:\n  - hosts: all\n    resources:\n"
+        f"      - file: {{path: {tmp_path}/afile/inside.txt, content: x}}\n"
+    )
+    proc = run_cli("-i", str(tmp_path / "lab.yaml"), "provision", "-p", str(tmp_path / "pb.yaml"))
+    assert proc.returncode == 1, proc.stderr
+    row = next(line for line in proc.stderr.splitlines() if line.startswith("│ here "))
+    assert f"file {tmp_path}/afile/inside.txt:" in row and "Not a directory" in row, proc.stderr
