@@ -39,7 +39,8 @@ _ME = {
 
 
 def describe(holder: dict[str, Any]) -> str:
-    """`pid 123 on laptop (root), started 13:20:05`, from what the holder recorded."""
+    """`labctl provision pid 123 on laptop (root), holding it since 2026-01-02 13:20:05`, from
+    what the holder recorded."""
     if not holder:
         return "a run that has not said who it is yet"
     when = holder.get("locked_at") or holder.get("started")

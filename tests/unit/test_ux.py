@@ -190,3 +190,17 @@ def test_provision_recap_names_the_resource_that_failed_and_why(tmp_path: Path) 
     assert proc.returncode == 1, proc.stderr
     row = next(line for line in proc.stderr.splitlines() if line.startswith("│ here "))
     assert f"file {tmp_path}/afile/inside.txt:" in row and "Not a directory" in row, proc.stderr
+
+
+def test_train_status_says_why_a_host_could_not_answer(tmp_path: Path) -> None:
+    (tmp_path / "kh").write_text("")
+    (tmp_path / "lab.yaml").write_text(
+        "lab: t\nhosts:\n  gone: {address: 127.0.0.1, port: 1, known_hosts: kh, roles: [train]}\n"
+    )
+    run = tmp_path / ".labctl" / "runs" / "p1-test"
+    run.mkdir(parents=True)
+    record = {"run_id": "p1-test", "phase": 1, "state": "running", "hosts": ["gone"], "log_dir": "/tmp/x"}
+    (run / "run.json").write_text(json.dumps(record))
+    proc = run_cli("-i", str(tmp_path / "lab.yaml"), "train", "status", "p1-test")
+    row = next(line for line in proc.stderr.splitlines() if "p1-test" in line)
+    assert "gone: unreachable (Cannot reach gone at 127.0.0.1:1" in row, proc.stderr
