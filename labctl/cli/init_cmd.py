@@ -12,9 +12,9 @@ from labctl.cli.common import JsonOpt
 
 def init(
     ctx: typer.Context,
-    folder: Annotated[Path, typer.Argument(help="Folder for the lab's files (created if needed).")] = Path(
-        "."
-    ),
+    folder: Annotated[
+        Path, typer.Argument(metavar="DIR", help="Folder for the lab's files (created if needed).")
+    ] = Path("."),
     force: Annotated[bool, typer.Option("--force", help="Replace files that are already there.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
