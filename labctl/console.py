@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 from rich.console import Console
 
+# Output to a pipe or a file has no width of its own; rich would take 80 columns and fold every
+# table cell. A table then takes the width its cells need, up to this.
+UNBOUNDED_WIDTH = 1000
+
 
 def make_console() -> Console:
-    return Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = UNBOUNDED_WIDTH
+    return console
 
 
 def emit_json(obj: Any) -> None:

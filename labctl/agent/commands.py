@@ -41,6 +41,7 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "facts": ".facts:facts_command",
     "probe": ".provision:probe_command",
     "apply": ".provision:apply_command",
+    "host_lock": ".hostlock:lock_command",
     "cache_state": ".cache.manifest:state_command",
     "cache_list": ".cache.serve:list_command",
     "cache_serve": ".cache.serve:serve_command",

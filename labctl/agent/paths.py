@@ -50,5 +50,10 @@ def local_home() -> str:
     return os.path.join(os.path.expanduser("~"), USER_HOME)
 
 
+def provision_lock() -> str:
+    """The flock file a changing `labctl provision` run holds on this host (see hostlock.py)."""
+    return local_home() + "/provision.lock"
+
+
 def torch_probe_dir() -> str:
     return local_home() + "/cache/torch-probe"

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -194,16 +195,36 @@ def _op_remove(op: Dict[str, Any]) -> str:
     return "removed {}".format(op["path"])
 
 
+def short_command(argv: List[str]) -> str:
+    """A command as a person reads it in an error: an inline script (`python -c SCRIPT`) or a
+    very long argument is named, not printed whole."""
+    parts = []
+    for a in argv:
+        if "\n" in a:
+            parts.append(f"<{len(a.strip().splitlines())}-line script>")
+        elif len(a) > 120:
+            parts.append(shlex.quote(a[:100] + "..."))
+        else:
+            parts.append(shlex.quote(a))
+    return " ".join(parts)
+
+
+def last_lines(text: str, n: int = 10) -> str:
+    """The end of a command's output, where its error is (a traceback's last line, pip's reason)."""
+    lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
+    return "\n".join(lines[-n:])[-2000:]
+
+
 def _op_run(op: Dict[str, Any]) -> str:
     r = _command({"argv": op["argv"], "timeout": op.get("timeout", 1800)})
+    cmd = short_command(op["argv"])
+    if r.get("timed_out"):
+        raise AgentError("{} timed out after {}s".format(cmd, op.get("timeout", 1800)), "op_failed")
     if r["rc"] != 0:
         raise AgentError(
-            "{} exited {}: {}".format(
-                " ".join(op["argv"]), r["rc"], (r["stderr"] or r["stdout"]).strip()[-2000:]
-            ),
-            "op_failed",
+            "{} exited {}: {}".format(cmd, r["rc"], last_lines(r["stderr"] or r["stdout"])), "op_failed"
         )
-    return "ran {}".format(" ".join(op["argv"]))
+    return f"ran {cmd}"
 
 
 OPS: Dict[str, Callable[[Dict[str, Any]], str]] = {

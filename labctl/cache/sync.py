@@ -189,6 +189,7 @@ class Prepared:
                 "evicted": [],
                 "fetched_bytes": 0,
                 "changed": False,
+                "repairs": self.state.get("repairs", []),
             }
             fetch = plan.to_fetch
             if not fetch:
@@ -373,13 +374,21 @@ def verify_host(
 
     inv = run.ctx.inventory
     mc = cache_of(inv, run.host)
-    cache_state(run, mc)  # a clear error when the cache folder is missing
+    state = cache_state(run, mc)  # a clear error when the cache folder is missing
     verified: dict[str, Any] = call_agent(
         run, "cache_verify", {"cache": mc.path, "models": list(models), "repair": repair}, timeout=LONG
     )
-    out: dict[str, Any] = {"cache": mc.path, "models": verified["models"], "changed": False}
+    out: dict[str, Any] = {
+        "cache": mc.path,
+        "models": verified["models"],
+        "repairs": [*state.get("repairs", []), *verified.get("repairs", [])],
+    }
+    out["changed"] = bool(out["repairs"])
+    # A missing model was taken out of the listing like a corrupt one: both are fetched again.
     corrupt = [
-        m["name"] for m in verified["models"] if m["status"] == "corrupt" and m.get("moved_to_partial")
+        m["name"]
+        for m in verified["models"]
+        if m["status"] in ("corrupt", "missing") and m.get("moved_to_partial")
     ]
     if not corrupt:
         return out

@@ -44,19 +44,22 @@ def in_folder(folder: str, name: str) -> str:
     return f"{folder.rstrip('/')}/{name}"
 
 
-def check_models(models: Sequence[str]) -> list[str]:
+def check_models(models: Sequence[str], command: str) -> list[str]:
+    """The model names given to `labctl cache COMMAND`, each checked, duplicates dropped; the
+    error's example is that command's own."""
     from labctl.agent.commands import AgentError
 
+    example = f"For example: labctl cache {command} tinylm-1g --host m5."
     out: list[str] = []
     for m in models:
         try:
             check_name(m)
         except AgentError as e:
-            raise InputError(f"{e.message}.", "For example: labctl cache sync tinylm-1g --host m5.") from None
+            raise InputError(f"{e.message}.", example) from None
         if m not in out:
             out.append(m)
     if not out:
-        raise InputError("No model named.", "For example: labctl cache sync tinylm-1g --host m5.")
+        raise InputError("No model named.", example)
     return out
 
 
@@ -130,13 +133,34 @@ def cache_hosts(inv: Inventory, limit: str | None) -> list[Host]:
 
 
 def load_host(inv: Inventory, name: str | None) -> Host:
-    """Where `bench model-load` loads: the host named, else the first with a model_cache."""
+    """Where `bench model-load --model` loads: the host named, else the first with a model_cache.
+    (`--file` with no host loads on `this_machine()`.)"""
     if name:
         return host_named(inv, name)
     for h in inv.hosts.values():
         if has_cache(h):
             return h
-    raise InputError("No host has a model_cache in the inventory.", "Name one with --host, or use --file.")
+    raise InputError(
+        f"No host has a model_cache in {inv.path}, so there is no cache to load --model from.",
+        "Name the host with --host, or load a file on this machine with --file PATH.",
+    )
+
+
+def this_machine() -> Host:
+    """The machine labctl runs on, as a `connection: local` host whose agent runs on this Python."""
+    import socket
+    import sys
+
+    from labctl.inventory.model import Host
+
+    return Host.model_validate(
+        {
+            "name": socket.gethostname() or "local",
+            "address": "127.0.0.1",
+            "connection": "local",
+            "python": sys.executable,
+        }
+    )
 
 
 def storage_host(inv: Inventory, limit: str | None) -> Host:

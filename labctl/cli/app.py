@@ -18,6 +18,7 @@ from labctl.cli import (
     cache_cmd,
     exec_cmd,
     facts_cmd,
+    init_cmd,
     inventory_cmd,
     provision_cmd,
     sim_cmd,
@@ -64,6 +65,7 @@ def root(
     ctx.obj = {"inventory": inventory, "json": json_out, "verbose": verbose}
 
 
+app.command("init")(init_cmd.init)
 app.add_typer(inventory_cmd.app, name="inventory")
 app.command("trust")(trust_cmd.trust)
 app.command("exec")(exec_cmd.exec_)

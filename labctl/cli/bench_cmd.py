@@ -70,13 +70,21 @@ def make_model(
 def model_load(
     ctx: typer.Context,
     host: Annotated[
-        Optional[str], typer.Option("--host", help="Host to load on (default: the first with a model_cache).")
+        Optional[str],
+        typer.Option(
+            "--host",
+            help="Host to load on (default: the first with a model_cache; with --file, this machine).",
+        ),
     ] = None,
     model: Annotated[
         Optional[str], typer.Option("--model", "-m", help="Model name in the storage host's model folder.")
     ] = None,
     file: Annotated[
-        Optional[str], typer.Option("--file", help="A .safetensors file or model folder already on the host.")
+        Optional[str],
+        typer.Option(
+            "--file",
+            help="A .safetensors file or model folder already on the host (this machine without --host).",
+        ),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda:N.")] = "cpu",
     python: Annotated[

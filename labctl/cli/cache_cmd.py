@@ -85,10 +85,12 @@ def sync_cmd(
     from labctl.inventory.select import select_hosts
 
     c = make_context(ctx, inventory, json_out, verbose)
-    names = check_models(models)
+    names = check_models(models, "sync")
     chunk = chunk_mb << 20
     try:
-        targets = [resolve_target(c.inventory, h.name) for h in select_hosts(c.inventory, host)]
+        targets = [
+            resolve_target(c.inventory, h.name) for h in select_hosts(c.inventory, host, label="--host")
+        ]
         # Servers start on the storage hosts while the caches' states are read: one round trip.
         prepared = prepare(c, targets, names, chunk, port)
         bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
@@ -161,7 +163,7 @@ def evict_cmd(
     from labctl.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
-    names = check_models(models)
+    names = check_models(models, "evict")
     hosts = cache_hosts(c.inventory, host)
 
     def step(run: HostRun) -> HostResult:
@@ -202,14 +204,17 @@ def verify_cmd(
     ] = None,
     host: HostsOpt = None,
     repair: Annotated[
-        bool, typer.Option("--repair/--no-repair", help="Re-fetch corrupt models from the storage host.")
+        bool,
+        typer.Option(
+            "--repair/--no-repair", help="Re-fetch corrupt and missing models from the storage host."
+        ),
     ] = True,
     streams: StreamsOpt = 4,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
-    """Re-hash cached models against their recorded chunk hashes; re-fetch corrupt ones.
+    """Re-hash cached models against their recorded chunk hashes; re-fetch corrupt or missing ones.
 
     A corrupt model leaves the cache's listing at once; its good chunks are kept, and only the
     bad ones are fetched again from the storage host.
@@ -225,7 +230,7 @@ def verify_cmd(
     from labctl.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
-    names = check_models(models) if models else []
+    names = check_models(models, "verify") if models else []
     hosts = cache_hosts(c.inventory, host)
     bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
 
@@ -243,7 +248,7 @@ def verify_cmd(
                     f"{m['name']} {m['status'].replace('_', ' ')}" for m in bad if m["name"] in unrepaired
                 )
                 + ".",
-                hint="Run without --no-repair to re-fetch corrupt models." if not repair else "",
+                hint="Run without --no-repair to re-fetch them." if not repair else "",
             )
         return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
@@ -258,7 +263,7 @@ def _pin(
     from labctl.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
-    name = check_models([model])[0]
+    name = check_models([model], "pin" if pinned else "unpin")[0]
     hosts = cache_hosts(c.inventory, host)
 
     def step(run: HostRun) -> HostResult:
@@ -327,7 +332,17 @@ def _finish(
         c.emit({"results": [(to_json or _flat)(r) for r in results]})
     else:
         render(results)
+        _print_repairs(c.console, results)
     raise typer.Exit(exit_code(results))
+
+
+def _print_repairs(console: Any, results: Any) -> None:
+    """Damaged local state a host's agent found and repaired (a manifest, a copy's state)."""
+    from rich.markup import escape
+
+    for r in results:
+        for note in (r.data or {}).get("repairs") or []:
+            console.print(f"[yellow]repaired[/] {escape(r.host)}: {escape(note)}", soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,10 +539,14 @@ def _render_verify(console: Any, results: Any) -> None:
             status = m["status"]
             if status == "ok":
                 word, detail = "[green]ok[/]", ""
-            elif status == "corrupt":
-                word = "[yellow]repaired[/]" if m.get("repaired") else "[red]corrupt[/]"
+            elif status in ("corrupt", "missing"):
+                word = "[yellow]repaired[/]" if m.get("repaired") else f"[red]{status}[/]"
                 files = ", ".join(b["path"] for b in m.get("bad", []))
-                detail = f"{m.get('bad_chunks', 0)} bad chunk(s) in {files}"
+                detail = (
+                    "gone from the disk"
+                    if status == "missing"
+                    else f"{m.get('bad_chunks', 0)} bad chunk(s) in {files}"
+                )
                 if m.get("repaired"):
                     detail += f"; re-fetched {fmt_bytes(m.get('refetched_bytes'))}"
             else:

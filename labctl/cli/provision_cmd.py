@@ -13,8 +13,14 @@ from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_
 def provision(
     ctx: typer.Context,
     playbook: Annotated[
-        Path, typer.Option("--playbook", "-p", help="Playbook YAML.", show_default=True)
-    ] = Path("playbooks/provision.yaml"),
+        Optional[Path],
+        typer.Option(
+            "--playbook",
+            "-p",
+            help="Playbook YAML. Default: playbooks/provision.yaml beside the inventory, else in the current folder.",
+            show_default=False,
+        ),
+    ] = None,
     limit: LimitOpt = None,
     tags: Annotated[
         Optional[str],
@@ -45,6 +51,8 @@ def provision(
 
         labctl provision --skip-tags torch --json
     """
+    from rich.markup import escape
+
     from labctl.fanout import exit_code
     from labctl.inventory.select import select_hosts
     from labctl.provision.engine import ResourceResult
@@ -52,7 +60,7 @@ def provision(
     from labctl.provision.playbook import load_playbook, parse_tags
 
     c = make_context(ctx, inventory, json_out, verbose)
-    book = load_playbook(playbook)
+    book = load_playbook(playbook, c.inventory_path)
     hosts = select_hosts(c.inventory, limit)
 
     def on_event(r: ResourceResult) -> None:
@@ -68,6 +76,7 @@ def provision(
             skip_tags=parse_tags(skip_tags, "--skip-tags"),
             check=check,
             on_event=on_event,
+            on_wait=lambda msg: c.console.print(f"[yellow]{escape(msg)}[/]", soft_wrap=True),
         )
     finally:
         c.close()
@@ -115,7 +124,9 @@ def _print_recap(console: Any, host_results: Any, check: bool) -> None:
     )
     for col in ("host", "ok", "changed", "failed", "skipped", "time", "detail"):
         table.add_column(
-            col, justify="right" if col in ("ok", "changed", "failed", "skipped", "time") else "left"
+            col,
+            justify="right" if col in ("ok", "changed", "failed", "skipped", "time") else "left",
+            overflow="fold",
         )
     for hr in host_results:
         e = hr.extra
@@ -126,6 +137,24 @@ def _print_recap(console: Any, host_results: Any, check: bool) -> None:
             f"[red]{e.get('failed', 0)}[/]" if e.get("failed") else "0",
             str(e.get("skipped", 0)),
             f"{hr.seconds:.2f}s",
-            "" if hr.status in ("ok", "changed", "failed") else f"[red]{hr.status}[/] {hr.error or ''}",
+            _detail(hr),
         )
     console.print(table)
+
+
+def _detail(hr: Any) -> str:
+    """Why a host did not end ok: its own error (it failed before any resource ran, or was
+    unreachable), else the resource that failed. Empty for a host that is fine."""
+    from rich.markup import escape
+
+    if hr.ok:
+        return ""
+    word = "" if hr.status == "failed" else f"{hr.status}: "
+    if hr.error:
+        hint = f" [dim]{escape(hr.hint)}[/]" if hr.hint else ""
+        return f"[red]{word}[/]{escape(hr.error)}{hint}"
+    failed = [r for r in hr.data or [] if r.status == "failed"]
+    if failed:
+        r = failed[0]
+        return f"[red]{escape(r.resource)}:[/] {escape(r.error or 'failed')}"
+    return f"[red]{hr.status}[/]"

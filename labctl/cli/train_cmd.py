@@ -36,7 +36,12 @@ def train(
         Optional[int], typer.Option("--phase", "-p", min=1, help="The training phase (1-4 in the seed lab).")
     ] = None,
     file: Annotated[
-        Optional[Path], typer.Option("--file", "-f", help="Phases file (default playbooks/train.yaml).")
+        Optional[Path],
+        typer.Option(
+            "--file",
+            "-f",
+            help="Phases file. Default: playbooks/train.yaml beside the inventory, else in the current folder.",
+        ),
     ] = None,
     set_: Annotated[
         Optional[list[str]],
@@ -274,9 +279,11 @@ def _print_status(c: Context, result: RunsStatus) -> None:
         table.add_column(col)
     for r in result.rows:
         event = result.last_event(r)
-        per_host = ", ".join(f"{h}: {s.get('state')}" for h, s in r["host_state"].items()) or ", ".join(
-            r["hosts"]
-        )
+        # A host that could not say (unreachable, failed) says why beside its state.
+        per_host = ", ".join(
+            f"{h}: {s.get('state')}" + (f" ({s['error']})" if s.get("error") else "")
+            for h, s in r["host_state"].items()
+        ) or ", ".join(r["hosts"])
         table.add_row(
             r["run_id"],
             str(r.get("phase")),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.agent_ship import ask_agent
-from labctl.cache.targets import Target, load_host, resolve_target
+from labctl.cache.targets import Target, load_host, resolve_target, this_machine
 from labctl.errors import HostError, InputError
 from labctl.fanout import HostRun, on_host
 from labctl.inventory.model import Host
@@ -26,6 +28,8 @@ def torch_python(ctx: Context, host: Host, given: str | None) -> str:
     env = facts.get("torch_env") or {}
     if env.get("provisioned") and env.get("python"):
         return str(env["python"])
+    if host.connection == "local" and host.python == sys.executable and importlib.util.find_spec("torch"):
+        return sys.executable  # this machine: labctl's own interpreter has torch
     raise InputError(
         f"{host.name} has no torch environment labctl knows of.",
         f"Provision one (labctl provision --tags torch_env --limit {host.name}) or pass --python PATH_WITH_TORCH.",
@@ -37,7 +41,8 @@ def measure_model_load(
 ) -> dict[str, Any]:
     if bool(model) == bool(file):
         raise InputError("Give exactly one of --model NAME or --file PATH.", "e.g. --model tinylm-1g")
-    h = load_host(ctx.inventory, host)
+    # A file with no host is on this machine: no inventory needed.
+    h = this_machine() if file and not host else load_host(ctx.inventory, host)
     measured: dict[str, dict[str, Any]] = {}
     bonded = False
     net_ceiling: tuple[float | None, str] = (None, "")

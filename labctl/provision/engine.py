@@ -20,6 +20,7 @@ from labctl.agent_ship import call_agent
 from labctl.errors import LabctlError
 from labctl.fanout import HostResult, HostRun, fan_out
 from labctl.inventory.model import Host, Inventory
+from labctl.provision.hostlock import HostLock
 from labctl.provision.playbook import Entry, Playbook, check_tags, play_members
 from labctl.provision.resource import Change, NotApplicable, PlanError, Resource, load_registry
 
@@ -196,12 +197,19 @@ def provision(
     skip_tags: set[str] | None = None,
     check: bool = False,
     on_event: Event | None = None,
+    on_wait: Callable[[str], None] | None = None,
 ) -> tuple[list[ResourceResult], list[HostResult]]:
     plan = entries_for_hosts(hosts, playbook, ctx.inventory, tags or set(), skip_tags or set())
     chosen = [h for h in hosts if plan[h.name]]
 
     def step(run: HostRun) -> HostResult:
-        res = provision_host(run, plan[run.host.name], check, on_event)
+        if check or run.host.is_windows:  # --check changes nothing; the lock is a POSIX flock
+            res = provision_host(run, plan[run.host.name], check, on_event)
+        else:
+            # Held from before the host's state is read: a run that waited plans from what the
+            # other one left.
+            with HostLock(run, on_wait=on_wait):
+                res = provision_host(run, plan[run.host.name], check, on_event)
         counts = {s: sum(r.status == s for r in res) for s in ("ok", "changed", "failed", "skipped")}
         status = "failed" if counts["failed"] else ("changed" if counts["changed"] else "ok")
         return HostResult(run.host.name, status, data=res, extra=counts)

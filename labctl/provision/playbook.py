@@ -85,7 +85,13 @@ def _tags(value: Any, loc: tuple[Any, ...], problems: list[Problem], line: int |
     return []
 
 
-def load_playbook(path: Path) -> Playbook:
+def load_playbook(path: Path | None, inventory_path: Path | None = None) -> Playbook:
+    """The playbook `path`; by default playbooks/provision.yaml beside the inventory, else here."""
+    if path is None:
+        from labctl.context import resolve_inventory_path
+        from labctl.defaults import find_default
+
+        path = find_default(DEFAULT_PLAYBOOK, resolve_inventory_path(inventory_path), "playbook", "-p")
     path = Path(path)
     pos = read_document(path, "playbook", f"Pass one with -p, or use the default {DEFAULT_PLAYBOOK}.")
     registry = load_registry()

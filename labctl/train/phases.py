@@ -231,8 +231,14 @@ def parse_override(text: str) -> dict[str, Any]:
     return out
 
 
-def load_phases(path: Path | None = None) -> PhasesFile:
-    path = Path(path or DEFAULT_PHASES)
+def load_phases(path: Path | None = None, inventory_path: Path | None = None) -> PhasesFile:
+    """The phases file `path`; by default playbooks/train.yaml beside the inventory, else here."""
+    if path is None:
+        from labctl.context import resolve_inventory_path
+        from labctl.defaults import find_default
+
+        path = find_default(DEFAULT_PHASES, resolve_inventory_path(inventory_path), "phases file", "-f")
+    path = Path(path)
     pos = read_document(path, "phases file", f"Pass one with -f, or use the default {DEFAULT_PHASES}.")
     problems = duplicate_problems(pos)
     data = pos.data

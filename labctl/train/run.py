@@ -24,7 +24,7 @@ from labctl.train.results import DryRun, RunsStatus, Stopped, TrainResult
 def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> TrainResult:
     """Preflight and plan the run, then launch it or write it down as `request.backend` does."""
     backend = backends.get(request.backend)
-    settings = load_phases(request.file).settings(request.phase, list(request.sets))
+    settings = load_phases(request.file, ctx.inventory_path).settings(request.phase, list(request.sets))
     script = request.script
     if script is None and settings.script:
         script = Path(settings.script)

@@ -39,14 +39,14 @@ def test_chunk_ranges_cover_the_file_exactly() -> None:
 @pytest.mark.parametrize("bad", ["", "../etc", "a/b", ".hidden", "x\0y", "a" * 300])
 def test_model_names_are_one_plain_path_component(bad: str) -> None:
     with pytest.raises(InputError) as e:
-        check_models([bad])
+        check_models([bad], "sync")
     assert "not a model name" in e.value.message
 
 
 def test_model_names_are_deduplicated_in_order() -> None:
-    assert check_models(["b", "a", "b"]) == ["b", "a"]
+    assert check_models(["b", "a", "b"], "sync") == ["b", "a"]
     with pytest.raises(InputError):
-        check_models([])
+        check_models([], "sync")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -90,6 +90,8 @@ def test_the_error_names_the_option_the_selection_came_from(tmp_path: Path) -> N
     assert "--host 'nosuch' matches no host" in out and "--limit" not in out
     code, out = run_cli("bench", "make-model", "-i", inv_path, "--size-gb", "1", "--host", "nosuch")
     assert code == 2 and "--host 'nosuch' matches no host" in out, out
+    code, out = run_cli("cache", "sync", "tinylm-1g", "-i", inv_path, "--host", "nosuch")
+    assert code == 2 and "--host 'nosuch' matches no host" in out and "--limit" not in out, out
 
 
 def test_a_host_name_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:

@@ -135,6 +135,78 @@ def disk_bytes(path: str) -> int:
     return total
 
 
+def set_aside(path: str) -> str:
+    """Rename a damaged file to PATH.damaged-TIME (kept for a person to look at); the new name."""
+    base = "{}.damaged-{}".format(path, time.strftime("%Y%m%dT%H%M%S"))
+    target, n = base, 1
+    while os.path.lexists(target):
+        n += 1
+        target = f"{base}.{n}"
+    os.rename(path, target)
+    return target
+
+
+def _empty_manifest() -> Dict[str, Any]:
+    return {"version": MANIFEST_VERSION, "models": {}}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_time(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def entry_problem(name: Any, entry: Any) -> Optional[str]:
+    """What makes a manifest entry unusable (None when it is sound): the shape pull writes."""
+    if not isinstance(entry, dict):
+        return f"is a {type(entry).__name__}, not an object"
+    if entry.get("name") != name:
+        return f"names {entry.get('name')!r}"
+    files = entry.get("files")
+    if not isinstance(files, list):
+        return "has no list of files"
+    for f in files:
+        if not (
+            isinstance(f, dict)
+            and isinstance(f.get("path"), str)
+            and _is_int(f.get("size"))
+            and f["size"] >= 0
+            and isinstance(f.get("chunks", []), list)
+            and all(isinstance(c, str) for c in f.get("chunks", []))
+        ):
+            return "has a file that is not {path, size, chunks}"
+    cs = entry.get("chunk_size", DEFAULT_CHUNK)
+    if not _is_int(cs) or cs <= 0:
+        return f"has chunk_size {cs!r}"
+    if not all(_is_time(entry.get(k)) for k in ("last_used", "verified_at", "synced_at")):
+        return "has a time that is not a number"
+    if not _is_int(entry.get("bytes", 0)):
+        return "has bytes that is not a number"
+    return None
+
+
+def state_problem(doc: Any) -> Optional[str]:
+    """What makes a partial copy's state file unusable (None when it is sound)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("files"), dict):
+        return "it is not an object with a 'files' object"
+    cs = doc.get("chunk_size", DEFAULT_CHUNK)
+    if not _is_int(cs) or cs <= 0:
+        return f"its chunk_size is {cs!r}"
+    for rel, f in doc["files"].items():
+        if not (isinstance(f, dict) and _is_int(f.get("size")) and f["size"] >= 0):
+            return f"its file {rel!r} is not {{size, done}}"
+        done = f.get("done", {})
+        if not isinstance(done, dict) or not all(
+            isinstance(k, str) and k.isdigit() and isinstance(v, str) for k, v in done.items()
+        ):
+            return f"its file {rel!r} has a 'done' that is not chunk number: hash"
+    if not isinstance(doc.get("keep", {}), dict):
+        return "its 'keep' is not an object"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # The cache: paths, manifest, capacity
 
@@ -147,6 +219,7 @@ class Cache:
         if not os.path.isdir(self.path):
             raise AgentError(f"the model cache {self.path} does not exist on this host", "no_cache")
         self.meta = os.path.join(self.path, META)
+        self.repairs: List[str] = []  # damaged local state found and repaired, for the answer
         if create:
             for sub in ("", "partial", "state", "trash"):
                 os.makedirs(os.path.join(self.meta, sub), exist_ok=True)
@@ -168,18 +241,54 @@ class Cache:
     def manifest_path(self) -> str:
         return os.path.join(self.meta, "manifest.json")
 
-    def load_manifest(self) -> Dict[str, Any]:
+    def _read_manifest(self) -> Tuple[Dict[str, Any], List[str]]:
+        """The manifest as found, with only its well-formed entries, and what was wrong with it."""
         try:
             doc = read_json(self.manifest_path)
         except ValueError as exc:
-            raise AgentError(
-                f"{self.manifest_path} is not valid JSON ({exc}); it is always written whole, so "
-                "something else wrote it",
-                "bad_manifest",
-            ) from None
+            return _empty_manifest(), [f"it is not valid JSON ({exc})"]
+        except OSError as exc:
+            raise AgentError(f"cannot read {self.manifest_path}: {exc.strerror}", "bad_manifest") from None
+        if doc is None:
+            return _empty_manifest(), []
         if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
-            doc = {"version": MANIFEST_VERSION, "models": {}}
+            return _empty_manifest(), ["it is not an object with a 'models' object"]
+        problems = []
+        good = {}
+        for name, entry in doc["models"].items():
+            why = entry_problem(name, entry)
+            if why:
+                problems.append(f"its entry {name!r} {why}")
+            else:
+                good[name] = entry
+        doc["models"] = good
+        return doc, problems
+
+    def load_manifest(self, locked: bool = False) -> Dict[str, Any]:
+        """The manifest. A damaged one (not JSON, wrong types: nothing labctl wrote) is set aside
+        as manifest.json.damaged-TIME, rewritten with its well-formed entries only, and the repair
+        recorded in `self.repairs` for the command's answer. `locked`: the caller holds the
+        manifest lock."""
+        doc, problems = self._read_manifest()
+        if not problems:
+            return doc
+        if not locked:
+            with _flock(os.path.join(self.meta, "manifest.lock")):
+                return self.load_manifest(locked=True)
+        kept = set_aside(self.manifest_path)
+        write_json(self.manifest_path, doc)
+        dropped = (
+            "no model entry was kept" if not doc["models"] else f"kept {len(doc['models'])} sound entries"
+        )
+        self.repairs.append(
+            f"{self.manifest_path} was damaged ({'; '.join(problems)}): set aside as {kept} and rebuilt "
+            f"({dropped}); sync the models it lost again"
+        )
         return doc
+
+    def reported(self) -> Dict[str, Any]:
+        """For a command's answer: the repairs it made, when it made any."""
+        return {"repairs": list(self.repairs)} if self.repairs else {}
 
     def models(self) -> Dict[str, Dict[str, Any]]:
         models: Dict[str, Dict[str, Any]] = self.load_manifest()["models"]
@@ -188,7 +297,7 @@ class Cache:
     def update(self, fn: Callable[[Dict[str, Dict[str, Any]]], Any]) -> Any:
         """Read-modify-write the manifest under its lock (the loader touches it concurrently)."""
         with _flock(os.path.join(self.meta, "manifest.lock")):
-            doc = self.load_manifest()
+            doc = self.load_manifest(locked=True)
             out = fn(doc["models"])
             doc["version"] = MANIFEST_VERSION
             write_json(self.manifest_path, doc)
@@ -278,11 +387,19 @@ def _public(entry: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def load_state(cache: Cache, name: str) -> Optional[Dict[str, Any]]:
+    """A partial copy's state, or None: none yet, or a damaged one (set aside; the copy starts
+    over, its chunks verified again)."""
+    path = cache.state_path(name)
     try:
-        doc = read_json(cache.state_path(name))
-    except ValueError:
-        return None  # a torn state cannot happen (atomic writes); if it does, start over
-    return doc if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else None
+        doc = read_json(path)
+        why = state_problem(doc) if doc is not None else None
+    except ValueError as exc:
+        why = f"it is not valid JSON ({exc})"
+    if why is None:
+        return doc if isinstance(doc, dict) else None
+    kept = set_aside(path)
+    cache.repairs.append(f"{path} was damaged ({why}): set aside as {kept}; the copy of {name} starts over")
+    return None
 
 
 def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
@@ -340,6 +457,7 @@ def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
         "partials": partials,
         "untracked": untracked,
         "now": timestamp(),
+        **cache.reported(),
     }
 
 
@@ -353,7 +471,9 @@ def evict_command(args: Dict[str, Any]) -> Dict[str, Any]:
     # Under the sync lock: a running copy must not lose its partial files or its planned room.
     with cache.sync_lock():
         cache.empty_trash()
-        return _evict_locked(cache, list(args.get("models") or []), force)
+        out: Dict[str, Any] = _evict_locked(cache, list(args.get("models") or []), force)
+    out.update(cache.reported())
+    return out
 
 
 def _evict_locked(cache: Cache, names: List[str], force: bool) -> Dict[str, Any]:
@@ -390,7 +510,7 @@ def pin_command(args: Dict[str, Any]) -> Dict[str, Any]:
     was = cache.update(set_pin)
     if was is None:
         raise AgentError(f"{name} is not in the cache {cache.path}", "not_cached")
-    return {"model": name, "pinned": pinned, "changed": was != pinned}
+    return {"model": name, "pinned": pinned, "changed": was != pinned, **cache.reported()}
 
 
 def touch(cache_path: str, model: str) -> Optional[float]:

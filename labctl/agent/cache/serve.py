@@ -111,11 +111,22 @@ def list_models(
 
 
 def _read_hash_cache(root: str, name: str) -> Dict[str, Any]:
+    """Cached chunk hashes by file; whatever is not in the shape `_save_hashes` writes is ignored
+    (hashed again, and the file rewritten once it is)."""
     try:
         doc = read_json(_hash_cache_path(root, name))
     except (ValueError, OSError):
         return {}
-    return doc.get("files", {}) if isinstance(doc, dict) else {}
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict):
+        return {}
+    return {
+        rel: c
+        for rel, c in files.items()
+        if isinstance(c, dict)
+        and isinstance(c.get("chunks"), list)
+        and all(isinstance(h, str) and len(h) == 64 for h in c["chunks"])
+    }
 
 
 def _available(root: str, limit: int = 40) -> List[str]:
@@ -288,8 +299,12 @@ class _Served:
         target = _hash_cache_path(self.root, name)
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            doc = read_json(target) or {}
-            files = doc.get("files", {}) if isinstance(doc, dict) else {}
+            try:
+                doc = read_json(target)
+            except ValueError:
+                doc = None
+            files = doc.get("files") if isinstance(doc, dict) else None
+            files = files if isinstance(files, dict) else {}
             files[path] = {
                 "size": meta["size"],
                 "mtime_ns": meta["mtime_ns"],

@@ -29,13 +29,16 @@ def verify_command(args: Dict[str, Any]) -> Dict[str, Any]:
                 results.append({"name": name, "status": "not_cached"})
                 continue
             results.append(_verify_one(cache, entry, buf, repair))
-    return {"cache": cache.path, "models": results}
+    return {"cache": cache.path, "models": results, **cache.reported()}
 
 
 def _verify_one(cache: Cache, entry: Dict[str, Any], buf: memoryview, repair: bool) -> Dict[str, Any]:
     name = entry["name"]
     cs = int(entry.get("chunk_size") or DEFAULT_CHUNK)
     start = time.monotonic()
+    # Gone from the disk while the manifest still lists it (deleted by hand, a tmpfs remounted
+    # empty): every chunk is bad, and the repair fetches it again like a corrupt one.
+    missing = not os.path.lexists(cache.model_path(name))
     bad: List[Dict[str, Any]] = []
     state_files: Dict[str, Any] = {}
     checked = 0
@@ -58,7 +61,7 @@ def _verify_one(cache: Cache, entry: Dict[str, Any], buf: memoryview, repair: bo
             bad.append({"path": rel, "chunks": bad_idx, "size": actual, "expected_size": size})
         state_files[rel] = {"size": size, "mtime_ns": f.get("mtime_ns"), "done": done}
     seconds = round(time.monotonic() - start, 3)
-    if not bad:
+    if not bad and not missing:
         now = timestamp()
 
         def mark(models: Dict[str, Dict[str, Any]]) -> None:
@@ -75,7 +78,7 @@ def _verify_one(cache: Cache, entry: Dict[str, Any], buf: memoryview, repair: bo
         }
     out = {
         "name": name,
-        "status": "corrupt",
+        "status": "missing" if missing else "corrupt",
         "bytes": entry.get("bytes"),
         "bad": bad,
         "bad_chunks": sum(len(b["chunks"]) for b in bad),
@@ -87,7 +90,8 @@ def _verify_one(cache: Cache, entry: Dict[str, Any], buf: memoryview, repair: bo
         # Out of the manifest first: from here on nobody is told the model is usable.
         cache.update(lambda models: models.pop(name, None))
         cache.remove_partial(name)
-        os.rename(cache.model_path(name), cache.partial_path(name))
+        if not missing:
+            os.rename(cache.model_path(name), cache.partial_path(name))
         for b in bad:
             if b["size"] is not None and b["size"] != b["expected_size"]:
                 os.truncate(cache.file_path(b["path"], partial=True), b["expected_size"])

@@ -1,0 +1,55 @@
+"""`labctl init [DIR]`: a starter inventory and the default playbooks, to edit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from labctl.cli.common import JsonOpt
+
+
+def init(
+    ctx: typer.Context,
+    folder: Annotated[
+        Path, typer.Argument(metavar="DIR", help="Folder for the lab's files (created if needed).")
+    ] = Path("."),
+    force: Annotated[bool, typer.Option("--force", help="Replace files that are already there.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write a starter inventory (DIR/lab.yaml) and the default playbooks (DIR/playbooks/).
+
+    The inventory is the seed lab's (four hosts: a training host with a RAM model cache, a
+    storage host, an orchestrator, a Windows workstation); make its hosts yours. The playbooks
+    are found beside the inventory by `labctl provision` and `labctl train`, from any folder.
+    Files already there are left alone (nothing is written) unless --force.
+
+    Examples:
+
+        labctl init mylab
+
+        export LABCTL_INVENTORY=$PWD/mylab/lab.yaml
+    """
+    from labctl.console import emit_json, make_console
+    from labctl.starter import INVENTORY, write_starter
+
+    written = write_starter(folder, force)
+    inv = folder / INVENTORY
+    root = ctx.find_root().obj or {}
+    if json_out or root.get("json"):
+        emit_json({"folder": str(folder), "written": [str(p) for p in written], "inventory": str(inv)})
+        return
+    console = make_console()
+    for p in written:
+        console.print(f"[green]wrote[/] {p}", soft_wrap=True, markup=True, highlight=False)
+    console.print(
+        "\nNext:\n"
+        f"  1. edit {inv}: your hosts' names, addresses, roles, GPUs, model_cache and storage\n"
+        f"  2. labctl -i {inv} inventory validate\n"
+        f"  3. labctl -i {inv} trust --yes            # pin each host's SSH key\n"
+        f"  4. labctl -i {inv} provision --check --diff   # {folder / 'playbooks/provision.yaml'}\n"
+        f"Set LABCTL_INVENTORY={inv.absolute()} to leave out -i.",
+        soft_wrap=True,
+        markup=False,
+    )

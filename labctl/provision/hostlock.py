@@ -1,0 +1,155 @@
+"""One changing `labctl provision` run per host at a time.
+
+Two runs at once would both read the host's state before either changed it, and both apply
+(two tmpfs mounts stacked on one cache path). A changing run holds the host's lock (the
+agent's `host_lock`, a flock held by a process on its own channel) from before it reads the
+host's state until the host is done, so a second run plans from what the first one left.
+The second run waits, saying for whom, and after `wait` seconds gives up naming the holder.
+`--check` changes nothing and takes no lock.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from labctl.errors import HostError, LabctlError
+
+if TYPE_CHECKING:
+    from labctl.fanout import HostRun
+
+LOCK_WAIT = 600.0  # seconds a run waits for another run on the same host
+LOCK_WAIT_ENV = "LABCTL_PROVISION_LOCK_WAIT"  # another wait, in seconds (tests use a short one)
+HOLD_FOREVER = 30 * 24 * 3600.0  # the lock lives as long as the run; its channel ends it
+
+# Who this run is, as the host records it for a run that finds the lock taken.
+_ME = {
+    "controller": socket.gethostname(),
+    "pid": os.getpid(),
+    "started": round(time.time(), 3),
+    "command": "labctl provision",
+}
+
+
+def describe(holder: dict[str, Any]) -> str:
+    """`labctl provision pid 123 on laptop (root), holding it since 2026-01-02 13:20:05`, from
+    what the holder recorded."""
+    if not holder:
+        return "a run that has not said who it is yet"
+    when = holder.get("locked_at") or holder.get("started")
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if isinstance(when, (int, float)) else "?"
+    user = f" ({holder['user']})" if holder.get("user") else ""
+    return f"{holder.get('command', 'labctl')} pid {holder.get('pid', '?')} on {holder.get('controller', '?')}{user}, holding it since {at}"
+
+
+class HostLock:
+    """`with HostLock(run):` the host's provision lock is held for the block."""
+
+    def __init__(
+        self, run: HostRun, wait: float | None = None, on_wait: Callable[[str], None] | None = None
+    ) -> None:
+        self.run = run
+        self.wait = wait if wait is not None else _wait_from_env()
+        self.on_wait = on_wait
+        self.release = threading.Event()
+        self.locked = threading.Event()
+        self.ended = threading.Event()
+        self.holder: dict[str, Any] = {}
+        self.error: LabctlError | None = None
+        self.thread = threading.Thread(target=self._hold, daemon=True, name=f"lock-{run.host.name}")
+
+    def _hold(self) -> None:
+        from labctl.agent_ship import call_agent
+        from labctl.fanout import on_host
+
+        me = {**_ME, "user": _user()}
+        try:
+            on_host(
+                self.run.ctx,
+                self.run.host,
+                lambda r: call_agent(
+                    r,
+                    "host_lock",
+                    {"holder": me, "wait": self.wait},
+                    timeout=HOLD_FOREVER,
+                    on_line=self._line,
+                ),
+                self.release,
+            )
+        except LabctlError as e:
+            self.error = e
+        finally:
+            self.ended.set()
+
+    def _line(self, stream: str, line: str) -> None:
+        if stream != "stderr" or not line.startswith("{"):
+            return
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        if event.get("event") in ("waiting", "busy"):
+            holder = event.get("holder")
+            self.holder = holder if isinstance(holder, dict) else {}
+        if event.get("event") == "waiting" and self.on_wait is not None:
+            self.on_wait(
+                f"{self.run.host.name}: another labctl provision is changing this host ({describe(self.holder)}); "
+                f"waiting for it, up to {self.wait:g} s"
+            )
+        elif event.get("event") == "locked":
+            self.locked.set()
+
+    def __enter__(self) -> HostLock:
+        from labctl.agent_ship import AgentFailed
+
+        self.thread.start()
+        while not self.locked.wait(0.1):
+            if self.run.cancel.is_set():
+                self._stop()
+                raise HostError(
+                    f"{self.run.host.name}: cancelled while waiting for the host's provision lock."
+                )
+            if self.ended.is_set() and not self.locked.is_set():
+                err = self.error
+                if isinstance(err, AgentFailed) and err.kind == "busy":
+                    raise HostError(
+                        f"{self.run.host.name} is being provisioned by another run ({describe(self.holder)}); "
+                        f"waited {self.wait:g} s for it.",
+                        "Let that run finish (or stop it), then run again. `labctl provision --check` takes no lock.",
+                    )
+                raise err or HostError(f"{self.run.host.name}: the provision lock ended before it was taken.")
+        return self
+
+    def _stop(self) -> None:
+        self.release.set()  # the channel closes; the host's watchdog ends the holder, and the flock with it
+        self.thread.join(10)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop()
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+def _wait_from_env() -> float:
+    raw = os.environ.get(LOCK_WAIT_ENV)
+    try:
+        wait = float(raw) if raw else LOCK_WAIT
+    except ValueError:
+        wait = LOCK_WAIT
+    return wait if 0 <= wait < float("inf") else LOCK_WAIT

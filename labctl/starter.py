@@ -1,0 +1,65 @@
+"""`labctl init`: a starter lab folder (the seed lab's inventory and the default playbooks).
+
+The files are labctl's own package data (labctl/data/), so an installed labctl writes the same
+files the repository holds. Nothing is overwritten unless asked: with a file already there,
+nothing at all is written.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from labctl.errors import InputError
+
+INVENTORY = "lab.yaml"
+# (name in labctl/data, where it goes in the lab folder)
+FILES = [
+    ("lab.yaml", INVENTORY),
+    ("playbooks/provision.yaml", "playbooks/provision.yaml"),
+    ("playbooks/train.yaml", "playbooks/train.yaml"),
+]
+HEADER = (
+    "# Written by `labctl init`: the seed lab's inventory as a starting point. Make the hosts yours\n"
+    "# (names, addresses, roles, GPUs, model_cache, storage), then check it with\n"
+    "#   labctl -i {path} inventory validate\n"
+)
+
+
+def starter_files() -> dict[str, str]:
+    """Each starter file's path inside the lab folder, and its text."""
+    data = resources.files("labctl") / "data"
+    out = {}
+    for src, dest in FILES:
+        text = (data / src).read_text(encoding="utf-8")
+        out[dest] = text
+    return out
+
+
+def write_starter(folder: Path, force: bool = False) -> list[Path]:
+    """Write the starter inventory and the default playbooks into `folder`; the paths written.
+
+    An existing file is an InputError naming every one (nothing written) unless `force`.
+    """
+    files = starter_files()
+    targets = {folder / rel: text for rel, text in files.items()}
+    if folder.exists() and not folder.is_dir():
+        raise InputError(
+            f"{folder} is a file, not a folder.", "Name a new or existing folder: labctl init mylab."
+        )
+    there = [p for p in targets if p.exists() or p.is_symlink()]
+    if there and not force:
+        raise InputError(
+            f"Not overwriting {', '.join(str(p) for p in there)}: nothing was written.",
+            "Pass --force to replace them with the starter files, or pick another folder.",
+        )
+    from labctl.fsutil import write_atomic
+
+    written = []
+    for path, text in targets.items():
+        if path.name == INVENTORY:
+            text = HEADER.format(path=path) + text
+        # A rename: with --force, a symlink there is replaced itself, never the file it points to.
+        write_atomic(path, text, 0o644)
+        written.append(path)
+    return written
