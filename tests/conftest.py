@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,6 +53,22 @@ def labctl(*args: str, timeout: float = 120, check: bool = False) -> subprocess.
     if check and proc.returncode != 0:
         raise AssertionError(f"labctl {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+def run_json(inv: Any, *args: str, timeout: float = 120) -> tuple[int, dict[str, Any]]:
+    """The real CLI with --json against inventory `inv`: its exit code and its one JSON document."""
+    proc = labctl("--json", "-i", str(inv), *args, timeout=timeout)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def sh(inv: Any, host: str, line: str) -> str:
+    """A shell line on one simulated host through `labctl exec`; its stdout (it must succeed)."""
+    rc, doc = run_json(inv, "exec", "-l", host, "--", line)
+    r = doc["results"][0]
+    assert rc == 0, r
+    return str(r["stdout"])
 
 
 @contextmanager

@@ -6,7 +6,6 @@ tests leave m5 as they found it (test_provision expects its cache unprovisioned)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,27 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO, labctl, m5_cache
+from tests.conftest import REPO, labctl, m5_cache, run_json, sh
 
 pytestmark = pytest.mark.integration
 SEED = str(REPO / "playbooks" / "provision.yaml")
 CACHE = "/mnt/model-cache"
 SMALL = "/mnt/small-cache"
 MODELS = "/srv/models"
-
-
-def run_json(inv: Any, *args: str, timeout: float = 120) -> tuple[int, dict[str, Any]]:
-    proc = labctl("--json", "-i", str(inv), *args, timeout=timeout)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stdout, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
-
-
-def sh(inv: Any, host: str, line: str) -> str:
-    rc, doc = run_json(inv, "exec", "-l", host, "--", line)
-    r = doc["results"][0]
-    assert rc == 0, r
-    return str(r["stdout"])
 
 
 def sha(inv: Any, host: str, *paths: str) -> dict[str, str]:

@@ -20,24 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO, labctl
+from tests.conftest import REPO, labctl, run_json, sh
 
 pytestmark = pytest.mark.integration
 AGENT_DIR = "/var/lib/labctl/agent"
-
-
-def run_json(inv: Any, *args: str, timeout: float = 120) -> tuple[int, dict[str, Any]]:
-    proc = labctl("--json", "-i", str(inv), *args, timeout=timeout)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stdout, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
-
-
-def sh(inv: Any, host: str, line: str) -> str:
-    rc, doc = run_json(inv, "exec", "-l", host, "--", line)
-    r = doc["results"][0]
-    assert rc == 0, r
-    return str(r["stdout"])
 
 
 def pids_of(pattern: str) -> list[int]:
