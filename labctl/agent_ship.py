@@ -182,6 +182,20 @@ def call_agent(
     return answer
 
 
+def agent_event(stream: str, line: str, *names: str) -> dict[str, Any] | None:
+    """The JSON event in `line` when it is one an agent reported on stderr while it ran
+    (`{"event": NAME, ...}`), and of one of `names` when they are given; else None."""
+    if stream != "stderr" or not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or "event" not in event:
+        return None
+    return event if not names or event["event"] in names else None
+
+
 def _no_answer(host: Host, command: str, rc: int | None, output: str) -> AgentFailed:
     """The agent printed no JSON: say whether it was killed or its python could not run it."""
     tail = output.strip()[-400:]

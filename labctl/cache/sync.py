@@ -11,7 +11,6 @@ one (`cache verify`'s repair, the model-load bench's network stage).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from labctl.agent.cache.manifest import DEFAULT_CHUNK
+from labctl.agent_ship import agent_event
 from labctl.cache.ops import cache_state
 from labctl.cache.plan import plan_sync
 from labctl.cache.targets import Target, cache_of, resolve_target
@@ -90,7 +90,7 @@ class SourceServer:
             self.ready.set()
 
     def _line(self, stream: str, line: str) -> None:
-        event = None if self.info is not None else _event(stream, line, "listening")
+        event = None if self.info is not None else agent_event(stream, line, "listening")
         if event is not None:
             self.info = event
             self.ready.set()
@@ -126,17 +126,6 @@ class SourceServer:
         if self.thread.is_alive():
             self.cancel.set()  # the channel closes and the watchdog kills the server
             self.thread.join(10)
-
-
-def _event(stream: str, line: str, name: str) -> dict[str, Any] | None:
-    """The JSON event `name` when `line` is one (agents report on stderr while they run)."""
-    if stream != "stderr" or not line.startswith("{"):
-        return None
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and event.get("event") == name else None
 
 
 @dataclass
@@ -204,7 +193,7 @@ class Prepared:
             last: dict[str, Any] = {}
 
             def on_line(stream: str, line: str) -> None:
-                event = _event(stream, line, "progress")
+                event = agent_event(stream, line, "progress")
                 if event is not None:
                     last.update(event)
                     if on_progress is not None:

@@ -11,7 +11,6 @@ The second run waits, saying for whom, and after `wait` seconds gives up naming 
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import socket
 import threading
@@ -89,13 +88,10 @@ class HostLock:
             self.ended.set()
 
     def _line(self, stream: str, line: str) -> None:
-        if stream != "stderr" or not line.startswith("{"):
-            return
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return
-        if not isinstance(event, dict):
+        from labctl.agent_ship import agent_event
+
+        event = agent_event(stream, line)
+        if event is None:
             return
         if event.get("event") in ("waiting", "busy"):
             holder = event.get("holder")

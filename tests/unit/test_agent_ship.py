@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from labctl import agent_ship
-from labctl.agent_ship import CANCELLED, NO_JSON, NO_PYTHON, AgentFailed, call_agent
+from labctl.agent_ship import CANCELLED, NO_JSON, NO_PYTHON, AgentFailed, agent_event, call_agent
 from labctl.context import Context
 from labctl.fanout import HostRun
 from labctl.inventory.model import Host
@@ -60,3 +60,14 @@ def test_outcomes_around_the_agent_have_kinds_too(ctx: Context) -> None:
     with pytest.raises(AgentFailed) as e:
         call_agent(HostRun(ctx, here(), cancel), "ping", read_only=True)
     assert e.value.kind == CANCELLED and e.value.message == "here: cancelled."
+
+
+def test_agent_event_reads_only_the_events_agents_report_on_stderr() -> None:
+    line = '{"event": "progress", "done": 1}'
+    assert agent_event("stderr", line, "progress") == {"event": "progress", "done": 1}
+    assert agent_event("stderr", line) == {"event": "progress", "done": 1}  # any event
+    assert agent_event("stderr", line, "listening", "locked") is None  # not one asked for
+    assert agent_event("stdout", line) is None  # stdout is the answer, not progress
+    assert agent_event("stderr", '{"done": 1}') is None  # JSON, but no event
+    assert agent_event("stderr", "{not json") is None
+    assert agent_event("stderr", "[1, 2]") is None
