@@ -10,8 +10,9 @@ import ipaddress
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -565,12 +566,7 @@ def status(dir: Path | str = DEFAULT_DIR) -> list[HostStatus]:
 def stop_host(dir: Path | str, name: str) -> bool:
     """Kill every process in host `name`'s namespace, its sshd first among them; False if none ran."""
     require_root()
-    sim_dir = _resolve_dir(dir)
-    _require_state(sim_dir)  # before locking, which would create the directory
-    with locked(sim_dir):
-        st = _require_state(sim_dir)
-        hs = _host(st, name, sim_dir)
-        files = sshd.HostFiles(sim_dir, name)
+    with _locked_host(dir, name) as (sim_dir, st, hs, files):
         was_alive = sshd.stop(hs.sshd_pid, files)
         killed = netns.kill_namespace(hs.namespace)
         hs.sshd_pid = None
@@ -581,12 +577,7 @@ def stop_host(dir: Path | str, name: str) -> bool:
 def start_host(dir: Path | str, name: str) -> bool:
     """Start host `name`'s sshd if it is not running; False when it already was."""
     _preflight()
-    sim_dir = _resolve_dir(dir)
-    _require_state(sim_dir)
-    with locked(sim_dir):
-        st = _require_state(sim_dir)
-        hs = _host(st, name, sim_dir)
-        files = sshd.HostFiles(sim_dir, name)
+    with _locked_host(dir, name) as (sim_dir, st, hs, files):
         if sshd.is_alive(hs.sshd_pid, files):
             return False
         if not netns.namespace_exists(hs.namespace):
@@ -594,10 +585,7 @@ def start_host(dir: Path | str, name: str) -> bool:
                 f"The namespace {hs.namespace} of sim host {name} is gone.",
                 f"Run `labctl sim up --dir {sim_dir}` to rebuild it.",
             )
-        plan = HostPlan(
-            name=hs.name, namespace=hs.namespace, address=hs.address, veths=(hs.veths[0], hs.veths[1])
-        )
-        hs.sshd_pid = sshd.start(plan, files)
+        hs.sshd_pid = sshd.start(_plan_of(hs), files)
         Recorder(sim_dir, st).update_host(hs)
         return True
 
@@ -609,12 +597,7 @@ def set_sftp(dir: Path | str, name: str, enabled: bool) -> bool:
     fresh mounts (the managed paths only): what a session mounted on that host is gone.
     """
     _preflight()
-    sim_dir = _resolve_dir(dir)
-    _require_state(sim_dir)
-    with locked(sim_dir):
-        st = _require_state(sim_dir)
-        hs = _host(st, name, sim_dir)
-        files = sshd.HostFiles(sim_dir, name)
+    with _locked_host(dir, name) as (sim_dir, st, hs, files):
         text = sshd_config(
             hs.address,
             str(files.host_key),
@@ -626,12 +609,26 @@ def set_sftp(dir: Path | str, name: str, enabled: bool) -> bool:
             return False
         files.config.write_text(text)
         sshd.stop(hs.sshd_pid, files)
-        plan = HostPlan(
-            name=hs.name, namespace=hs.namespace, address=hs.address, veths=(hs.veths[0], hs.veths[1])
-        )
-        hs.sshd_pid = sshd.start(plan, files)
+        hs.sshd_pid = sshd.start(_plan_of(hs), files)
         Recorder(sim_dir, st).update_host(hs)
         return True
+
+
+@contextmanager
+def _locked_host(dir: Path | str, name: str) -> Iterator[tuple[Path, SimState, HostState, sshd.HostFiles]]:
+    """Host `name` of the sim in `dir`, with the sim's lock held and its state read under it."""
+    sim_dir = _resolve_dir(dir)
+    _require_state(sim_dir)  # before locking, which would create the directory
+    with locked(sim_dir):
+        st = _require_state(sim_dir)
+        yield sim_dir, st, _host(st, name, sim_dir), sshd.HostFiles(sim_dir, name)
+
+
+def _plan_of(hs: HostState) -> HostPlan:
+    """The plan a recorded host was made from, as far as starting its sshd needs."""
+    return HostPlan(
+        name=hs.name, namespace=hs.namespace, address=hs.address, veths=(hs.veths[0], hs.veths[1])
+    )
 
 
 def _host(st: SimState, name: str, sim_dir: Path) -> HostState:

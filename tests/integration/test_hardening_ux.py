@@ -11,35 +11,26 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, labctl, m5_cache
+from tests.conftest import REPO, labctl, m5_cache, sh
 
 pytestmark = pytest.mark.integration
 SEED = str(REPO / "playbooks" / "provision.yaml")
 CACHE = "/mnt/model-cache"
 
 
-def on(inv: str, host: str, cmd: str) -> str:
-    proc = labctl("-i", inv, "--json", "exec", "-l", host, "--", cmd)
-    r = json.loads(proc.stdout)["results"][0]
-    assert r["status"] == "ok", r
-    return str(r["stdout"])
-
-
 def unprovision_m5(inv: str) -> None:
     """m5 as the provision tests expect it: no cache mounted (however many were), fstab as it was."""
-    on(inv, "m5", f"rm -rf {CACHE}/* {CACHE}/.labctl; while umount {CACHE} 2>/dev/null; do :; done; true")
-    on(
+    sh(inv, "m5", f"rm -rf {CACHE}/* {CACHE}/.labctl; while umount {CACHE} 2>/dev/null; do :; done; true")
+    sh(
         inv,
         "m5",
         "[ -f /var/lib/labctl/backup/fstab ] && cat /var/lib/labctl/backup/fstab > /etc/fstab; true",
     )
 
 
-def test_two_provision_runs_at_once_mount_the_cache_once(lab: Any) -> None:
-    inv = str(lab.inventory_path)
-    if on(inv, "m5", f"grep -c ' {CACHE} ' /proc/mounts; true").strip() != "0":
-        pytest.skip("m5's cache is already mounted: another test left it provisioned")
-    argv = [
+def provision_m5_cache(inv: str) -> list[str]:
+    """The command line of a real `labctl provision` of m5's cache, to start as its own process."""
+    return [
         sys.executable,
         "-m",
         "labctl",
@@ -53,6 +44,13 @@ def test_two_provision_runs_at_once_mount_the_cache_once(lab: Any) -> None:
         "-l",
         "m5",
     ]
+
+
+def test_two_provision_runs_at_once_mount_the_cache_once(lab: Any) -> None:
+    inv = str(lab.inventory_path)
+    if sh(inv, "m5", f"grep -c ' {CACHE} ' /proc/mounts; true").strip() != "0":
+        pytest.skip("m5's cache is already mounted: another test left it provisioned")
+    argv = provision_m5_cache(inv)
     try:
         runs = [
             subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -62,8 +60,8 @@ def test_two_provision_runs_at_once_mount_the_cache_once(lab: Any) -> None:
         for p, (_out, err) in zip(runs, outs, strict=True):
             assert p.returncode == 0, err
             assert "Traceback" not in err
-        assert on(inv, "m5", f"grep -c ' {CACHE} ' /proc/mounts; true").strip() == "1"
-        assert on(inv, "m5", f"grep -c ' {CACHE} ' /etc/fstab; true").strip() == "1"
+        assert sh(inv, "m5", f"grep -c ' {CACHE} ' /proc/mounts; true").strip() == "1"
+        assert sh(inv, "m5", f"grep -c ' {CACHE} ' /etc/fstab; true").strip() == "1"
         # One applied the change; the other waited for it and found nothing left to do.
         errs = [err for _out, err in outs]
         assert sum("changed" in e.split("provision\n")[0] for e in errs) >= 1
@@ -78,37 +76,37 @@ def test_cache_verify_fetches_a_vanished_model_again(lab: Any) -> None:
     model = "ux-vanish"
     with m5_cache(lab):
         try:
-            on(
+            sh(
                 inv,
                 "irina",
                 f"mkdir -p /srv/models/{model} && head -c 3M /dev/urandom > /srv/models/{model}/w.bin",
             )
-            want = on(inv, "irina", f"sha256sum /srv/models/{model}/w.bin").split()[0]
+            want = sh(inv, "irina", f"sha256sum /srv/models/{model}/w.bin").split()[0]
             assert labctl("-i", inv, "cache", "sync", model, "--host", "m5").returncode == 0
-            on(inv, "m5", f"rm -rf {CACHE}/{model}")
+            sh(inv, "m5", f"rm -rf {CACHE}/{model}")
             proc = labctl("-i", inv, "cache", "verify", "--host", "m5")
             assert proc.returncode == 0, proc.stderr
             assert "Traceback" not in proc.stderr
             row = next(line for line in proc.stderr.splitlines() if model in line)
             assert "repaired" in row and "gone from the disk" in row, proc.stderr
-            assert on(inv, "m5", f"sha256sum {CACHE}/{model}/w.bin").split()[0] == want
+            assert sh(inv, "m5", f"sha256sum {CACHE}/{model}/w.bin").split()[0] == want
             doc = json.loads(labctl("-i", inv, "--json", "cache", "status", "--host", "m5").stdout)
             assert model in [m["name"] for m in doc["results"][0]["models"]]
             # A manifest with the wrong types: set aside, rebuilt, and said so; the model is synced back.
-            on(inv, "m5", f'echo \'{{"version": 1, "models": []}}\' > {CACHE}/.labctl/manifest.json')
+            sh(inv, "m5", f'echo \'{{"version": 1, "models": []}}\' > {CACHE}/.labctl/manifest.json')
             proc = labctl("-i", inv, "cache", "status", "--host", "m5")
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
             assert "repaired m5:" in proc.stderr and "manifest.json was damaged" in proc.stderr, proc.stderr
-            assert on(inv, "m5", f"ls {CACHE}/.labctl/ | grep -c 'manifest.json.damaged-'").strip() == "1"
+            assert sh(inv, "m5", f"ls {CACHE}/.labctl/ | grep -c 'manifest.json.damaged-'").strip() == "1"
             assert labctl("-i", inv, "cache", "sync", model, "--host", "m5").returncode == 0
-            assert on(inv, "m5", f"sha256sum {CACHE}/{model}/w.bin").split()[0] == want
+            assert sh(inv, "m5", f"sha256sum {CACHE}/{model}/w.bin").split()[0] == want
         finally:
-            on(inv, "irina", f"rm -rf /srv/models/{model}")
+            sh(inv, "irina", f"rm -rf /srv/models/{model}")
 
 
 def test_check_takes_no_lock_and_a_changing_run_refuses_naming_the_holder(lab: Any) -> None:
     inv = str(lab.inventory_path)
-    if on(inv, "m5", f"grep -c ' {CACHE} ' /proc/mounts; true").strip() != "0":
+    if sh(inv, "m5", f"grep -c ' {CACHE} ' /proc/mounts; true").strip() != "0":
         pytest.skip("m5's cache is already mounted: another test left it provisioned")
     lock = "/var/lib/labctl/provision.lock"
     holder = json.dumps(
@@ -122,24 +120,11 @@ def test_check_takes_no_lock_and_a_changing_run_refuses_naming_the_holder(lab: A
     )  # fmt: skip
     try:
         for _ in range(100):
-            if on(inv, "m5", f"flock -n {lock} true; echo $?").strip() == "1":
+            if sh(inv, "m5", f"flock -n {lock} true; echo $?").strip() == "1":
                 break
         else:
             raise AssertionError("the test's holder never took the lock")
-        base = [
-            sys.executable,
-            "-m",
-            "labctl",
-            "-i",
-            inv,
-            "provision",
-            "-p",
-            SEED,
-            "--tags",
-            "model_cache",
-            "-l",
-            "m5",
-        ]
+        base = provision_m5_cache(inv)
         check = subprocess.run([*base, "--check"], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert check.returncode == 0 and "waiting" not in check.stderr, check.stderr
         env = {**os.environ, "LABCTL_PROVISION_LOCK_WAIT": "2"}
@@ -149,7 +134,7 @@ def test_check_takes_no_lock_and_a_changing_run_refuses_naming_the_holder(lab: A
         assert (
             "m5 is being provisioned by another run (labctl provision pid 4242 on otherbox" in change.stderr
         )
-        assert on(inv, "m5", f"grep -c ' {CACHE} ' /proc/mounts; true").strip() == "0"  # nothing done
+        assert sh(inv, "m5", f"grep -c ' {CACHE} ' /proc/mounts; true").strip() == "0"  # nothing done
     finally:
         hold.kill()
         hold.wait()
