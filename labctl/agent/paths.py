@@ -51,7 +51,7 @@ def local_home() -> str:
 
 
 def provision_lock() -> str:
-    """The flock file a changing `labctl provision` run holds on this host (see hostlock.py)."""
+    """The flock file a changing `labctl provision` run holds on this host (see labctl/hostlock.py)."""
     return local_home() + "/provision.lock"
 
 

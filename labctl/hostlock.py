@@ -1,11 +1,11 @@
-"""One changing `labctl provision` run per host at a time.
+"""One changing run per host at a time: `labctl provision`, and the orchestra's rotation.
 
 Two runs at once would both read the host's state before either changed it, and both apply
-(two tmpfs mounts stacked on one cache path). A changing run holds the host's lock (the
-agent's `host_lock`, a flock held by a process on its own channel) from before it reads the
-host's state until the host is done, so a second run plans from what the first one left.
-The second run waits, saying for whom, and after `wait` seconds gives up naming the holder.
-`--check` changes nothing and takes no lock.
+(two tmpfs mounts stacked on one cache path; two rotations starting the same model). A
+changing run holds the host's lock (the agent's `host_lock`, a flock held by a process on its
+own channel) from before it reads the host's state until the host is done, so a second run
+plans from what the first one left. The second run waits, saying for whom, and after `wait`
+seconds gives up naming the holder. `--check` and `--dry-run` change nothing and take no lock.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -25,16 +26,30 @@ if TYPE_CHECKING:
     from labctl.fanout import HostRun
 
 LOCK_WAIT = 600.0  # seconds a run waits for another run on the same host
-LOCK_WAIT_ENV = "LABCTL_PROVISION_LOCK_WAIT"  # another wait, in seconds (tests use a short one)
 HOLD_FOREVER = 30 * 24 * 3600.0  # the lock lives as long as the run; its channel ends it
 
-# Who this run is, as the host records it for a run that finds the lock taken.
-_ME = {
-    "controller": socket.gethostname(),
-    "pid": os.getpid(),
-    "started": round(time.time(), 3),
-    "command": "labctl provision",
-}
+
+@dataclass(frozen=True)
+class LockKind:
+    """Which lock: its file on the host (None: the agent's provision lock), who holds it, and
+    the words a waiting or refused run is told."""
+
+    command: str  # as the holder records itself: "labctl provision"
+    doing: str  # "is changing this host"
+    busy: str  # "is being provisioned by another run"
+    hint: str
+    wait_env: str  # another wait, in seconds (tests use a short one)
+    path: str | None = None
+
+
+PROVISION = LockKind(
+    "labctl provision",
+    "is changing this host",
+    "is being provisioned by another run",
+    "Let that run finish (or stop it), then run again. `labctl provision --check` takes no lock.",
+    "LABCTL_PROVISION_LOCK_WAIT",
+)
+LOCK_WAIT_ENV = PROVISION.wait_env
 
 
 def describe(holder: dict[str, Any]) -> str:
@@ -49,13 +64,18 @@ def describe(holder: dict[str, Any]) -> str:
 
 
 class HostLock:
-    """`with HostLock(run):` the host's provision lock is held for the block."""
+    """`with HostLock(run):` the host's provision lock (or `kind`'s) is held for the block."""
 
     def __init__(
-        self, run: HostRun, wait: float | None = None, on_wait: Callable[[str], None] | None = None
+        self,
+        run: HostRun,
+        wait: float | None = None,
+        on_wait: Callable[[str], None] | None = None,
+        kind: LockKind = PROVISION,
     ) -> None:
         self.run = run
-        self.wait = wait if wait is not None else _wait_from_env()
+        self.kind = kind
+        self.wait = wait if wait is not None else _wait_from_env(kind.wait_env)
         self.on_wait = on_wait
         self.release = threading.Event()
         self.locked = threading.Event()
@@ -68,7 +88,10 @@ class HostLock:
         from labctl.agent_ship import call_agent
         from labctl.fanout import on_host
 
-        me = {**_ME, "user": _user()}
+        me = {**_me(), "command": self.kind.command, "user": _user()}
+        args: dict[str, Any] = {"holder": me, "wait": self.wait}
+        if self.kind.path:
+            args["path"] = self.kind.path
         try:
             on_host(
                 self.run.ctx,
@@ -76,7 +99,7 @@ class HostLock:
                 lambda r: call_agent(
                     r,
                     "host_lock",
-                    {"holder": me, "wait": self.wait},
+                    args,
                     timeout=HOLD_FOREVER,
                     on_line=self._line,
                 ),
@@ -98,7 +121,7 @@ class HostLock:
             self.holder = holder if isinstance(holder, dict) else {}
         if event.get("event") == "waiting" and self.on_wait is not None:
             self.on_wait(
-                f"{self.run.host.name}: another labctl provision is changing this host ({describe(self.holder)}); "
+                f"{self.run.host.name}: another {self.kind.command} {self.kind.doing} ({describe(self.holder)}); "
                 f"waiting for it, up to {self.wait:g} s"
             )
         elif event.get("event") == "locked":
@@ -112,17 +135,17 @@ class HostLock:
             if self.run.cancel.is_set():
                 self._stop()
                 raise HostError(
-                    f"{self.run.host.name}: cancelled while waiting for the host's provision lock."
+                    f"{self.run.host.name}: cancelled while waiting for the host's lock ({self.kind.command})."
                 )
             if self.ended.is_set() and not self.locked.is_set():
                 err = self.error
                 if isinstance(err, AgentFailed) and err.kind == "busy":
                     raise HostError(
-                        f"{self.run.host.name} is being provisioned by another run ({describe(self.holder)}); "
+                        f"{self.run.host.name} {self.kind.busy} ({describe(self.holder)}); "
                         f"waited {self.wait:g} s for it.",
-                        "Let that run finish (or stop it), then run again. `labctl provision --check` takes no lock.",
+                        self.kind.hint,
                     )
-                raise err or HostError(f"{self.run.host.name}: the provision lock ended before it was taken.")
+                raise err or HostError(f"{self.run.host.name}: the host's lock ended before it was taken.")
         return self
 
     def _stop(self) -> None:
@@ -142,8 +165,16 @@ def _user() -> str:
         return str(os.getuid())
 
 
-def _wait_from_env() -> float:
-    raw = os.environ.get(LOCK_WAIT_ENV)
+def _me() -> dict[str, Any]:
+    """Who this run is, as the host records it for a run that finds the lock taken."""
+    return {"controller": socket.gethostname(), "pid": os.getpid(), "started": _STARTED}
+
+
+_STARTED = round(time.time(), 3)
+
+
+def _wait_from_env(name: str) -> float:
+    raw = os.environ.get(name)
     try:
         wait = float(raw) if raw else LOCK_WAIT
     except ValueError:
