@@ -9,7 +9,7 @@ error before any byte moves when room cannot be made.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -126,8 +126,11 @@ def plan_sync(
     chunk_size: int,
     *,
     where: str = "the cache",
+    protect: Collection[str] = (),
 ) -> SyncPlan:
     """Decide, from the cache's state and the source's listing, what each model needs.
+
+    `protect`: models never evicted to make room, as if pinned (the orchestra's warm set).
 
     A model is cached when the manifest lists it, it is on disk, and its files (path, size,
     mtime) are the source's: then nothing happens to it. One whose source changed is
@@ -176,7 +179,10 @@ def plan_sync(
     wanted = set(models)
     candidates = [
         Evictable(
-            n, int(e.get("disk_bytes") or e.get("bytes") or 0), e.get("last_used"), bool(e.get("pinned"))
+            n,
+            int(e.get("disk_bytes") or e.get("bytes") or 0),
+            e.get("last_used"),
+            bool(e.get("pinned")) or n in protect,
         )
         for n, e in manifest.items()
         if n not in wanted

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -141,7 +141,12 @@ class Prepared:
     error: LabctlError | None = None  # reading the cache's state failed: that host fails alone
 
     def sync(
-        self, run: HostRun, *, streams: int = DEFAULT_STREAMS, on_progress: ProgressFn | None = None
+        self,
+        run: HostRun,
+        *,
+        streams: int = DEFAULT_STREAMS,
+        on_progress: ProgressFn | None = None,
+        protect: Collection[str] = (),
     ) -> dict[str, Any]:
         """Bring the models into the target's cache (`run` is the cache host); returns what
         happened (JSON-ready).
@@ -159,7 +164,9 @@ class Prepared:
             if self.error is not None:
                 raise self.error
             assert self.state is not None
-            plan = plan_sync(self.state, self.listing, models, self.chunk_size, where=target.where)
+            plan = plan_sync(
+                self.state, self.listing, models, self.chunk_size, where=target.where, protect=protect
+            )
             result: dict[str, Any] = {
                 "cache": mc.path,
                 "source": target.source.name,
@@ -343,10 +350,12 @@ def sync(
     streams: int = DEFAULT_STREAMS,
     chunk_size: int = DEFAULT_CHUNK,
     on_progress: ProgressFn | None = None,
+    protect: Collection[str] = (),
 ) -> dict[str, Any]:
-    """`labctl cache sync` for one cache host (`run`'s) as a function: raises a LabctlError."""
+    """`labctl cache sync` for one cache host (`run`'s) as a function: raises a LabctlError.
+    `protect`: cached models never evicted for room (as if pinned)."""
     p = prepare(run.ctx, [target], models, chunk_size)[target.host.name]
-    return p.sync(run, streams=streams, on_progress=on_progress)
+    return p.sync(run, streams=streams, on_progress=on_progress, protect=protect)
 
 
 def verify_host(

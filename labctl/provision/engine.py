@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from labctl.agent_ship import call_agent
 from labctl.errors import LabctlError
 from labctl.fanout import HostResult, HostRun, fan_out
-from labctl.inventory.model import Host, Inventory
 from labctl.hostlock import HostLock
+from labctl.inventory.model import Host, Inventory
 from labctl.provision.playbook import Entry, Playbook, check_tags, play_members
 from labctl.provision.resource import Change, NotApplicable, PlanError, Resource, load_registry
 

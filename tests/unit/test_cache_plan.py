@@ -393,3 +393,22 @@ def test_touch_and_pin_update_the_manifest(store: Path, tmp_path: Path) -> None:
         ).stdout
     )
     assert evict["evicted"][0]["name"] == "one.safetensors" and not (cache / "one.safetensors").exists()
+
+
+def test_protected_models_are_never_evicted_for_room_as_if_pinned() -> None:
+    """The orchestra's warm models are protected while a joining model is synced: room comes
+    from cold models only, and when cold ones are not enough, nothing moves."""
+    files = [("new/model.safetensors", 60 * MIB)]
+    state = state_of(
+        10 * MIB + SLACK,
+        {
+            "warm": cached([("warm/model.safetensors", 50 * MIB)], 1.0),
+            "cold": cached([("cold/x", 55 * MIB)], 5.0),
+        },
+    )
+    plan = plan_sync(state, listing_of(new=files), ["new"], 4 * MIB)
+    assert [e.name for e in plan.evict] == ["warm"]  # least recently used, without protection
+    plan = plan_sync(state, listing_of(new=files), ["new"], 4 * MIB, protect={"warm"})
+    assert [e.name for e in plan.evict] == ["cold"]
+    with pytest.raises(CacheFull):
+        plan_sync(state, listing_of(new=files), ["new"], 4 * MIB, protect={"warm", "cold"})
