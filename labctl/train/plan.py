@@ -17,7 +17,7 @@ from labctl.train.phases import Settings
 from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec, NodeSpec
 
 ORCHESTRA_HINT = (
-    f"Load the warm set first (the rotation state lives in {paths.WARM_STATE}), "
+    f"Load the warm set first with `labctl orchestra start` (its state lives in {paths.WARM_STATE}), "
     "or train without it: --set requires_orchestra=false."
 )
 
@@ -311,6 +311,9 @@ def _cross_host_checks(hosts: list[Host], probes: dict[str, dict[str, Any]], dev
 
 
 def orchestra_problems(probes: dict[str, dict[str, Any]]) -> list[Problem]:
+    """The warm set as every inference host's warm.json tells it: each file present, no model on
+    any host short of loaded, and together at least the warm set's size (a host may hold none
+    when the placement put the whole set elsewhere)."""
     if not probes:
         return [
             Problem(
@@ -320,6 +323,7 @@ def orchestra_problems(probes: dict[str, dict[str, Any]]) -> list[Problem]:
             )
         ]
     out = []
+    loaded, want = 0, 0
     for name, p in probes.items():
         orch = p.get("orchestra") or {}
         if not orch.get("present"):
@@ -333,11 +337,27 @@ def orchestra_problems(probes: dict[str, dict[str, Any]]) -> list[Problem]:
                 )
             )
             continue
-        models = (orch.get("state") or {}).get("models") or []
+        state = orch.get("state") or {}
+        models = state.get("models") or []
         cold = [str(m.get("name", "?")) for m in models if m.get("state") != "loaded"]
-        if not models or cold:
-            what = f"not loaded: {', '.join(cold)}" if cold else "the warm set is empty"
-            out.append(Problem(name, f"the orchestra's warm set is not ready ({what}).", ORCHESTRA_HINT))
+        loaded += len(models) - len(cold)
+        want = max(want, int(state.get("warm_size") or 0))
+        if cold:
+            out.append(
+                Problem(
+                    name,
+                    f"the orchestra's warm set is not ready (not loaded: {', '.join(cold)}).",
+                    ORCHESTRA_HINT,
+                )
+            )
+    if not out and loaded == 0:
+        out.append(Problem("all", "the orchestra's warm set is empty: no model is loaded.", ORCHESTRA_HINT))
+    elif not out and loaded < want:
+        out.append(
+            Problem(
+                "all", f"the orchestra's warm set is short: {loaded} of {want} models loaded.", ORCHESTRA_HINT
+            )
+        )
     return out
 
 

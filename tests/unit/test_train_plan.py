@@ -279,3 +279,16 @@ def test_run_records_live_beside_the_inventory_link_and_list_newest_first(tmp_pa
     with pytest.raises(InputError) as e:
         runs.load(root, "p9-nope")
     assert a in e.value.hint and b in e.value.hint
+
+
+def test_phase3_counts_the_warm_set_over_every_inference_host() -> None:
+    def warm(names: list[str], size: int = 2) -> dict[str, Any]:
+        models = [{"name": n, "state": "loaded"} for n in names]
+        return {"orchestra": {"present": True, "state": {"models": models, "warm_size": size}}}
+
+    # The placement put the whole set on one host: the other's empty file is no problem.
+    assert orchestra_problems({"m5": warm(["a", "b"]), "irina": warm([])}) == []
+    (short,) = orchestra_problems({"m5": warm(["a"]), "irina": warm([])})
+    assert short.host == "all" and "1 of 2" in short.message
+    (empty,) = orchestra_problems({"m5": warm([]), "irina": warm([])})
+    assert "empty" in empty.message and "orchestra start" in empty.fix
