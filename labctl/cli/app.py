@@ -20,6 +20,7 @@ from labctl.cli import (
     facts_cmd,
     init_cmd,
     inventory_cmd,
+    orchestra_cmd,
     provision_cmd,
     sim_cmd,
     train_cmd,
@@ -31,7 +32,7 @@ app = typer.Typer(
     name="labctl",
     help=(
         "Run a small GPU lab from one YAML inventory: facts, parallel commands, provisioning, "
-        "model cache, training and benchmarks over SSH.\n\n"
+        "model cache, training, the LLM orchestra and benchmarks over SSH.\n\n"
         "Start with `labctl sim up` for a simulated lab on this machine, or point -i at your inventory."
     ),
     no_args_is_help=True,
@@ -73,6 +74,8 @@ app.command("facts")(facts_cmd.facts)
 app.command("provision")(provision_cmd.provision)
 app.add_typer(cache_cmd.app, name="cache")
 app.add_typer(train_cmd.app, name="train")
+app.add_typer(orchestra_cmd.app, name="orchestra")
+app.command("rotate")(orchestra_cmd.rotate_cmd)
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(sim_cmd.app, name="sim")
 

@@ -8,8 +8,13 @@ from typing import Annotated, Optional
 import typer
 
 from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context, positive
+from labctl.cli.orchestra_cmd import bench_rotation
 
-app = typer.Typer(help="Measure model loading (and make models to measure with).", no_args_is_help=True)
+app = typer.Typer(
+    help="Measure model loading and the orchestra's rotation (and make models to measure with).",
+    no_args_is_help=True,
+)
+app.command("rotation")(bench_rotation)
 
 
 @app.command("make-model")

@@ -1,0 +1,292 @@
+"""`labctl orchestra plan|status|start|stop` and `labctl rotate`: the LLM orchestra's warm set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.orchestra.rotate import RotationResult
+    from labctl.orchestra.spec import Orchestra
+
+app = typer.Typer(
+    help=(
+        "The LLM orchestra (seed 000): models kept warm on the inference GPUs for phase-3 training. "
+        "plan places them, start/stop loads or unloads the warm set, status shows it; "
+        "`labctl rotate` swaps part of it."
+    ),
+    no_args_is_help=True,
+)
+
+FileOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--file",
+        "-f",
+        help="Orchestra file. Default: playbooks/orchestra.yaml beside the inventory, else in the current folder.",
+        show_default=False,
+    ),
+]
+DryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", help="Decide and show every step; start, stop and write nothing.")
+]
+PythonOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--python",
+        help="Interpreter with torch for labctl's model server on the hosts (default: the file's "
+        "server.python, else the host's torch_env, else its python).",
+        show_default=False,
+    ),
+]
+WaitOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--wait",
+        min=0,
+        help="Seconds to wait for another rotation on the same host (default 600; 0: refuse at once).",
+        show_default=False,
+    ),
+]
+
+
+def load(c: Context, file: Optional[Path]) -> Orchestra:
+    from labctl.orchestra.spec import default_path, load_orchestra
+
+    return load_orchestra(file or default_path(c.inventory_path))
+
+
+@app.command("plan")
+def plan_cmd(
+    ctx: typer.Context,
+    file: FileOpt = None,
+    offline: Annotated[
+        bool,
+        typer.Option("--offline", help="Plan from the inventory's declared GPUs; ask no host."),
+    ] = False,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Place the warm set on the inference GPUs by memory, and show what the lab can hold.
+
+    GPUs the hosts detect win over the inventory's declaration (--offline: declared only); the
+    GPUs training keeps (playbooks/train.yaml: the V100) are left out. A model that fits no GPU
+    is refused with the reason. The capacity view counts how many 7B fp16, 13B fp16 and 70B
+    4-bit models fit, beside seed 000's figures.
+
+    Examples:
+
+        labctl orchestra plan
+
+        labctl orchestra plan --offline --json | jq '.placement'
+    """
+    from labctl.orchestra.decide import plan_placement
+    from labctl.orchestra.rotate import serving_hosts
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        orch = load(c, file)
+        hosts = serving_hosts(c, orch)
+        views = None
+        if not offline:
+            from labctl.orchestra.hoststate import read_views
+
+            views = read_views(c, hosts, orch.server.health)
+        shown = plan_placement(c.inventory, orch, hosts, views)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit(shown.to_json())
+        return
+    from labctl.orchestra.render import render_plan
+
+    render_plan(c.console, shown)
+
+
+@app.command("status")
+def status_cmd(
+    ctx: typer.Context,
+    file: FileOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """What is warm where, since when, whether it answers; the last and next rotation; cache hits.
+
+    Exit 1 when a recorded model does not answer (the next rotation repairs it).
+
+    Example: labctl orchestra status --json | jq '.models[] | {name, healthy}'
+    """
+    from labctl.orchestra.status import orchestra_status
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        orch = load(c, file)
+        st = orchestra_status(c, orch)
+    finally:
+        c.close()
+    code = 0 if all(r["healthy"] for r in st.rows) and not st.notes else 1
+    if c.json_mode:
+        c.emit(st.to_json())
+    else:
+        from labctl.orchestra.render import render_status
+
+        render_status(c.console, st)
+    raise typer.Exit(code)
+
+
+def run_rotation(
+    ctx: typer.Context,
+    kind: str,
+    file: Optional[Path],
+    dry_run: bool,
+    python: Optional[str],
+    wait: Optional[float],
+    inventory: Optional[Path],
+    json_out: bool,
+    verbose: int,
+    out: Optional[list[str]] = None,
+    in_: Optional[list[str]] = None,
+) -> RotationResult:
+    """Rotate, start or stop; print or emit; exit 1 on a host failure (the error is raised)."""
+    from labctl.orchestra.rotate import Options, rotate
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{_esc(text)}[/]", soft_wrap=True))
+    try:
+        orch = load(c, file)
+        result = rotate(
+            c,
+            orch,
+            Options(kind, out or (), in_ or (), dry_run, python, wait, say),
+        )
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit(result.to_json())
+    else:
+        from labctl.orchestra.render import render_rotation
+
+        render_rotation(c.console, result, orch)
+    return result
+
+
+def _esc(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+@app.command("start")
+def start_cmd(
+    ctx: typer.Context,
+    file: FileOpt = None,
+    dry_run: DryRunOpt = False,
+    python: PythonOpt = None,
+    wait: WaitOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Load the whole warm set: the first `warm` models of the library (pinned ones first),
+    synced into the RAM cache where missing, each started and health-checked on its GPU.
+
+    Run again after a failure: what answers is kept, the rest is started. warm.json on each
+    serving host then tells phase-3 training the set is loaded.
+
+    Example: labctl orchestra start --dry-run
+    """
+    run_rotation(ctx, "start", file, dry_run, python, wait, inventory, json_out, verbose)
+
+
+@app.command("stop")
+def stop_cmd(
+    ctx: typer.Context,
+    file: FileOpt = None,
+    dry_run: DryRunOpt = False,
+    wait: WaitOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Unload the whole warm set: every orchestra server stopped (SIGTERM, SIGKILL after the
+    file's stop_grace), GPU memory freed, warm.json emptied (phase 3 then refuses to start)."""
+    run_rotation(ctx, "stop", file, dry_run, None, wait, inventory, json_out, verbose)
+
+
+def rotate_cmd(
+    ctx: typer.Context,
+    file: FileOpt = None,
+    out: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--out", help="A warm model to take out (repeatable); default the least recently rotated in."
+        ),
+    ] = None,
+    in_: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--in", help="A library model to bring in (repeatable); default the next in the library's order."
+        ),
+    ] = None,
+    dry_run: DryRunOpt = False,
+    python: PythonOpt = None,
+    wait: WaitOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Swap part of the LLM orchestra's warm set (the file's `rotate`, default 2 models).
+
+    Who leaves: the least recently rotated in, never a pinned model. Who joins: the next models
+    in the library's order (or --in/--out). Joining models are synced into the RAM cache if
+    missing (evicting only cold models), started on their GPUs and health-checked before the
+    leaving ones are stopped (make-before-break; where memory does not allow it, the leaving
+    one goes first). Every stage is timed. A lock on each serving host makes a second rotation
+    wait (--wait) or refuse; a rotation killed half-way is repaired by the next one.
+
+    Examples:
+
+        labctl rotate --dry-run
+
+        labctl rotate --out llama-3.1-8b --in qwen2.5-coder-7b --json
+    """
+    run_rotation(ctx, "rotate", file, dry_run, python, wait, inventory, json_out, verbose, out, in_)
+
+
+def bench_rotation(
+    ctx: typer.Context,
+    file: FileOpt = None,
+    python: PythonOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Measure one real rotation by stage (cache, load, warm-up, health, stop) and as a share of
+    the cadence, beside seed 000's figures (15 s load + 40 s warm-up per model, under 1%).
+
+    Runs `labctl rotate` once (the warm set is started first if nothing is warm).
+
+    Example: labctl bench rotation --json
+    """
+    from labctl.orchestra.bench import rotation_bench
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{_esc(text)}[/]", soft_wrap=True))
+    try:
+        orch = load(c, file)
+        report = rotation_bench(c, orch, python, say)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit(report)
+        return
+    from labctl.orchestra.render import render_bench
+
+    render_bench(c.console, report)

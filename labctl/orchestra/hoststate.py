@@ -1,0 +1,129 @@
+"""What each serving host says about its orchestra, and what a killed rotation left behind.
+
+`read_views` asks every serving host once (`orch_state`: warm.json, the history, the servers
+that are really running and whether they answer, the GPUs it detects). `find_repair` (pure)
+compares what warm.json claims with what answers: a server nobody recorded (a rotation killed
+after it started a joiner) is an orphan to stop; a recorded model whose server is gone or does
+not answer is lost. The rotation repairs both before it plans, so warm.json always ends up
+matching what really answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from labctl.errors import HostError
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.inventory.model import Host
+
+
+@dataclass
+class HostView:
+    host: str
+    warm: dict[str, Any] | None
+    warm_error: str | None
+    servers: list[dict[str, Any]]
+    history: list[dict[str, Any]]
+    gpus: list[dict[str, Any]] | None = None  # detected by the host; None: none detected
+
+    @classmethod
+    def from_answer(cls, host: str, answer: dict[str, Any]) -> HostView:
+        detected = answer.get("gpus") or None
+        return cls(
+            host,
+            answer.get("warm") if isinstance(answer.get("warm"), dict) else None,
+            answer.get("warm_error"),
+            list(answer.get("servers") or []),
+            list(answer.get("history") or []),
+            detected,
+        )
+
+    @property
+    def warm_models(self) -> list[dict[str, Any]]:
+        return [m for m in (self.warm or {}).get("models") or [] if isinstance(m, dict) and m.get("name")]
+
+
+@dataclass
+class Repair:
+    """One host's difference between warm.json and what runs."""
+
+    host: str
+    current: list[dict[str, Any]] = field(default_factory=list)  # recorded and answering
+    orphans: list[dict[str, Any]] = field(default_factory=list)  # running, not recorded (or not answering)
+    lost: list[dict[str, Any]] = field(default_factory=list)  # recorded, nothing answers for it
+    damaged: str | None = None  # warm.json could not be read
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.orphans or self.lost or self.damaged)
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.damaged:
+            out.append(f"{self.host}: warm.json was unreadable ({self.damaged}); rebuilt from what answers")
+        for s in self.orphans:
+            why = "not answering" if s.get("recorded") else "not in warm.json (a rotation stopped half-way)"
+            out.append(f"{self.host}: stopped {s['model']} (pid {s['pid']}, port {s.get('port')}): {why}")
+        for m in self.lost:
+            out.append(
+                f"{self.host}: {m['name']} was recorded as loaded but no server answers for it; dropped"
+            )
+        return out
+
+
+def find_repair(view: HostView) -> Repair:
+    """Which recorded models really answer, which servers run unrecorded, which are lost.
+
+    A server counts as the recorded one only with the recorded pid: a second server of the same
+    model (a restart a killed rotation began) is an orphan even while the first one answers.
+    """
+    rep = Repair(view.host, damaged=view.warm_error)
+    by_pid = {int(s["pid"]): s for s in view.servers if s.get("pid") is not None}
+    claimed: set[int] = set()
+    for m in view.warm_models:
+        pid = m.get("pid")
+        s = by_pid.get(int(pid)) if isinstance(pid, int) else None
+        if s is not None and s.get("model") == m["name"] and s.get("healthy"):
+            rep.current.append({**m, "port": s.get("port", m.get("port")), "state": "loaded"})
+            claimed.add(int(s["pid"]))
+        else:
+            rep.lost.append(m)
+            if s is not None and s.get("model") == m["name"]:
+                claimed.discard(int(s["pid"]))
+    for pid, s in sorted(by_pid.items()):
+        if pid not in claimed:
+            recorded = any(m.get("pid") == pid for m in view.warm_models)
+            rep.orphans.append({**s, "recorded": recorded})
+    return rep
+
+
+def read_views(
+    ctx: Context, hosts: Sequence[Host], health_path: str, *, gpus: bool = True
+) -> dict[str, HostView]:
+    """One `orch_state` round trip per serving host, all at once; a host that does not answer
+    is a HostError naming it (the rotation cannot plan around a host it cannot see)."""
+    from labctl.agent_ship import call_agent
+    from labctl.fanout import HostResult, HostRun, fan_out
+
+    def step(run: HostRun) -> HostResult:
+        answer = call_agent(
+            run,
+            "orch_state",
+            {"host": run.host.name, "health_path": health_path, "gpus": gpus},
+            read_only=False,
+        )
+        return HostResult(run.host.name, "ok", data=answer)
+
+    results = fan_out(ctx, list(hosts), step, label="orchestra state", progress=False)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        lines = "; ".join(f"{r.host}: {r.error}" for r in failed)
+        raise HostError(
+            f"The orchestra cannot read its serving hosts: {lines}",
+            failed[0].hint or "Check the hosts with `labctl facts`, then run again.",
+        )
+    return {r.host: HostView.from_answer(r.host, r.data or {}) for r in results}

@@ -1,0 +1,464 @@
+"""Carrying out a rotation (and `orchestra start`/`stop`): lock, repair, cache, start, wait, stop.
+
+The decision is pure data (`labctl/orchestra/decide.py`: who leaves, who joins, where, in which
+order); this module only carries it out on the serving hosts, in the plan's order:
+- every serving host's rotation lock is taken first (sorted by name, so two rotations never
+  deadlock), before its state is read: a second rotation waits for the first, then plans from
+  what it left;
+- what a killed rotation left is repaired (orphan servers stopped, lost models dropped) and
+  warm.json rewritten to match what answers, before anything else happens;
+- joining models missing from the host's RAM cache are synced, evicting only cold models;
+- joiners start (make-before-break where memory allows), their health checks are awaited, and
+  warm.json is written after each batch that succeeded and after each batch of stops, so at any
+  moment it lists exactly the servers that answer;
+- a joiner that fails is stopped (no half-started server is left) and the error names its log.
+Every stage is timed; the result is JSON-ready (`to_json`) for `--json` and `bench rotation`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from labctl.agent import paths
+from labctl.errors import HostError, InputError, LabctlError
+from labctl.hostlock import LockKind
+from labctl.orchestra.hoststate import HostView, Repair, find_repair, read_views
+
+if TYPE_CHECKING:
+    from labctl.cache.targets import Target
+    from labctl.context import Context
+    from labctl.fanout import HostRun
+    from labctl.inventory.model import Host
+    from labctl.orchestra.decide import RotationPlan
+    from labctl.orchestra.spec import Orchestra
+
+ROTATION = LockKind(
+    "labctl rotate",
+    "is rotating the orchestra here",
+    "is in the middle of another rotation",
+    "Let that rotation finish (`labctl orchestra status` shows it), then run again; "
+    "--wait SECONDS waits longer, --dry-run takes no lock.",
+    "LABCTL_ROTATE_LOCK_WAIT",
+    paths.ORCHESTRA_LOCK,
+)
+HISTORY_KEEP = 50
+
+Report = Callable[[str], None]
+
+
+@dataclass
+class Timing:
+    """One model's stages, in seconds."""
+
+    model: str
+    host: str
+    cache: float = 0.0
+    cache_hit: bool = True
+    start: float = 0.0  # orch_start: the process spawned
+    load: float = 0.0  # the server's own figure: files → device
+    warmup: float = 0.0  # the server's own figure: the first forward pass
+    health: float = 0.0  # waiting for /health beyond load and warm-up (interpreter start, polling)
+    stop: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class RotationResult:
+    kind: str
+    plan: RotationPlan
+    dry_run: bool
+    repairs: list[str] = field(default_factory=list)
+    joined: list[Timing] = field(default_factory=list)
+    left: list[Timing] = field(default_factory=list)
+    seconds: float = 0.0
+    waited_for_lock: float = 0.0
+    warm: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # host → models now
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.joined or self.left or self.repairs)
+
+    def stages(self) -> dict[str, float]:
+        """Sum of each stage over the rotation's models (what `bench rotation` shows)."""
+        out = {"cache": 0.0, "start": 0.0, "load": 0.0, "warmup": 0.0, "health": 0.0, "stop": 0.0}
+        for t in [*self.joined, *self.left]:
+            for k in out:
+                out[k] += getattr(t, k)
+        return {k: round(v, 3) for k, v in out.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "dry_run": self.dry_run,
+            "changed": self.changed,
+            "plan": self.plan.to_json(),
+            "repairs": self.repairs,
+            "joined": [t.to_json() for t in self.joined],
+            "left": [t.to_json() for t in self.left],
+            "stages": self.stages(),
+            "seconds": round(self.seconds, 3),
+            "waited_for_lock": round(self.waited_for_lock, 3),
+            "warm": self.warm,
+        }
+
+
+@dataclass
+class Options:
+    kind: str = "rotate"  # rotate | start | stop
+    out: Sequence[str] = ()
+    in_: Sequence[str] = ()
+    dry_run: bool = False
+    python: str | None = None
+    lock_wait: float | None = None
+    report: Report | None = None
+
+
+def serving_hosts(ctx: Context, orch: Orchestra) -> list[Host]:
+    """The orchestra's hosts (its `hosts:` expression), each with a model cache to serve from."""
+    from labctl.cache.targets import has_cache
+    from labctl.inventory.select import select_hosts
+
+    hosts = [h for h in select_hosts(ctx.inventory, orch.hosts, label="") if not h.is_windows]
+    if not hosts:
+        raise InputError(
+            f"The orchestra's hosts ({orch.hosts}) are all Windows hosts; the orchestra serves from Linux hosts.",
+            "Set `hosts:` in the orchestra file to the inference hosts (default role:inference).",
+        )
+    bare = [h.name for h in hosts if not has_cache(h)]
+    if bare:
+        raise InputError(
+            f"The orchestra serves models from each host's RAM cache, but {', '.join(bare)} "
+            f"{'has' if len(bare) == 1 else 'have'} no model_cache in the inventory.",
+            "Give each serving host a model_cache (path, size_gb, source) and run "
+            "`labctl provision --tags cache`, or leave it out of the orchestra's `hosts:`.",
+        )
+    return hosts
+
+
+def rotate(ctx: Context, orch: Orchestra, opts: Options) -> RotationResult:
+    """Decide, then (unless dry-run) carry out one rotation, `orchestra start` or `stop`."""
+    from labctl.fanout import HostRun
+    from labctl.hostlock import HostLock
+    from labctl.orchestra.decide import decide
+
+    t0 = time.monotonic()
+    hosts = serving_hosts(ctx, orch)
+    by_name = {h.name: h for h in hosts}
+    with ExitStack() as locks:
+        if not opts.dry_run:
+            for h in sorted(hosts, key=lambda h: h.name):
+                locks.enter_context(
+                    HostLock(HostRun(ctx, h, _cancel()), opts.lock_wait, opts.report, ROTATION)
+                )
+        waited = time.monotonic() - t0
+        views = read_views(ctx, hosts, orch.server.health)
+        repairs = {name: find_repair(v) for name, v in views.items()}
+        plan = decide(ctx.inventory, orch, hosts, views, repairs, opts.kind, opts.out, opts.in_)
+        result = RotationResult(opts.kind, plan, opts.dry_run, waited_for_lock=waited)
+        if opts.dry_run:
+            result.repairs = [n for r in repairs.values() for n in r.notes()]
+            result.warm = {h: [dict(m) for m in r.current] for h, r in repairs.items()}
+            result.seconds = time.monotonic() - t0
+            return result
+        ex = _Executor(ctx, orch, opts, by_name, views, plan, result)
+        ex.repair(repairs)
+        ex.run()
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _cancel() -> Any:
+    import threading
+
+    return threading.Event()
+
+
+class _Executor:
+    """Carries out one plan; keeps each host's warm list in step with what answers."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        orch: Orchestra,
+        opts: Options,
+        hosts: dict[str, Host],
+        views: dict[str, HostView],
+        plan: RotationPlan,
+        result: RotationResult,
+    ) -> None:
+        from labctl.cache.targets import resolve_target
+
+        self.ctx, self.orch, self.opts, self.hosts, self.plan, self.result = (
+            ctx,
+            orch,
+            opts,
+            hosts,
+            plan,
+            result,
+        )
+        self.views = views
+        self.targets: dict[str, Target] = {h: resolve_target(ctx.inventory, h) for h in hosts}
+        self.warm: dict[str, list[dict[str, Any]]] = {h: [] for h in hosts}
+        self.cursor = plan.cursor
+        self.started = time.time()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _say(self, text: str) -> None:
+        if self.opts.report is not None:
+            self.opts.report(text)
+
+    def _call(self, host: str, command: str, args: dict[str, Any], timeout: float = 120.0, **kw: Any) -> Any:
+        from labctl.agent_ship import call_agent
+        from labctl.fanout import on_host
+
+        args = {"host": host, **args}
+        return on_host(
+            self.ctx, self.hosts[host], lambda run: call_agent(run, command, args, timeout=timeout, **kw)
+        )
+
+    def _commit(self, host: str, entry: dict[str, Any] | None = None) -> None:
+        warm = {
+            "models": self.warm[host],
+            "warm_size": self.orch.warm,
+            "hosts": sorted(self.hosts),
+            "cursor": self.cursor,
+        }
+        self._call(host, "orch_commit", {"warm": warm, "history": entry})
+
+    # -- the stages ------------------------------------------------------------------------
+
+    def repair(self, repairs: dict[str, Repair]) -> None:
+        for host, rep in repairs.items():
+            self.warm[host] = [dict(m) for m in rep.current]
+            if rep.orphans:
+                self._stop(host, [], pids=[int(s["pid"]) for s in rep.orphans])
+            if rep.needed:
+                notes = rep.notes()
+                self.result.repairs += notes
+                for n in notes:
+                    self._say(f"repaired {n}")
+                self._commit(host, {"at": time.time(), "kind": "repair", "notes": notes, "ok": True})
+
+    def run(self) -> None:
+        """The plan's steps in order: consecutive starts on one host form a batch whose health
+        checks are awaited together; warm.json is written after each batch."""
+        steps = list(self.plan.steps)
+        joining = [s for s in steps if s.action == "start"]
+        self._cache(joining)
+        i = 0
+        while i < len(steps):
+            s = steps[i]
+            batch = [s]
+            while (
+                i + len(batch) < len(steps)
+                and steps[i + len(batch)].action == s.action
+                and steps[i + len(batch)].host == s.host
+            ):
+                batch.append(steps[i + len(batch)])
+            i += len(batch)
+            if s.action == "start":
+                self._start_batch(s.host, batch)
+            else:
+                timings = self._stop(s.host, [b.model for b in batch])
+                self.result.left += timings
+                self._commit(s.host)
+        entry = self._history_entry()
+        for host in sorted(self.hosts):
+            self._commit(host, entry)
+        self.result.warm = {h: list(ms) for h, ms in self.warm.items()}
+
+    def _history_entry(self) -> dict[str, Any]:
+        return {
+            "started": round(self.started, 3),
+            "at": time.time(),
+            "kind": self.opts.kind,
+            "joined": [t.model for t in self.result.joined],
+            "left": [t.model for t in self.result.left],
+            "modes": sorted({s.mode for s in self.plan.steps if s.mode}),
+            "cache_hits": [t.model for t in self.result.joined if t.cache_hit],
+            "cache_misses": [t.model for t in self.result.joined if not t.cache_hit],
+            "stages": self.result.stages(),
+            "seconds": round(sum(self.result.stages().values()), 3),
+            "ok": True,
+        }
+
+    def _cache(self, joining: Sequence[Any]) -> None:
+        """Joining models missing from their host's RAM cache are synced first; the warm ones
+        are protected from eviction."""
+        from labctl.cache.ops import cache_state
+        from labctl.cache.sync import sync
+        from labctl.fanout import on_host
+
+        self.cache_times: dict[str, tuple[float, bool]] = {}
+        by_host: dict[str, list[str]] = {}
+        for s in joining:
+            by_host.setdefault(s.host, []).append(s.model)
+        for host, models in by_host.items():
+            target = self.targets[host]
+            paths_ = [self.orch.model(m).path for m in models]
+
+            def work(run: HostRun, target: Target = target, paths_: list[str] = paths_) -> dict[str, Any]:
+                state = cache_state(run, target.cache)
+                cached = {n for n, e in (state.get("models") or {}).items() if e.get("present", True)}
+                missing = [p for p in paths_ if p not in cached]
+                if not missing:
+                    return {"missing": [], "seconds": 0.0}
+                self._say(
+                    f"{host}: syncing {', '.join(missing)} into the RAM cache from {target.source.name}"
+                )
+                t = time.monotonic()
+                warm_paths = {
+                    self.orch.model(m["name"]).path for m in self.warm[host] if self.orch.has(m["name"])
+                }
+                sync(run, target, missing, protect=warm_paths)
+                return {"missing": missing, "seconds": time.monotonic() - t}
+
+            got = on_host(self.ctx, self.hosts[host], work)
+            for m in models:
+                hit = self.orch.model(m).path not in got["missing"]
+                share = got["seconds"] / max(1, len(got["missing"])) if not hit else 0.0
+                self.cache_times[m] = (share, hit)
+
+    def _start_batch(self, host: str, batch: Sequence[Any]) -> None:
+        target = self.targets[host]
+        started: list[dict[str, Any]] = []
+        timings: dict[str, Timing] = {}
+        try:
+            for s in batch:
+                spec = self.orch.model(s.model)
+                t = time.monotonic()
+                self._say(f"{host}: starting {s.model} on GPU {s.gpu if s.gpu is not None else '-'}")
+                info = self._call(
+                    host,
+                    "orch_start",
+                    {
+                        "model": s.model,
+                        "gpu": s.gpu,
+                        "path": target.cached(spec.path),
+                        "command": self.orch.server.command,
+                        "python": self.opts.python or self.orch.server.python,
+                        "health_path": self.orch.server.health,
+                    },
+                )
+                cache_s, hit = self.cache_times.get(s.model, (0.0, True))
+                timings[s.model] = Timing(
+                    s.model, host, cache=cache_s, cache_hit=hit, start=time.monotonic() - t
+                )
+                started.append(
+                    {
+                        "model": s.model,
+                        "port": info["port"],
+                        "pid": info["pid"],
+                        "step": s,
+                        "since": time.time(),
+                    }
+                )
+            t = time.monotonic()
+            answer = self._call(
+                host,
+                "orch_health",
+                {
+                    "servers": [{"model": x["model"], "port": x["port"], "pid": x["pid"]} for x in started],
+                    "timeout": self.orch.server.start_timeout,
+                    "health_path": self.orch.server.health,
+                },
+                timeout=self.orch.server.start_timeout + 60,
+                on_line=self._health_line(host),
+            )
+        except BaseException:
+            # Nothing half-started stays behind: whatever of this batch runs is stopped.
+            if started:
+                self._stop_quietly(host, [int(x["pid"]) for x in started])
+            raise
+        waited = time.monotonic() - t
+        results = {r["model"]: r for r in answer.get("results") or []}
+        bad = [r for r in results.values() if not r.get("healthy")]
+        if bad or len(results) < len(started):
+            self._stop_quietly(host, [int(x["pid"]) for x in started])
+            self._commit(host)
+            r = bad[0] if bad else {"model": "?", "error": "no answer"}
+            tail = (r.get("log_tail") or "").strip()[-600:]
+            log = f"{paths.ORCHESTRA_LOGS}/{r['model']}.log"
+            raise HostError(
+                f"{host}: {r['model']} did not become healthy: {r.get('error') or 'no health answer'}."
+                + (f" Its log ends:\n{tail}" if tail else ""),
+                f"Nothing was left half-started: the joining servers were stopped and the warm set is as it was"
+                f"{'' if not any(s.mode == 'break-before-make' for s in batch) else ' minus the models stopped to make room'}. "
+                f"Read {log} on {host}, fix the model or the server command, and rotate again.",
+            )
+        for x in started:
+            r = results[x["model"]]
+            doc = r.get("health") or {}
+            tm = timings[x["model"]]
+            tm.load = float(doc.get("load_s") or 0.0)
+            tm.warmup = float(doc.get("warmup_s") or 0.0)
+            tm.health = max(0.0, float(r.get("seconds") or waited) - tm.load - tm.warmup)
+            s = x["step"]
+            self.warm[host].append(
+                {
+                    "name": x["model"],
+                    "gpu": s.gpu,
+                    "gpu_model": s.gpu_model,
+                    "port": x["port"],
+                    "pid": x["pid"],
+                    "state": "loaded",
+                    "since": round(x["since"], 3),
+                    "memory_gb": s.memory_gb,
+                }
+            )
+            self.cursor = x["model"]
+            self.result.joined.append(tm)
+        self._commit(host)
+
+    def _health_line(self, host: str) -> Callable[[str, str], None]:
+        from labctl.agent_ship import agent_event
+
+        def on_line(stream: str, line: str) -> None:
+            ev = agent_event(stream, line, "health")
+            if ev is not None and ev.get("state") in ("ready", "loading", "warming", "failed"):
+                self._say(f"{host}: {ev.get('model')} {ev.get('state')}")
+
+        return on_line
+
+    def _stop(self, host: str, models: Sequence[str], pids: Sequence[int] = ()) -> list[Timing]:
+        t = time.monotonic()
+        if models:
+            self._say(f"{host}: stopping {', '.join(models)}")
+        answer = self._call(
+            host,
+            "orch_stop",
+            {
+                "models": list(models) if models else None,
+                "pids": list(pids) or None,
+                "grace": self.orch.server.stop_grace,
+            },
+            timeout=self.orch.server.stop_grace + 60,
+        )
+        if answer.get("remaining"):
+            left = ", ".join(f"{r.get('model')} (pid {r.get('pid')})" for r in answer["remaining"])
+            raise HostError(
+                f"{host}: servers still run after SIGKILL: {left}.",
+                "Check the host (a process stuck in the kernel, e.g. on a GPU driver) and run again.",
+            )
+        gone = set(models)
+        self.warm[host] = [m for m in self.warm[host] if m["name"] not in gone]
+        each = (time.monotonic() - t) / max(1, len(models))
+        return [Timing(m, host, stop=each) for m in models]
+
+    def _stop_quietly(self, host: str, pids: Sequence[int]) -> None:
+        try:
+            self._call(
+                host,
+                "orch_stop",
+                {"models": None, "pids": list(pids), "grace": self.orch.server.stop_grace},
+                timeout=self.orch.server.stop_grace + 60,
+            )
+        except LabctlError:
+            pass  # the next rotation's repair finds what is left
