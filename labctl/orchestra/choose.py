@@ -140,9 +140,16 @@ def choose(
     excess = max(0, len(staying) - warm)
     must_join = len(missing_pinned) + len([n for n in in_ if n not in missing_pinned])
     in_order = _after_cursor(library, cursor, set(warm_names) | set(in_) | set(missing_pinned))
+    if must_join > warm:
+        raise InputError(
+            f"{must_join} models would have to join ({', '.join(_dedupe([*missing_pinned, *in_]))}) "
+            f"but the warm set holds {warm}.",
+            "Name fewer with --in (pinned models that are not warm join first), or raise warm: in the "
+            "orchestra file.",
+        )
 
     n_auto = max(0, size - len(out)) + excess
-    kept = len(staying) - len(out)
+    kept = len([n for n in staying if n not in out])
     # Room for the models that must join (pinned ones first, then --in).
     n_auto = max(n_auto, must_join - (warm - kept))
     n_auto = min(n_auto, len(pool))
@@ -154,7 +161,7 @@ def choose(
     auto = pool[:n_auto]
     for n in auto:
         why[n] = "over the warm size" if excess and n in pool[:excess] else "least recently rotated in"
-    leaving = [*stale, *out, *auto]
+    leaving = _dedupe([*stale, *out, *auto])
 
     joining: list[str] = []
     for name in missing_pinned:
@@ -171,6 +178,13 @@ def choose(
         joining.append(name)
         why[name] = "next in the library's order"
         new_cursor = name
+    if out and len(joining) < needed:
+        raise InputError(
+            f"--out {' '.join(out)}: no model of the library is left to take "
+            f"{'its' if len(out) == 1 else 'their'} place (every other one is warm), so the warm set "
+            f"would drop below {warm}.",
+            "Add models to the library (models: in the orchestra file), or lower warm:.",
+        )
     warm_after = [n for n in warm_names if n not in leaving] + joining
     return Choice(leaving, joining, warm_after, new_cursor, why)
 

@@ -420,6 +420,8 @@ def test_the_warm_set_comes_back_to_its_size_and_drops_models_gone_from_the_libr
     c = choose(LIB, ["h"], 4, 1, warm_of(["a", "gone", "b", "c"]), cursor="c")
     assert c.leaving == ["gone", "a"] and c.joining == ["h", "d"]
     assert c.why["gone"] == "no longer in the library" and c.why["h"] == "pinned, not warm"
+    c = choose(LIB, [], 4, 1, warm_of(["a", "gone", "b", "c"]), out=["gone"])
+    assert (c.leaving, c.joining, c.warm_after) == (["gone"], ["d"], ["a", "b", "c", "d"])
     # A library with nothing left to join: nobody leaves.
     c = choose(["a", "b", "c"], [], 3, 1, warm_of(["a", "b", "c"]))
     assert isinstance(c, Choice) and (c.leaving, c.joining) == ([], [])
@@ -495,3 +497,38 @@ def test_a_day_of_rotations_on_the_seed_lab_always_places_and_keeps_the_pinned_m
         ]
         cursor, before = c.cursor, after
     assert joined == set(orch.names)  # every model of the library had its turn
+
+
+def test_named_swaps_that_cannot_keep_the_warm_set_whole_are_refused() -> None:
+    with pytest.raises(InputError) as e:
+        choose(["a", "b", "c"], [], 3, 1, warm_of(["a", "b", "c"]), out=["b"])
+    assert "no model of the library is left to take its place" in e.value.message
+    with pytest.raises(InputError) as e:
+        choose(LIB, ["h"], 2, 1, warm_of(["a", "b"]), in_=["e", "f"])
+    assert "3 models would have to join (h, e, f) but the warm set holds 2" in e.value.message
+
+
+def test_any_rotation_keeps_the_warm_size_the_pinned_models_and_swaps_what_it_can() -> None:
+    import random
+
+    rng = random.Random(12)  # a fixed sample of states: warm sets short, over-full or stale
+    for _ in range(3000):
+        lib = [f"m{i}" for i in range(rng.randint(2, 10))]
+        warm = rng.randint(2, len(lib))
+        rotate = rng.randint(1, warm - 1)
+        pinned = rng.sample(lib, rng.randint(0, warm - rotate))
+        names = rng.sample([*lib, "gone1", "gone2"], rng.randint(0, min(len(lib) + 2, warm + 2)))
+        cursor = rng.choice([*lib, None, "gone1"])
+        c = choose(
+            lib, pinned, warm, rotate, [{"name": n, "since": rng.randint(0, 5)} for n in names], cursor
+        )
+        staying = set(names) - set(c.leaving)
+        assert len(c.warm_after) == len(set(c.warm_after)) == warm
+        assert set(c.leaving) <= set(names) and not set(c.joining) & staying
+        assert set(pinned) <= set(c.warm_after) and not set(pinned) & set(c.leaving)
+        assert set(c.warm_after) <= set(lib)
+        live = [n for n in names if n in lib]
+        if names:  # as many swap as rotate says, after refilling a short set, where models are there
+            outside = len(lib) - len(live) - max(0, warm - len(live))
+            can = max(0, min(rotate, len([n for n in live if n not in pinned]), outside))
+            assert len([n for n in c.leaving if n in lib]) - max(0, len(live) - warm) >= can
