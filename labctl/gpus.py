@@ -94,13 +94,19 @@ def known_cap(name: str) -> Cap | None:
     return found[0] if found else None
 
 
-def declared_caps(host: Host) -> list[tuple[str, Cap | None]]:
-    """One (model, capability) per GPU the inventory declares on `host`; None where unknown."""
-    out: list[tuple[str, Cap | None]] = []
+def declared_gpus(host: Host) -> list[tuple[str, Cap | None, float]]:
+    """One (model, capability, memory GB) per GPU the inventory declares on `host`, in the
+    inventory's order with `count` expanded; the capability is None where unknown."""
+    out: list[tuple[str, Cap | None, float]] = []
     for g in host.gpus:
         cap = parse_cap(g.compute_capability) if g.compute_capability else known_cap(g.model)
-        out += [(g.model, cap)] * g.count
+        out += [(g.model, cap, g.memory_gb)] * g.count
     return out
+
+
+def declared_caps(host: Host) -> list[tuple[str, Cap | None]]:
+    """One (model, capability) per GPU the inventory declares on `host`; None where unknown."""
+    return [(name, cap) for name, cap, _ in declared_gpus(host)]
 
 
 def arch_caps(arch_list: list[str]) -> tuple[list[Cap], bool]:

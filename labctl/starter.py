@@ -18,6 +18,7 @@ FILES = [
     ("lab.yaml", INVENTORY),
     ("playbooks/provision.yaml", "playbooks/provision.yaml"),
     ("playbooks/train.yaml", "playbooks/train.yaml"),
+    ("playbooks/orchestra.yaml", "playbooks/orchestra.yaml"),
 ]
 HEADER = (
     "# Written by `labctl init`: the seed lab's inventory as a starting point. Make the hosts yours\n"

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.agent import paths
-from labctl.gpus import Cap, builds_for, declared_caps, fmt_cap, known_cap, parse_cap, runs_on
+from labctl.facts_compare import GIB, model_matches
+from labctl.gpus import Cap, builds_for, declared_gpus, fmt_cap, known_cap, parse_cap, runs_on
 from labctl.inventory.model import Host
 from labctl.train.phases import Settings
 from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec, NodeSpec
@@ -37,6 +38,7 @@ class TrainGpu:
     name: str
     cap: Cap | None
     index: int | None  # None: declared in the inventory, not seen on the host
+    memory_gb: float | None = None  # None: the host did not say
 
 
 @dataclass
@@ -47,8 +49,10 @@ class Placement:
     nproc: int = 1
 
 
-def _matches(name: str, wanted: list[str]) -> bool:
-    return not wanted or any(w.lower() in name.lower() for w in wanted)
+def gpu_wanted(name: str, wanted: list[str]) -> bool:
+    """Whether a GPU called `name` is one of `wanted` (empty: every GPU). Whole words, so that
+    "Tesla P4" does not take the P40s (both are in the seed lab)."""
+    return not wanted or any(model_matches(w, name) for w in wanted)
 
 
 def train_gpus(host: Host, probe: dict[str, Any], wanted: list[str]) -> list[TrainGpu]:
@@ -58,13 +62,15 @@ def train_gpus(host: Host, probe: dict[str, Any], wanted: list[str]) -> list[Tra
         out: list[TrainGpu] = []
         for g in real:
             name = str(g.get("name") or "GPU")
-            if not _matches(name, wanted):
+            if not gpu_wanted(name, wanted):
                 continue
             cap_text = g.get("compute_capability") or g.get("compute_cap")
             cap = parse_cap(str(cap_text)) if cap_text else known_cap(name)
-            out.append(TrainGpu(name, cap, int(g.get("index", len(out)))))
+            total = g.get("memory_total_bytes")
+            memory = total / GIB if isinstance(total, (int, float)) and total > 0 else None
+            out.append(TrainGpu(name, cap, int(g.get("index", len(out))), memory))
         return out
-    return [TrainGpu(n, c, None) for n, c in declared_caps(host) if _matches(n, wanted)]
+    return [TrainGpu(n, c, None, m) for n, c, m in declared_gpus(host) if gpu_wanted(n, wanted)]
 
 
 def check_host(
