@@ -92,10 +92,10 @@ def render_rotation(console: Console, result: RotationResult, orch: Orchestra) -
             f"{verb} take {result.plan.summary()}. Run without --dry-run to carry it out.", soft_wrap=True
         )
     else:
-        share = result.seconds / orch.every_seconds if orch.every_seconds else 0.0
+        share = result.seconds / orch.every_s if orch.every_s else 0.0
         console.print(
             f"{result.kind}: {plan.summary()} in {fmt_duration(result.seconds)} "
-            f"({share:.3%} of the {fmt_duration(orch.every_seconds)} cadence).",
+            f"({share:.3%} of the {fmt_duration(orch.every_s)} cadence).",
             soft_wrap=True,
         )
 

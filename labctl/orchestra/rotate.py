@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from functools import partial
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -292,8 +293,6 @@ class _Executor:
     def _cache(self, joining: Sequence[Any]) -> None:
         """Joining models missing from their host's RAM cache are synced first; the warm ones
         are protected from eviction."""
-        from labctl.cache.ops import cache_state
-        from labctl.cache.sync import sync
         from labctl.fanout import on_host
 
         self.cache_times: dict[str, tuple[float, bool]] = {}
@@ -301,30 +300,29 @@ class _Executor:
         for s in joining:
             by_host.setdefault(s.host, []).append(s.model)
         for host, models in by_host.items():
-            target = self.targets[host]
-            paths_ = [self.orch.model(m).path for m in models]
-
-            def work(run: HostRun, target: Target = target, paths_: list[str] = paths_) -> dict[str, Any]:
-                state = cache_state(run, target.cache)
-                cached = {n for n, e in (state.get("models") or {}).items() if e.get("present", True)}
-                missing = [p for p in paths_ if p not in cached]
-                if not missing:
-                    return {"missing": [], "seconds": 0.0}
-                self._say(
-                    f"{host}: syncing {', '.join(missing)} into the RAM cache from {target.source.name}"
-                )
-                t = time.monotonic()
-                warm_paths = {
-                    self.orch.model(m["name"]).path for m in self.warm[host] if self.orch.has(m["name"])
-                }
-                sync(run, target, missing, protect=warm_paths)
-                return {"missing": missing, "seconds": time.monotonic() - t}
-
-            got = on_host(self.ctx, self.hosts[host], work)
+            folders = [self.orch.model(m).folder for m in models]
+            got = on_host(self.ctx, self.hosts[host], partial(self._sync_missing, folders=folders))
             for m in models:
-                hit = self.orch.model(m).path not in got["missing"]
+                hit = self.orch.model(m).folder not in got["missing"]
                 share = got["seconds"] / max(1, len(got["missing"])) if not hit else 0.0
                 self.cache_times[m] = (share, hit)
+
+    def _sync_missing(self, run: HostRun, folders: list[str]) -> dict[str, Any]:
+        from labctl.cache.ops import cache_state
+        from labctl.cache.sync import sync
+
+        host, target = run.host.name, self.targets[run.host.name]
+        state = cache_state(run, target.cache)
+        cached = {n for n, e in (state.get("models") or {}).items() if e.get("present", True)}
+        missing = [f for f in folders if f not in cached]
+        if not missing:
+            return {"missing": [], "seconds": 0.0}
+        self._say(f"{host}: syncing {', '.join(missing)} into the RAM cache from {target.source.name}")
+        t = time.monotonic()
+        names = set(self.orch.names)
+        warm = {self.orch.model(m["name"]).folder for m in self.warm[host] if m["name"] in names}
+        sync(run, target, missing, protect=warm)
+        return {"missing": missing, "seconds": time.monotonic() - t}
 
     def _start_batch(self, host: str, batch: Sequence[Any]) -> None:
         target = self.targets[host]
@@ -341,7 +339,7 @@ class _Executor:
                     {
                         "model": s.model,
                         "gpu": s.gpu,
-                        "path": target.cached(spec.path),
+                        "path": target.cached(spec.folder),
                         "command": self.orch.server.command,
                         "python": self.opts.python or self.orch.server.python,
                         "health_path": self.orch.server.health,

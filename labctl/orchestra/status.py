@@ -85,4 +85,4 @@ def orchestra_status(ctx: Context, orch: Orchestra) -> Status:
     from labctl.orchestra.rotate import serving_hosts
 
     views = read_views(ctx, serving_hosts(ctx, orch), orch.server.health, gpus=False)
-    return summarize(views, orch.every_seconds, orch.warm)
+    return summarize(views, orch.every_s, orch.warm)

@@ -1,0 +1,256 @@
+"""A rotation decided as data, from the orchestra file and what the serving hosts said.
+
+Pure: `decide` joins the pieces (the GPUs the orchestra may use, who leaves and who joins, where
+each model goes, the order of starts and stops) into one `RotationPlan` that `--dry-run`
+prints and `rotate.py` carries out; `plan_placement` is `labctl orchestra plan`'s view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from labctl.orchestra.choose import Choice, choose, lowest_warm, order_steps
+from labctl.orchestra.place import CapacityRow, Gpu, Placement, capacity, place, placement_of, split_gpus
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from labctl.inventory.model import Host, Inventory
+    from labctl.orchestra.hoststate import HostView, Repair
+    from labctl.orchestra.spec import Orchestra
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    action: str  # start | stop
+    model: str
+    host: str
+    gpu: int | None
+    gpu_model: str
+    memory_gb: float
+    mode: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RotationPlan:
+    kind: str
+    choice: Choice | None
+    before: Placement
+    after: Placement
+    steps: list[PlanStep]
+    cursor: str | None
+    lowest: int  # the fewest warm models at any moment of the steps
+    reason: str = ""
+
+    @property
+    def joining(self) -> list[str]:
+        return [s.model for s in self.steps if s.action == "start"]
+
+    @property
+    def leaving(self) -> list[str]:
+        return [s.model for s in self.steps if s.action == "stop"]
+
+    def summary(self) -> str:
+        j, lv = self.joining, self.leaving
+        parts = []
+        if j:
+            parts.append(f"in: {', '.join(j)}")
+        if lv:
+            parts.append(f"out: {', '.join(lv)}")
+        return "; ".join(parts) or "no change"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "joining": self.joining,
+            "leaving": self.leaving,
+            "why": dict(self.choice.why) if self.choice else {},
+            "steps": [s.to_json() for s in self.steps],
+            "placement": self.after.as_dict(),
+            "lowest_warm": self.lowest,
+            "cursor": self.cursor,
+            "reason": self.reason,
+        }
+
+
+def load_claims(inv: Inventory) -> dict[str, list[str]]:
+    """The GPUs training keeps (playbooks/train.yaml beside the inventory); none when there is no
+    phases file (a lab that does not train here gives the orchestra every GPU)."""
+    from labctl.defaults import default_places
+    from labctl.orchestra.place import training_claims
+    from labctl.train.phases import DEFAULT_PHASES, load_phases
+
+    found = [p for p in default_places(DEFAULT_PHASES, inv.path) if p.is_file()]
+    if not found:
+        return {}
+    return training_claims(load_phases(found[0]), inv)
+
+
+def orchestra_gpus(
+    inv: Inventory, orch: Orchestra, hosts: Sequence[Host], views: Mapping[str, HostView] | None
+) -> tuple[list[Gpu], list[tuple[Gpu, str]]]:
+    detected = {h.name: (views[h.name].gpus if views and h.name in views else None) for h in hosts}
+    return split_gpus(hosts, detected, orch.gpus, load_claims(inv))
+
+
+def decide(
+    inv: Inventory,
+    orch: Orchestra,
+    hosts: Sequence[Host],
+    views: Mapping[str, HostView],
+    repairs: Mapping[str, Repair],
+    kind: str,
+    out: Sequence[str] = (),
+    in_: Sequence[str] = (),
+) -> RotationPlan:
+    """What `kind` (rotate | start | stop) does, from the repaired state of every serving host."""
+    gpus, _ = orchestra_gpus(inv, orch, hosts, views)
+    current = [{**m, "host": host} for host, rep in sorted(repairs.items()) for m in rep.current]
+    cursor = next((v.warm.get("cursor") for v in views.values() if v.warm and v.warm.get("cursor")), None)
+    needs = {m["name"]: float(m.get("memory_gb") or 0.0) for m in current}
+    needs.update(orch.needs([n for n in orch.names]))
+    where = {m["name"]: (m["host"], int(m["gpu"])) for m in current if m.get("gpu") is not None}
+    before = placement_of(where, needs, gpus)
+    choice: Choice | None
+    reason = ""
+    if kind == "stop":
+        choice = None
+        warm_after: list[str] = []
+    elif kind == "start" and len(current) >= orch.warm:
+        choice = None
+        warm_after = [m["name"] for m in current]
+        reason = f"{len(current)} of {orch.warm} warm models already answer"
+    else:
+        # `start` fills the set up to `warm` without swapping any; `rotate` swaps `rotate`.
+        choice = choose(
+            orch.names,
+            orch.pinned,
+            orch.warm,
+            0 if kind == "start" else orch.rotate,
+            current,
+            cursor,
+            out,
+            in_,
+        )
+        warm_after = list(choice.warm_after)
+        cursor = choice.cursor
+    after = place({n: needs[n] for n in warm_after}, gpus, keep=before.assignment())
+    steps = order_steps(before, after)
+    by_key = {g.key: g for g in gpus}
+    plan_steps = []
+    for s in steps:
+        g = by_key.get((s.host, s.gpu))
+        plan_steps.append(
+            PlanStep(
+                s.action,
+                s.model,
+                s.host,
+                s.gpu,
+                g.model if g else "",
+                round(needs.get(s.model, 0.0), 2),
+                s.mode,
+            )
+        )
+    if not plan_steps and not reason:
+        reason = "the warm set is already as planned"
+    return RotationPlan(
+        kind, choice, before, after, plan_steps, cursor, lowest_warm(len(current), steps), reason
+    )
+
+
+@dataclass
+class PlacementView:
+    """`labctl orchestra plan`: the warm set placed, GPUs left out and why, the capacity view."""
+
+    placement: Placement
+    warm: list[str]
+    left_out: list[tuple[Gpu, str]]
+    capacity: list[CapacityRow]
+    library: int
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        where = self.placement.where
+        return {
+            "warm": self.warm,
+            "placement": [
+                {
+                    "model": n,
+                    "host": where[n].host,
+                    "gpu": where[n].index,
+                    "gpu_model": where[n].model,
+                    "need_gb": round(self.placement.needs[n], 2),
+                }
+                for n in self.warm
+            ],
+            "gpus": self.placement.as_dict()["gpus"],
+            "left_out": [
+                {"host": g.host, "gpu": g.index, "gpu_model": g.model, "why": why} for g, why in self.left_out
+            ],
+            "capacity": [c.as_dict() for c in self.capacity],
+            "library": self.library,
+        }
+
+    def render(self, console: Console) -> None:
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(title="orchestra placement", title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("host", "GPU", "memory", "models", "free"):
+            table.add_column(col, justify="right" if col in ("memory", "free") else "left")
+        for r in self.placement.rows:
+            models = ", ".join(f"{n} ({self.placement.needs[n]:.1f} GB)" for n in r.models) or "-"
+            table.add_row(
+                r.gpu.host,
+                f"{r.gpu.index} {r.gpu.model}" + ("" if r.gpu.source == "detected" else " (declared)"),
+                f"{r.gpu.memory_gb:g} GB",
+                models,
+                f"{r.free_gb:.1f} GB",
+            )
+        console.print(table)
+        for g, why in self.left_out:
+            console.print(
+                f"[dim]not for the orchestra: {escape(g.host)} GPU {g.index} {escape(g.model)}: {escape(why)}[/]"
+            )
+        cap = Table(
+            title="capacity (models held at once)", title_justify="left", show_edge=False, pad_edge=False
+        )
+        for col in ("model", "needs", "here", "seed 000", "how"):
+            cap.add_column(col)
+        for c in self.capacity:
+            how = "; ".join([*(f"{n} on {label}" for label, n in c.whole), *c.split]) or "-"
+            cap.add_row(c.label, f"{c.need_gb:.1f} GB", str(c.count), c.seed, how)
+        console.print(cap)
+        for c in self.capacity:
+            if c.note:
+                console.print(f"[dim]{escape(c.label)}: {escape(c.note)}[/]", soft_wrap=True)
+        console.print(
+            f"{len(self.warm)} warm of a {self.library}-model library; needs from size x (1 + overhead) + CUDA context "
+            "(seed 000 §2.7), or each model's gpu_gb.",
+            soft_wrap=True,
+        )
+
+
+def plan_placement(
+    inv: Inventory, orch: Orchestra, hosts: Sequence[Host], views: Mapping[str, HostView] | None
+) -> PlacementView:
+    """Where the warm set goes now (what is warm stays put; a first start takes the library's
+    first models, pinned ones first)."""
+    from labctl.orchestra.hoststate import find_repair
+
+    gpus, left_out = orchestra_gpus(inv, orch, hosts, views)
+    current: list[dict[str, Any]] = []
+    if views:
+        for host, v in views.items():
+            current += [{**m, "host": host} for m in find_repair(v).current]
+    warm = [m["name"] for m in current if m["name"] in orch.names]
+    choice = choose(orch.names, orch.pinned, orch.warm, 0, [{"name": n, "since": 0} for n in warm])
+    names = list(choice.warm_after)
+    keep = {m["name"]: (m["host"], int(m["gpu"])) for m in current if m.get("gpu") is not None}
+    placement = place(orch.needs(names), gpus, keep=keep)
+    return PlacementView(placement, names, left_out, capacity(gpus, orch.overhead), len(orch.names))
