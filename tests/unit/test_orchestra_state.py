@@ -3,6 +3,7 @@ the rotation bench's arithmetic, from agent answers as data."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from labctl.orchestra.bench import report_from
@@ -103,3 +104,54 @@ def test_bench_splits_the_rotation_into_bare_loading_and_labctls_overhead() -> N
     assert r["share_of_cadence"] == round(13.0 / 14400, 6)
     assert (r["cache_hits"], r["cache_misses"]) == (1, 1)
     assert r["seed"]["rotation_s"] == 120.0
+
+
+# ---------------------------------------------------------------------------------------------
+# decide: the seed lab's orchestra file and inventory, hosts' answers as data
+
+
+def seed() -> tuple[Any, Any, list[Any]]:
+    from labctl.inventory.load import load_inventory
+    from labctl.orchestra.spec import load_orchestra
+
+    repo = Path(__file__).resolve().parents[2]
+    inv = load_inventory(repo / "inventory" / "lab.yaml")
+    orch = load_orchestra(repo / "playbooks" / "orchestra.yaml")
+    return inv, orch, [inv.hosts["m5"]]
+
+
+def test_a_first_start_places_the_warm_set_on_the_p40s_pinned_first() -> None:
+    from labctl.orchestra.decide import decide
+    from labctl.orchestra.hoststate import Repair
+
+    inv, orch, hosts = seed()
+    views = {"m5": HostView("m5", None, None, [], [])}
+    plan = decide(inv, orch, hosts, views, {"m5": Repair("m5")}, "start")
+    assert len(plan.joining) == orch.warm and plan.leaving == []
+    assert plan.joining[0] == orch.pinned[0]
+    assert {s.gpu_model for s in plan.steps} == {"Tesla P40"} and all(s.gpu != 0 for s in plan.steps)
+    assert plan.cursor is not None
+
+
+def test_stop_takes_every_answering_model_out_and_start_on_a_full_set_does_nothing() -> None:
+    from labctl.orchestra.decide import decide
+
+    from labctl.orchestra.hoststate import Repair
+
+    inv, orch, hosts = seed()
+    first = decide(
+        inv, orch, hosts, {"m5": HostView("m5", None, None, [], [])}, {"m5": Repair("m5")}, "start"
+    )
+    names = first.joining
+    gpu = {s.model: s.gpu for s in first.steps}
+    models = [{**model(n, 100 + i, 9000 + i, since=float(i)), "gpu": gpu[n]} for i, n in enumerate(names)]
+    servers = [server(n, 100 + i, 9000 + i) for i, n in enumerate(names)]
+    v = HostView("m5", {"models": models, "warm_size": 5, "cursor": names[-1]}, None, servers, [])
+    reps = {"m5": find_repair(v)}
+    stop = decide(inv, orch, hosts, {"m5": v}, reps, "stop")
+    assert sorted(stop.leaving) == sorted(names) and stop.joining == []
+    start = decide(inv, orch, hosts, {"m5": v}, reps, "start")
+    assert start.steps == [] and "already answer" in start.reason
+    rot = decide(inv, orch, hosts, {"m5": v}, reps, "rotate")
+    assert len(rot.joining) == orch.rotate and len(rot.leaving) == orch.rotate
+    assert orch.pinned[0] not in rot.leaving and rot.lowest >= orch.warm - orch.rotate
