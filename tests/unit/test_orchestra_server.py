@@ -230,3 +230,21 @@ def test_a_port_already_taken_ends_the_server_with_rc_1_naming_the_port(model_di
     assert (
         proc.stderr.strip() == f"orchestra server tiny: cannot listen on port {port}: Address already in use"
     )
+
+
+def test_sigterm_while_loading_still_stops_it_with_rc_0(model_dir: Path) -> None:
+    """A rotation that gives up on a joining server stops it mid-load: no traceback, rc 0."""
+    proc = subprocess.Popen(
+        server_argv(model_dir, free_port(), "tiny"), cwd=REPO, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        assert json.loads(proc.stderr.readline())["event"] == "listening"  # the handler is in place
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        assert proc.wait(60) == 0, rest
+        assert [json.loads(line)["event"] for line in rest.splitlines()][-2:] == ["stopping", "stopped"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
