@@ -16,6 +16,7 @@ import shlex
 import threading
 import uuid
 import zipfile
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,10 +31,12 @@ if TYPE_CHECKING:
 
 ROOT_MAIN = b"from labctl.agent.__main__ import main\nimport sys\nsys.exit(main())\n"
 # Runs the agent from a zip held in memory (argv), for calls that must not write to the
-# host, such as `provision --check` before the agent is cached there.
+# host, such as `provision --check` before the agent is cached there. The whole command line
+# is one argument of the login shell, which the kernel caps at 128 KiB: the zip travels
+# uncompressed inside one zlib stream (see agent_blob), compressed across files.
 IN_MEMORY = r"""
-import base64, importlib.abc, importlib.util, io, sys, zipfile
-z = zipfile.ZipFile(io.BytesIO(base64.b64decode(sys.argv[1])))
+import base64, importlib.abc, importlib.util, io, sys, zipfile, zlib
+z = zipfile.ZipFile(io.BytesIO(zlib.decompress(base64.b64decode(sys.argv[1]))))
 names = set(z.namelist())
 class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path, target=None):
@@ -111,6 +114,21 @@ def agent_zip() -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()[:16]
 
 
+@functools.cache
+def agent_blob() -> str:
+    """The agent's files for IN_MEMORY: an uncompressed zip, zlib-compressed whole, in base64.
+
+    A third smaller than the zipapp in base64, whose files are compressed one by one.
+    """
+    data, _ = agent_zip()
+    src = zipfile.ZipFile(io.BytesIO(data))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as out:
+        for info in src.infolist():
+            out.writestr(zipfile.ZipInfo(info.filename, _EPOCH), src.read(info))
+    return base64.b64encode(zlib.compress(buf.getvalue(), 9)).decode()
+
+
 def agent_dir(host: Host) -> str:
     """Where `host` keeps labctl's agent: root's in labctl's host folder, other users' in their home."""
     if host.connection == "local":
@@ -146,8 +164,7 @@ def call_agent(
     line = f"exec {py} -c {shlex.quote(BOOT)} {shlex.join([path, digest, command, arg_text])}"
     result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     if result.rc == MISSING_RC and read_only:
-        blob = base64.b64encode(data).decode()
-        line = f"exec {py} -c {shlex.quote(IN_MEMORY)} {blob} {shlex.quote(command)} {shlex.quote(arg_text)}"
+        line = f"exec {py} -c {shlex.quote(IN_MEMORY)} {agent_blob()} {shlex.quote(command)} {shlex.quote(arg_text)}"
         result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     elif result.rc == MISSING_RC:
         conn.put_bytes(data, path, mode=0o600, dir_mode=0o700)

@@ -57,6 +57,11 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "train_spawn": ".train_host:spawn_command",
     "train_ps": ".train_host:ps_command",
     "train_status": ".train_host:status_command",
+    "orch_state": ".orchestra.host:state_command",
+    "orch_start": ".orchestra.host:start_command",
+    "orch_health": ".orchestra.host:health_command",
+    "orch_stop": ".orchestra.host:stop_command",
+    "orch_commit": ".orchestra.host:commit_command",
 }
 
 

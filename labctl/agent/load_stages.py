@@ -107,6 +107,28 @@ def pinned_h2d_gbps(torch: Any, device: str, nbytes: int = 1 << 30) -> float:
     return nbytes / _median_time(copy, 5) / GB
 
 
+def warm_up(torch: Any, config: Dict[str, Any], tensors: Dict[str, Any], device: str, seq: int) -> Any:
+    """(model, tokens): the tinylm around loaded `tensors`, after its first forward pass on `seq` tokens.
+
+    Built on the meta device and given the tensors: no second copy of the weights. Raises
+    AgentError (bad_model) when that pass gives non-finite logits.
+    """
+    from .tinylm import build_model
+
+    with torch.device("meta"):
+        model = build_model(config)
+    model.load_state_dict(tensors, strict=True, assign=True)
+    model.eval()
+    tokens = torch.randint(0, int(config["vocab"]), (1, seq), device=device)
+    with torch.no_grad():
+        logits = model(tokens)
+        if str(device).startswith("cuda"):
+            torch.cuda.synchronize(device)
+    if not bool(torch.isfinite(logits).all()):
+        raise AgentError("the model's first forward pass gave non-finite logits", "bad_model")
+    return model, tokens
+
+
 CUDA_INIT = "import time, torch; t = time.perf_counter(); torch.cuda.init(); torch.empty(1, device=%r); torch.cuda.synchronize(); print(time.perf_counter() - t)"
 
 
@@ -115,7 +137,6 @@ def load_stages_command(args: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
     from .loader import load_file
-    from .tinylm import build_model
 
     path = args["path"]
     device = args.get("device", "cpu")
@@ -169,19 +190,8 @@ def load_stages_command(args: Dict[str, Any]) -> Dict[str, Any]:
         with open(config_path) as f:
             config = json.load(f)
         start = time.perf_counter()
-        # Built on the meta device and given the loaded tensors: no second copy of the weights.
-        with torch.device("meta"):
-            model = build_model(config)
-        model.load_state_dict(tensors, strict=True, assign=True)
-        model.eval()
-        tokens = torch.randint(0, int(config["vocab"]), (1, seq), device=device)
-        with torch.no_grad():
-            logits = model(tokens)
-            if cuda:
-                torch.cuda.synchronize(device)
+        model, tokens = warm_up(torch, config, tensors, device, seq)
         stages["warmup"] = {"seconds": time.perf_counter() - start}
-        if not bool(torch.isfinite(logits).all()):
-            raise AgentError("the model's first forward pass gave non-finite logits", "bad_model")
 
         def forward() -> None:
             with torch.no_grad():

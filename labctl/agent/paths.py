@@ -24,6 +24,9 @@ LOCK_DIR = HOME + "/locks"  # flock files of scheduled jobs
 TRAIN_DIR = HOME + "/train"  # default parent of checkpoint folders
 ORCHESTRA_DIR = HOME + "/orchestra"
 WARM_STATE = ORCHESTRA_DIR + "/warm.json"  # the warm set the rotation loaded; phase 3 needs it
+ORCHESTRA_HISTORY = ORCHESTRA_DIR + "/history.jsonl"  # one line per committed rotation, newest last
+ORCHESTRA_LOCK = ORCHESTRA_DIR + "/rotate.lock"  # host_lock's file while a rotation changes this host
+ORCHESTRA_LOGS = ORCHESTRA_DIR + "/logs"  # MODEL.log: each model server's output, appended per start
 
 # labctl's metadata folder inside a model cache and a storage host's model library.
 CACHE_META = ".labctl"

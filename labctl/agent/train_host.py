@@ -11,14 +11,13 @@ import errno
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import paths
+from . import paths, procs
 from .commands import AgentError
 from .facts import torch_env_facts
 from .fsutil import write_json
@@ -126,8 +125,8 @@ def _iface_for(address: str) -> Dict[str, Any]:
     return {"name": None}
 
 
-def _port_state(port: int) -> Dict[str, Any]:
-    """Whether the rendezvous port is free; port 0 asks for a free one."""
+def port_state(port: int) -> Dict[str, Any]:
+    """Whether a TCP port (the rendezvous, a model server's) is free here; port 0 asks for a free one."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     # TIME_WAIT from a previous run must not count as taken; a listener still does.
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -170,15 +169,23 @@ def orchestra_state() -> Dict[str, Any]:
     return {"present": True, "path": paths.WARM_STATE, "state": state}
 
 
+def torch_python(given: Optional[str]) -> Tuple[str, str]:
+    """(interpreter, source) for torch work here: the one given, else the torch_env that
+    `labctl provision` built, else the python this agent runs with (the inventory's)."""
+    if given:
+        return given, "given"
+    env = torch_env_facts()
+    if env.get("provisioned"):
+        return str(env.get("python") or sys.executable), "torch_env"
+    return sys.executable, "inventory"
+
+
 def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Everything the controller's preflight checks, in one round trip."""
-    env = torch_env_facts()
-    python = args.get("python") or (env.get("python") if env.get("provisioned") else None) or sys.executable
+    python, source = torch_python(args.get("python"))
     out: Dict[str, Any] = {
         "python": python,
-        "python_source": "given"
-        if args.get("python")
-        else ("torch_env" if env.get("provisioned") else "inventory"),
+        "python_source": source,
         "torch": _torch_probe(python),
         "cpu_count": os.cpu_count() or 1,
         "iface": _iface_for(str(args.get("address") or "")),
@@ -189,67 +196,22 @@ def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
     except GpuQueryError as exc:
         out["gpu_source"], out["gpus"], out["gpu_error"] = "error", [], str(exc)
     if args.get("port") is not None:
-        out["rendezvous"] = _port_state(int(args["port"]))
+        out["rendezvous"] = port_state(int(args["port"]))
     if args.get("orchestra"):
         out["orchestra"] = orchestra_state()
     return out
 
 
-def _environ(pid: int) -> Optional[Dict[str, str]]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:  # gone, or not ours to read
-        return None
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key in (b"LABCTL_RUN_ID", b"LABCTL_HOST"):
-            env[key.decode()] = value.decode("utf-8", "replace")
-    return env
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
-    except OSError:
-        return ""
-
-
 def run_processes(run_id: str, host: str) -> List[Dict[str, Any]]:
     """Processes of `run_id` started for `host` (hosts sharing a kernel, as in the sim, stay apart)."""
-    me = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        env = _environ(int(name))
-        if not env or env.get("LABCTL_RUN_ID") != run_id:
-            continue
-        if host and env.get("LABCTL_HOST") not in (None, host):
-            continue
-        pid = int(name)
-        try:
-            pgid = os.getpgid(pid)
-        except OSError:
-            continue
-        found.append({"pid": pid, "pgid": pgid, "cmd": _cmdline(pid)})
-    return found
 
+    def want(env: Dict[str, str]) -> bool:
+        if env.get("LABCTL_RUN_ID") != run_id:
+            return False
+        return not host or env.get("LABCTL_HOST") in (None, host)
 
-def _signal_all(procs: List[Dict[str, Any]], sig: int) -> None:
-    # The groups first (torchrun and its workers share one), then stragglers that left it.
-    for pgid in sorted({p["pgid"] for p in procs}):
-        try:
-            os.killpg(pgid, sig)
-        except OSError:
-            pass
-    for p in procs:
-        try:
-            os.kill(p["pid"], sig)
-        except OSError:
-            pass
+    found = procs.scan(("LABCTL_RUN_ID", "LABCTL_HOST"), want)
+    return [{"pid": p["pid"], "pgid": p["pgid"], "cmd": p["cmd"]} for p in found]
 
 
 def ps_command(args: Dict[str, Any]) -> Dict[str, Any]:
@@ -258,25 +220,12 @@ def ps_command(args: Dict[str, Any]) -> Dict[str, Any]:
     host = str(args.get("host") or "")
     if not run_id:
         raise AgentError("run_id is required", "bad_args")
-    procs = run_processes(run_id, host)
-    if not args.get("stop") or not procs:
-        return {"processes": procs, "stopped": [], "remaining": procs}
-    grace = float(args.get("grace", 10))
-    _signal_all(procs, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    left = procs
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = run_processes(run_id, host)
-    killed = bool(left)
-    if left:
-        _signal_all(left, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while left and time.monotonic() < deadline:
-            time.sleep(0.1)
-            left = run_processes(run_id, host)
+    found = run_processes(run_id, host)
+    if not args.get("stop") or not found:
+        return {"processes": found, "stopped": [], "remaining": found}
+    killed, left = procs.terminate(found, lambda: run_processes(run_id, host), float(args.get("grace", 10)))
     _mark_stopped(args.get("log_dir"))
-    return {"processes": procs, "stopped": procs, "killed": killed, "remaining": left}
+    return {"processes": found, "stopped": found, "killed": bool(killed), "remaining": left}
 
 
 def _mark_stopped(log_dir: Any) -> None:
@@ -351,8 +300,8 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     run_id = str(args.get("run_id") or "")
     log_dir = str(args.get("log_dir") or "")
     host = str(args.get("host") or "")
-    procs = run_processes(run_id, host)
-    out: Dict[str, Any] = {"run_id": run_id, "processes": len(procs), "log_dir": log_dir}
+    found = run_processes(run_id, host)
+    out: Dict[str, Any] = {"run_id": run_id, "processes": len(found), "log_dir": log_dir}
     rc_path = os.path.join(log_dir, "rc")
     # The exit code file is written last, as torchrun's wrapper ends: it wins over a wrapper
     # process that is still on its way out.
@@ -363,7 +312,7 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
             text = f.read().strip()
         out["rc"] = int(text) if text.lstrip("-").isdigit() else None
         out["state"] = "finished" if out["rc"] == 0 else "failed"
-    elif procs:
+    elif found:
         out["state"] = "running"
     elif os.path.isdir(log_dir):
         out["state"] = "gone"  # no process, no exit code: killed from outside, or the host rebooted

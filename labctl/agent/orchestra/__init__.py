@@ -1,0 +1,3 @@
+"""The orchestra on a serving host: labctl's own model server (`server`) and the agent commands
+that start, watch, stop and record the warm set's servers (`host`). Stdlib only, Python 3.8;
+the server imports torch inside its functions."""

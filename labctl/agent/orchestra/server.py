@@ -1,0 +1,334 @@
+"""labctl's own model server: one tinylm checkpoint behind a small HTTP API.
+
+    python -m labctl.agent.orchestra.server --model-dir DIR --port N --name NAME [--device D]
+
+The port is bound at once; GET /health answers 503 {"state": "loading" | "warming"} until the
+weights are loaded (labctl's loader, the RAM-cache path) and one forward pass ran, then 200
+{"state": "ready", "name", "device", "params", "load_s", "warmup_s", "memory_bytes"}.
+POST /generate {"prompt", "max_tokens"} continues the prompt greedily; POST /score {"text"}
+gives the text's mean log-probability. Tokens are the text's UTF-8 bytes modulo the model's
+vocabulary: these models are random, so what matters is that the answers are real forward
+passes and deterministic. SIGTERM (or SIGINT) stops it gracefully, exit 0; a model that
+cannot be loaded or a port that cannot be bound ends it with exit 1 and one line on stderr.
+Progress goes to stderr as JSON lines (the orchestra's log of this server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List, Optional, Tuple, cast
+
+MAX_TOKENS = 256
+MAX_BODY = 1 << 20
+WARMUP_TOKENS = 128
+DEFAULT_MAX_TOKENS = 16
+
+
+class BadRequest(ValueError):
+    """What the client sent cannot be answered: 400 with the message."""
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGINT arrived: unwind whatever runs and stop."""
+
+
+def _event(event: str, **fields: Any) -> None:
+    fields["event"] = event
+    sys.stderr.write(json.dumps(fields, sort_keys=True) + "\n")
+    sys.stderr.flush()
+
+
+class Model:
+    """The model this server holds, from files to ready, and what it answers."""
+
+    def __init__(self, name: str, model_dir: str, device: str = "auto") -> None:
+        self.name = name
+        self.model_dir = model_dir
+        self.device_arg = device
+        self.state = "loading"
+        self.config: Dict[str, Any] = {}
+        self.device = ""
+        self.load_s = 0.0
+        self.warmup_s = 0.0
+        self.params = 0
+        self.memory_bytes = 0
+        self._tensors: Optional[Dict[str, Any]] = None
+        self._model: Any = None
+        # One forward pass at a time: concurrent requests would each hold activations.
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """What can be checked without torch (config, file headers): a bad folder fails in ms."""
+        from ..loader import model_files, read_header
+        from ..tinylm import check_config
+
+        with open(os.path.join(self.model_dir, "config.json")) as f:
+            config = json.load(f)
+        if not isinstance(config, dict):
+            raise ValueError("config.json is not a JSON object")
+        check_config(config)
+        for path in model_files(self.model_dir):
+            read_header(path)
+        self.config = config
+
+    def load(self) -> None:
+        """The weights onto the device; then the state is "warming"."""
+        if not self.config:
+            self.check()
+        try:
+            import torch
+        except ImportError:
+            raise RuntimeError(f"torch is not installed for {sys.executable}") from None
+        from ..loader import load_model_dir
+
+        self.device = _pick_device(torch, self.device_arg)
+        start = time.perf_counter()
+        self._tensors = load_model_dir(self.model_dir, device=self.device)
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize(self.device)
+        self.load_s = time.perf_counter() - start
+        self.state = "warming"
+
+    def warm(self) -> None:
+        """Build the model around the loaded weights and run its first forward pass: "ready"."""
+        import torch
+
+        from ..load_stages import warm_up
+
+        assert self._tensors is not None, "load() first"
+        start = time.perf_counter()
+        seq = min(WARMUP_TOKENS, int(self.config["max_seq"]))
+        self._model, _ = warm_up(torch, self.config, self._tensors, self.device, seq)
+        self.warmup_s = time.perf_counter() - start
+        self._tensors = None
+        params = list(self._model.parameters())
+        self.params = sum(p.numel() for p in params)
+        if self.device.startswith("cuda"):
+            # What the GPU holds for this process (weights, activations, the allocator's cache).
+            self.memory_bytes = int(torch.cuda.memory_reserved(self.device))
+        else:
+            self.memory_bytes = sum(p.numel() * p.element_size() for p in params)
+        self.state = "ready"
+
+    def health(self) -> Tuple[int, Dict[str, Any]]:
+        if self.state != "ready":
+            return 503, {"state": self.state, "name": self.name}
+        return 200, {
+            "state": "ready",
+            "name": self.name,
+            "device": self.device,
+            "params": self.params,
+            "load_s": round(self.load_s, 4),
+            "warmup_s": round(self.warmup_s, 4),
+            "memory_bytes": self.memory_bytes,
+        }
+
+    def _encode(self, text: Any, field: str) -> List[int]:
+        if not isinstance(text, str):
+            raise BadRequest(f"{field} must be a string")
+        vocab = int(self.config["vocab"])
+        ids = [b % vocab for b in text.encode("utf-8")]
+        if len(ids) > int(self.config["max_seq"]):
+            raise BadRequest(
+                f"{field} is {len(ids)} tokens (bytes); this model takes at most max_seq={self.config['max_seq']}"
+            )
+        return ids
+
+    def generate(self, body: Dict[str, Any]) -> Dict[str, Any]:
+        ids = self._encode(body.get("prompt"), "prompt")
+        if not ids:
+            raise BadRequest("prompt is empty: give at least one character to continue")
+        n = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_TOKENS:
+            raise BadRequest(f"max_tokens must be an integer from 0 to {MAX_TOKENS}, got {n!r}")
+        import torch
+
+        max_seq = int(self.config["max_seq"])
+        start = time.perf_counter()
+        out: List[int] = []
+        with self._lock, torch.no_grad():
+            seq = torch.tensor([ids], dtype=torch.long, device=self.device)
+            for _ in range(n):
+                logits = self._model(seq[:, -max_seq:])[0, -1].float()
+                nxt = int(torch.argmax(logits))  # the first of equal maxima: deterministic
+                out.append(nxt)
+                seq = torch.cat([seq, torch.tensor([[nxt]], dtype=torch.long, device=self.device)], dim=1)
+        return {
+            "name": self.name,
+            "tokens": out,
+            "text": bytes(t % 256 for t in out).decode("utf-8", "replace"),
+            "seconds": round(time.perf_counter() - start, 4),
+        }
+
+    def score(self, body: Dict[str, Any]) -> Dict[str, Any]:
+        ids = self._encode(body.get("text"), "text")
+        if len(ids) < 2:
+            raise BadRequest(
+                "text must be at least 2 tokens (bytes): each one is scored given those before it"
+            )
+        import torch
+        from torch.nn import functional as F
+
+        start = time.perf_counter()
+        with self._lock, torch.no_grad():
+            seq = torch.tensor([ids], dtype=torch.long, device=self.device)
+            logp = F.log_softmax(self._model(seq)[0, :-1].float(), dim=-1)
+            picked = logp.gather(1, seq[0, 1:].unsqueeze(1))
+            mean = float(picked.mean())
+        return {
+            "name": self.name,
+            "mean_logprob": mean,
+            "tokens": len(ids) - 1,
+            "seconds": round(time.perf_counter() - start, 4),
+        }
+
+
+def _pick_device(torch: Any, wanted: str) -> str:
+    """auto: cuda:0 (the first GPU CUDA_VISIBLE_DEVICES leaves) where torch sees one, else cpu."""
+    if wanted == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if wanted.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"--device {wanted} asked for, but torch {torch.__version__} sees no GPU here")
+        return "cuda:0" if wanted == "cuda" else wanted
+    return wanted
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "labctl-orchestra/1"
+    timeout = 30  # a client that connects and says nothing must not hold a thread for ever
+
+    @property
+    def model(self) -> Model:
+        return cast(Server, self.server).model
+
+    def _send(self, code: int, doc: Dict[str, Any]) -> None:
+        data = json.dumps(doc, sort_keys=True).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] != "/health":
+            self._send(404, {"error": f"no such endpoint: GET {self.path}; try /health"})
+            return
+        code, doc = self.model.health()
+        self._send(code, doc)
+
+    def do_POST(self) -> None:
+        route = self.path.split("?", 1)[0]
+        model = self.model
+        answer = {"/generate": model.generate, "/score": model.score}.get(route)
+        if answer is None:
+            self._send(404, {"error": f"no such endpoint: POST {self.path}; try /generate or /score"})
+            return
+        if model.state != "ready":
+            self._send(503, {"state": model.state, "name": model.name})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or "-1")
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            self._send(411 if length < 0 else 413, {"error": f"send a JSON body of at most {MAX_BODY} bytes"})
+            return
+        try:
+            body = json.loads(self.rfile.read(length).decode("utf-8") or "{}")
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            self._send(200, answer(body))
+        except (BadRequest, ValueError) as exc:
+            self._send(400, {"error": str(exc)})
+        except Exception as exc:  # the client gets an answer; the log gets the reason
+            _event("error", route=route, error=f"{type(exc).__name__}: {exc}")
+            self._send(500, {"error": f"{type(exc).__name__}: {exc}"})
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # Health is polled many times a second during a rotation: the log keeps only events.
+        pass
+
+
+class Server(ThreadingHTTPServer):
+    """Binds when made (port 0: any free one); serves `model` once serve_forever runs."""
+
+    # Graceful stop: server_close() waits for the requests in flight (non-daemon threads).
+    daemon_threads = False
+
+    def __init__(self, port: int, model: Model, address: str = "0.0.0.0") -> None:
+        self.model = model
+        super().__init__((address, port), Handler)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return " ".join(str(text).split())
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m labctl.agent.orchestra.server", description=__doc__)
+    parser.add_argument("--model-dir", required=True, help="a tinylm checkpoint: *.safetensors + config.json")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--name", required=True, help="the model's name in the orchestra")
+    parser.add_argument(
+        "--device", default="auto", help="auto (cuda:0 where torch sees a GPU), cpu, cuda, cuda:N"
+    )
+    args = parser.parse_args(argv)
+    model = Model(args.name, args.model_dir, args.device)
+    try:
+        httpd = Server(args.port, model)
+    except OSError as exc:
+        sys.stderr.write(
+            f"orchestra server {args.name}: cannot listen on port {args.port}: {_one_line(exc)}\n"
+        )
+        return 1
+    # Started before the handlers go in: shutdown() below waits for serve_forever to have run.
+    threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
+    rc = 0
+    try:
+        signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGINT, _terminate)
+        _event("listening", name=args.name, port=httpd.server_address[1], pid=os.getpid())
+        try:
+            model.check()
+            model.load()
+            _event("loaded", name=args.name, device=model.device, load_s=round(model.load_s, 4))
+            model.warm()
+        except Exception as exc:
+            sys.stderr.write(
+                f"orchestra server {args.name}: cannot load {args.model_dir}: {_one_line(exc)}\n"
+            )
+            rc = 1
+        else:
+            _event("ready", **{k: v for k, v in model.health()[1].items() if k != "state"})
+            while True:
+                time.sleep(3600)
+    except Terminated as exc:
+        _event("stopping", name=args.name, signal=str(exc))
+    finally:
+        # A second signal while stopping must not cut the stop short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        httpd.shutdown()
+        httpd.server_close()
+    if rc == 0:
+        _event("stopped", name=args.name)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
