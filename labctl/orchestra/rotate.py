@@ -20,8 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from labctl.agent import paths

@@ -353,3 +353,20 @@ def test_a_zombie_nobody_reaped_counts_as_gone() -> None:
     finally:
         child.wait()
     assert not procs.alive(child.pid)
+
+
+def test_stop_by_pid_stops_only_those_servers(agent: Agent, tmp_path: Path) -> None:
+    """A repair names the orphans by pid: the servers warm.json records stay up."""
+    one = agent.ok(
+        "orch_start",
+        {"host": agent.host, "model": "one", "gpu": None, "path": str(tmp_path), "command": SLEEPER},
+    )
+    two = agent.ok(
+        "orch_start",
+        {"host": agent.host, "model": "two", "gpu": None, "path": str(tmp_path), "command": SLEEPER},
+    )
+    stopped = agent.ok("orch_stop", {"host": agent.host, "models": None, "pids": [one["pid"]], "grace": 5})
+    assert [s["pid"] for s in stopped["stopped"]] == [one["pid"]]
+    assert not procs.alive(one["pid"]) and procs.alive(two["pid"])
+    agent.ok("orch_stop", {"host": agent.host, "models": None, "grace": 5})
+    assert not procs.alive(two["pid"])

@@ -135,7 +135,6 @@ def test_a_first_start_places_the_warm_set_on_the_p40s_pinned_first() -> None:
 
 def test_stop_takes_every_answering_model_out_and_start_on_a_full_set_does_nothing() -> None:
     from labctl.orchestra.decide import decide
-
     from labctl.orchestra.hoststate import Repair
 
     inv, orch, hosts = seed()

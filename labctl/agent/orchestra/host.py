@@ -536,10 +536,13 @@ def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """orch_stop {host, models: [names] | null (all of the host's), grace} -> {stopped, remaining, absent}.
+    """orch_stop {host, models: [names] | null (all of the host's), pids: [server pids] | null,
+    grace} -> {stopped, remaining, absent}.
 
     SIGTERM to each server's process group, SIGKILL to what is left after `grace` s.
-    `absent`: models named that have no server here (stopping is idempotent, a repair's step).
+    `pids` narrows it to those servers (a repair stops a second server of a model that also
+    has the recorded one running). `absent`: models named that have no server here (stopping
+    is idempotent, a repair's step).
     """
     host = _host(args)
     grace = _number(args, "grace", 30.0)
@@ -550,11 +553,19 @@ def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
                 "models must be a list of model names, or null for every server here", "bad_args"
             )
         models = [_model_name(m, "models[]") for m in models]
-    found = server_processes(host, models)
+    pids = args.get("pids")
+    if pids is not None and (not isinstance(pids, list) or not all(isinstance(p, int) for p in pids)):
+        raise AgentError("pids must be a list of server pids, or null", "bad_args")
+
+    def scan() -> procs.Procs:
+        found = server_processes(host, models)
+        return found if pids is None else [p for p in found if p["pgid"] in pids]
+
+    found = scan()
     before = by_server(found)
     if not found:
         return {"stopped": [], "remaining": [], "absent": list(models or [])}
-    killed, left = procs.terminate(found, lambda: server_processes(host, models), grace)
+    killed, left = procs.terminate(found, scan, grace)
     killed_groups = {p["pgid"] for p in killed}
     stopped = [{"model": s["model"], "pid": s["pid"], "killed": s["pgid"] in killed_groups} for s in before]
     remaining = [{"model": p["env"]["LABCTL_ORCH_MODEL"], "pid": p["pid"]} for p in left]
