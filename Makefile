@@ -38,6 +38,8 @@ DEMO_TRAIN = --set steps=60 --set batch_size_per_gpu=8 --set seq_len=64 --set mo
 	--set model.n_layers=2 --set model.n_heads=4 --set model.d_ff=256 --set lr=3e-3 --set warmup_steps=5 \
 	--set log_every=10 --set checkpoint_every=20 --set checkpoint_dir=/var/lib/labctl/train/demo-phase1
 
+DEMO_ORCH = inventory/examples/orchestra-sim.yaml
+
 demo: install deps
 	$(BIN)/labctl sim up
 	$(BIN)/labctl -i $(SIM_INV) inventory show
@@ -62,6 +64,14 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) exec -l m5,irina -- rm -rf /var/lib/labctl/train/demo-phase1
 	$(BIN)/labctl -i $(SIM_INV) train --phase 1 --limit m5,irina --device cpu --python $(CURDIR)/$(BIN)/python $(DEMO_TRAIN)
 	$(BIN)/labctl -i $(SIM_INV) train status
+	@echo "== the LLM orchestra: 3 of 4 small models kept warm on m5 (CPU servers), one rotation, phase 3's check =="
+	for m in demo-a demo-b demo-c demo-d; do $(BIN)/labctl -i $(SIM_INV) bench make-model --size-gb 0.05 --host irina --name $$m; done
+	$(BIN)/labctl -i $(SIM_INV) orchestra plan -f $(DEMO_ORCH)
+	$(BIN)/labctl -i $(SIM_INV) orchestra start -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
+	$(BIN)/labctl -i $(SIM_INV) rotate -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
+	$(BIN)/labctl -i $(SIM_INV) orchestra status -f $(DEMO_ORCH)
+	$(BIN)/labctl -i $(SIM_INV) train --phase 3 --dry-run --limit m5 --device cpu --python $(CURDIR)/$(BIN)/python
+	$(BIN)/labctl -i $(SIM_INV) bench rotation -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
 	@echo "The simulated lab is still up: try '$(BIN)/labctl -i $(SIM_INV) exec -- uname -a', then 'make sim-down'."
 
 bench: install deps
