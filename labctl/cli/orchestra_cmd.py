@@ -255,7 +255,7 @@ def rotate_cmd(
 
         labctl rotate --dry-run
 
-        labctl rotate --out llama-3.1-8b --in qwen2.5-coder-7b --json
+        labctl rotate --out CodeLlama-7B-Instruct --in Gemma-2-9B-it --json
     """
     run_rotation(ctx, "rotate", file, dry_run, python, wait, inventory, json_out, verbose, out, in_)
 
