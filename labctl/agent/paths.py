@@ -24,6 +24,9 @@ LOCK_DIR = HOME + "/locks"  # flock files of scheduled jobs
 TRAIN_DIR = HOME + "/train"  # default parent of checkpoint folders
 ORCHESTRA_DIR = HOME + "/orchestra"
 WARM_STATE = ORCHESTRA_DIR + "/warm.json"  # the warm set the rotation loaded; phase 3 needs it
+# labctl installed on the orchestrator for its scheduled jobs (lib/, bin/labctl) and its lab copy
+# (lab/: inventory, keys, playbooks), so a job runs with no laptop and no venv.
+CONTROLLER_DIR = HOME + "/controller"
 
 # labctl's metadata folder inside a model cache and a storage host's model library.
 CACHE_META = ".labctl"
@@ -48,6 +51,11 @@ def local_home() -> str:
     if os.geteuid() == 0:
         return HOME
     return os.path.join(os.path.expanduser("~"), USER_HOME)
+
+
+def job_status(name: str) -> str:
+    """Where a scheduled job's wrapper records its last run: "RC START END" (epoch seconds)."""
+    return LOCK_DIR + "/" + name + ".last"
 
 
 def provision_lock() -> str:

@@ -16,6 +16,7 @@ from labctl import __version__
 from labctl.cli import (
     bench_cmd,
     cache_cmd,
+    cron_cmd,
     exec_cmd,
     facts_cmd,
     init_cmd,
@@ -72,6 +73,7 @@ app.command("exec")(exec_cmd.exec_)
 app.command("facts")(facts_cmd.facts)
 app.command("provision")(provision_cmd.provision)
 app.add_typer(cache_cmd.app, name="cache")
+app.add_typer(cron_cmd.app, name="cron")
 app.add_typer(train_cmd.app, name="train")
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(sim_cmd.app, name="sim")
