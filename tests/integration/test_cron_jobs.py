@@ -89,4 +89,6 @@ def test_install_rotate_check_changes_nothing(lab: Any) -> None:
     assert rc == 0, doc
     assert doc["check"] is True and doc["schedule"] == "0 */4 * * *"
     assert any(r["changed"] for r in doc["results"])  # it would change ...
-    assert {h: sh(inv, h, "ls -la /etc/cron.d /root/.ssh /var/lib/labctl") for h in ("pharaoh", "m5")} == before
+    assert {
+        h: sh(inv, h, "ls -la /etc/cron.d /root/.ssh /var/lib/labctl") for h in ("pharaoh", "m5")
+    } == before
