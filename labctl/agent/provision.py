@@ -262,7 +262,12 @@ def _op_install_tree(op: Dict[str, Any]) -> str:
     root, tag = op["root"], op["tag"]
     releases = os.path.join(root, "releases")
     os.makedirs(releases, mode=0o755, exist_ok=True)
-    final = os.path.join(releases, tag)
+    # A new folder every time, even for the same tag (a damaged release put back): `current`
+    # keeps pointing at a whole release until the swap.
+    name, n = tag, 1
+    while os.path.lexists(os.path.join(releases, name)):
+        name, n = f"{tag}-{n}", n + 1
+    final = os.path.join(releases, name)
     staging = os.path.join(releases, f".{tag}.{os.getpid()}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging, mode=0o755)
@@ -279,8 +284,6 @@ def _op_install_tree(op: Dict[str, Any]) -> str:
             json.dumps(op["record"], sort_keys=True).encode(),
             mode=0o644,
         )
-        if os.path.isdir(final):
-            shutil.rmtree(final)
         os.rename(staging, final)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -289,10 +292,10 @@ def _op_install_tree(op: Dict[str, Any]) -> str:
     tmp_link = link + f".{os.getpid()}.tmp"
     if os.path.lexists(tmp_link):
         os.unlink(tmp_link)
-    os.symlink(os.path.join("releases", tag), tmp_link)
+    os.symlink(os.path.join("releases", name), tmp_link)
     os.replace(tmp_link, link)
     for old in os.listdir(releases):
-        if old != tag and not old.startswith("."):
+        if old != name and not old.startswith("."):
             shutil.rmtree(os.path.join(releases, old), ignore_errors=True)
     return f"installed release {tag} in {root}"
 

@@ -68,6 +68,12 @@ def install(
     hosts = plan.driven_hosts(inv)
     out = Outcome()
     out.info = {"job": job.name, "host": orch.name, "schedule": schedule, "command": plan.job_command(job)}
+    left = [n for n in inv.hosts if n not in {h.name for h in hosts}]
+    if left:
+        out.notes.append(
+            f"Not authorised for {orch.name}'s key (Windows or not reached over SSH): {', '.join(left)}; "
+            "the job cannot drive them from there."
+        )
     key = public_key(ctx, orch)
     if key is None and not check:
         out.add(*provision(ctx, plan.keypair_playbook(orch), [orch], on_event=on_event))
@@ -82,7 +88,6 @@ def install(
         )
     book = plan.install_playbook(
         job,
-        schedule,
         orch,
         hosts,
         yaml.safe_load(ctx.inventory_path.read_text()),
@@ -90,11 +95,28 @@ def install(
         plan.playbook_files(ctx.inventory_path),
         key,
     )
+    made_first = bool(out.results)
+
+    def news(r: ResourceResult) -> bool:  # the key made first: its second look (ok) is not news
+        return not (made_first and r.host == orch.name and r.type == "ssh_keypair")
+
+    def shown(r: ResourceResult) -> None:
+        if on_event and news(r):
+            on_event(r)
+
     targets = [orch, *(h for h in hosts if h.name != orch.name)]
-    results, host_results = provision(ctx, book, targets, check=check, on_event=on_event)
-    if out.results:  # the key made first: its second look (ok) is not news
-        results = [r for r in results if not (r.host == orch.name and r.type == "ssh_keypair")]
-    out.add(results, host_results)
+    results, host_results = provision(ctx, book, targets, check=check, on_event=shown)
+    for hr in host_results:
+        hr.extra["ok"] = hr.extra.get("ok", 0) - sum(not news(r) for r in hr.data or [])
+    out.add([r for r in results if news(r)], host_results)
+    # The entry comes last, once everything it runs with is in place on every host: an install
+    # that failed somewhere leaves no schedule that would fail on each run.
+    if any(not h.ok for h in host_results):
+        out.notes.append(
+            f"The {job.name} entry was not installed on {orch.name}: fix what failed, then run again."
+        )
+        return out
+    out.add(*provision(ctx, plan.cron_playbook(job, schedule, orch), [orch], check=check, on_event=on_event))
     return out
 
 

@@ -139,7 +139,6 @@ def entry(type_name: str, **params: Any) -> Entry:
 
 def install_playbook(
     job: Job,
-    schedule: str,
     orch: Host,
     hosts: list[Host],
     inventory_doc: dict[str, Any],
@@ -147,8 +146,9 @@ def install_playbook(
     playbooks: dict[str, str],
     public_key: str | None,
 ) -> Playbook:
-    """Everything `cron install` provisions, as one playbook of data. `public_key` None: the
-    orchestrator's key does not exist yet (--check), so no host can be told to authorise it."""
+    """Everything `cron install` provisions for `job` but the entry itself (cron_playbook), as
+    one playbook of data. `public_key` None: the orchestrator's key does not exist yet
+    (--check), so no host can be told to authorise it."""
     import yaml
 
     mark = key_mark(orch.name)
@@ -167,7 +167,6 @@ def install_playbook(
             entry("file", path=f"{PLAYBOOKS}/{name}", content=text, mode="0644")
             for name, text in playbooks.items()
         ),
-        entry("cron", name=job.name, schedule=schedule, command=job_command(job)),
     ]
     plays = [Play(hosts=orch.name, entries=on_orch, name=f"labctl on {orch.name}")]
     if public_key is not None and hosts:
@@ -180,6 +179,16 @@ def install_playbook(
         )
     return Playbook(
         path=Path(f"<labctl cron install {job.name}>"), name=f"cron install {job.name}", plays=plays
+    )
+
+
+def cron_playbook(job: Job, schedule: str, orch: Host) -> Playbook:
+    """The job's entry on the orchestrator, applied once everything it runs with is in place."""
+    cron = entry("cron", name=job.name, schedule=schedule, command=job_command(job))
+    return Playbook(
+        path=Path(f"<labctl cron install {job.name}>"),
+        name=f"cron {job.name}",
+        plays=[Play(orch.name, [cron])],
     )
 
 

@@ -40,10 +40,19 @@ def test_install_twice_one_entry_key_only_on_pharaoh_then_run_list_remove(lab: A
         assert rc == 0, first
         assert first["host"] == "pharaoh" and first["schedule"] == "*/30 * * * *"
         assert first["changed"] is True
+        assert any("workstation" in n for n in first["notes"])  # Windows: not authorised, said so
         rc, second = run_json(inv, "cron", "install", "facts", "--every", "30m", timeout=600)
         assert rc == 0, second
         assert second["changed"] is False, [r for r in second["results"] if r["changed"]]
         assert sh(inv, "pharaoh", "ls /etc/cron.d | grep -c '^labctl-facts$'").strip() == "1"
+        # Another version recorded there is replaced by this one, whole.
+        record = f"{paths.CONTROLLER_DIR}/current/install.json"
+        sh(inv, "pharaoh", f"""sed -i 's/"labctl": "[^"]*"/"labctl": "0.0.0"/' {record}""")
+        rc, third = run_json(inv, "cron", "install", "facts", "--every", "30m", timeout=600)
+        assert rc == 0, third
+        (swap,) = [r for r in third["results"] if r["changed"]]
+        assert swap["type"] == "controller_install" and "replacing 0.0.0-" in swap["summary"][0]
+        assert sh(inv, "pharaoh", f"ls {paths.CONTROLLER_DIR}/releases | wc -l").strip() == "1"
         assert sh(inv, "pharaoh", "grep -vc '^#' /etc/cron.d/labctl-facts | head -1").strip() == "3"
 
         # The private half is on pharaoh only, 0600; its public half is authorised on m5 and irina.
@@ -77,9 +86,28 @@ def test_install_twice_one_entry_key_only_on_pharaoh_then_run_list_remove(lab: A
         assert sh(inv, "pharaoh", f"test -e {paths.CONTROLLER_DIR} && echo yes || echo no").strip() == "no"
         assert MARK not in sh(inv, "m5", "cat /root/.ssh/authorized_keys")
     finally:
-        sh(inv, "pharaoh", f"rm -rf /etc/cron.d/labctl-facts {paths.CONTROLLER_DIR}")
-        for h in ("m5", "irina", "pharaoh"):
-            sh(inv, h, f"sed -i '/{MARK}$/d' /root/.ssh/authorized_keys 2>/dev/null; true")
+        clean(inv)
+
+
+def clean(inv: Any) -> None:
+    """The lab as it was before `cron install`: no entry, no copy, no authorised key."""
+    sh(inv, "pharaoh", f"rm -rf /etc/cron.d/labctl-facts {paths.CONTROLLER_DIR} {paths.job_status('facts')}")
+    for h in ("m5", "irina", "pharaoh"):
+        sh(inv, h, f"sed -i '/{MARK}$/d' /root/.ssh/authorized_keys 2>/dev/null; true")
+
+
+def test_an_install_that_fails_on_a_host_schedules_nothing(lab: Any) -> None:
+    inv = lab.inventory_path
+    lab.stop_host("irina")
+    try:
+        rc, doc = run_json(inv, "cron", "install", "facts", "--every", "1h", timeout=600)
+        assert rc == 1, doc
+        assert {h["host"]: h["status"] for h in doc["hosts"]}["irina"] == "unreachable"
+        assert any("entry was not installed on pharaoh" in n for n in doc["notes"]), doc["notes"]
+        assert "labctl-facts" not in sh(inv, "pharaoh", "ls /etc/cron.d")
+    finally:
+        lab.start_host("irina")
+        clean(inv)
 
 
 def test_install_rotate_check_changes_nothing(lab: Any) -> None:

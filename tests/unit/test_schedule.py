@@ -134,7 +134,6 @@ def test_install_playbook_as_data() -> None:
     doc = {"lab": "t", "defaults": {"ssh_key": "keys/id"}, "hosts": {"m5": {"address": "10.0.0.1"}}}
     book = plan.install_playbook(
         get_job("facts"),
-        "*/30 * * * *",
         orch,
         hosts,
         doc,
@@ -151,11 +150,12 @@ def test_install_playbook_as_data() -> None:
         "file",
         "file",
         "file",
-        "cron",
     ]
     paths_written = [e.params.get("path") for e in on_orch.entries if e.type_name == "file"]
     assert paths_written == [plan.BIN, plan.INVENTORY, plan.KNOWN_HOSTS, plan.PLAYBOOKS + "/train.yaml"]
-    cron = on_orch.entries[-1].params
+    (cron_play,) = plan.cron_playbook(get_job("facts"), "*/30 * * * *", orch).plays
+    assert cron_play.hosts == "pharaoh" and [e.type_name for e in cron_play.entries] == ["cron"]
+    cron = cron_play.entries[0].params
     assert cron["name"] == "facts" and cron["schedule"] == "*/30 * * * *"
     assert cron["command"].startswith(
         f"{paths.CONTROLLER_DIR}/bin/labctl -i {paths.CONTROLLER_DIR}/lab/inventory.yaml facts --no-torch --json >"
@@ -163,14 +163,11 @@ def test_install_playbook_as_data() -> None:
     assert authorise.hosts == "m5,irina,pharaoh"
     assert authorise.entries[0].params == {"mark": "labctl-orchestrator@pharaoh", "key": PUB}
     # Every entry is one the engine builds for its host (params valid for its resource type).
-    for play in book.plays:
+    for play in [*book.plays, cron_play]:
         for e in play.entries:
             load_registry()[e.type_name].from_playbook(orch, e.params)
     # --check before the key exists: nothing to authorise yet.
-    assert (
-        len(plan.install_playbook(get_job("rotate"), "0 */4 * * *", orch, hosts, doc, "", {}, None).plays)
-        == 1
-    )
+    assert len(plan.install_playbook(get_job("rotate"), orch, hosts, doc, "", {}, None).plays) == 1
 
 
 def test_remove_playbook_purges_only_when_asked() -> None:
@@ -399,10 +396,21 @@ def test_install_tree_swaps_releases_whole(tmp_path: Path) -> None:
         assert json.loads((Path(root) / "current" / "install.json").read_text()) == {"t": tag}
     assert os.readlink(Path(root) / "current") == "releases/v2"
     assert sorted(os.listdir(Path(root) / "releases")) == ["v2"]
+    # The same tag again (a damaged release put back) goes to a folder of its own first.
+    again = {
+        "op": "install_tree",
+        "root": root,
+        "tag": "v2",
+        "record": {"t": "v2"},
+        "b64": tar_of({"lib/m.py": b"2"}),
+    }
+    agent_provision.apply_command({"ops": [again]})
+    assert os.readlink(Path(root) / "current") == "releases/v2-1"
+    assert sorted(os.listdir(Path(root) / "releases")) == ["v2-1"]
     bad = {"op": "install_tree", "root": root, "tag": "v3", "record": {}, "b64": tar_of({"../escape": b"x"})}
     with pytest.raises(AgentError, match="outside its folder"):
         agent_provision.apply_command({"ops": [bad]})
-    assert not (tmp_path / "escape").exists() and os.readlink(Path(root) / "current") == "releases/v2"
+    assert not (tmp_path / "escape").exists() and os.readlink(Path(root) / "current") == "releases/v2-1"
 
 
 def test_a_file_probe_can_leave_a_secret_unread(tmp_path: Path) -> None:
