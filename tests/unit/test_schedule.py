@@ -31,7 +31,7 @@ from labctl.provision.resources.controller import (
     KeypairParams,
     SshKeypair,
 )
-from labctl.provision.resources.cron import CronParams, cron_file
+from labctl.provision.resources.cron import CronParams, cron_file, systemd_units
 from labctl.schedule import bundle, plan
 from labctl.schedule.every import every_to_schedule, resolve_schedule
 from labctl.schedule.jobs import JOBS, get_job
@@ -453,3 +453,36 @@ def test_cron_entry_records_its_last_run_and_gives_way_to_a_held_lock(
 
 def test_sim_hosts_have_their_own_root_ssh() -> None:
     assert "/root/.ssh" in {mp.path for mp in MANAGED_PATHS if not mp.is_file}
+
+
+def test_cron_list_reads_cron_files_and_timers_and_only_labctls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cron_dir, unit_dir = tmp_path / "cron.d", tmp_path / "system"
+    cron_dir.mkdir()
+    unit_dir.mkdir()
+    monkeypatch.setattr(cronjobs, "CRON_DIR", str(cron_dir))
+    monkeypatch.setattr(cronjobs, "UNIT_DIR", str(unit_dir))
+    monkeypatch.setattr(paths, "LOCK_DIR", str(tmp_path))
+    facts = CronParams(name="facts", schedule="*/30 * * * *", command="labctl facts")
+    rotate = CronParams(name="rotate", schedule="0 */4 * * *", command="labctl rotate")
+    (cron_dir / "labctl-facts").write_text(cron_file(facts))
+    service, timer = systemd_units(rotate)
+    (unit_dir / "labctl-rotate.service").write_text(service)
+    (unit_dir / "labctl-rotate.timer").write_text(timer)
+    (cron_dir / "labctl-mine").write_text("* * * * * root true\n")  # someone else's, not marked
+    (tmp_path / "rotate.last").write_text("0 1700000000\n")
+    jobs = {j["name"]: j for j in cronjobs.list_command({})["jobs"]}
+    assert set(jobs) == {"facts", "rotate"}
+    assert (jobs["facts"]["backend"], jobs["facts"]["schedule"], jobs["facts"]["command"]) == (
+        "cron",
+        "*/30 * * * *",
+        "labctl facts",
+    )
+    assert jobs["facts"]["last"] is None  # never ran
+    assert (jobs["rotate"]["backend"], jobs["rotate"]["schedule"], jobs["rotate"]["command"]) == (
+        "systemd",
+        "0 */4 * * *",
+        "labctl rotate",
+    )
+    assert jobs["rotate"]["last"] == {"rc": 0, "end": 1700000000}
