@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -63,7 +64,10 @@ def test_install_twice_one_entry_key_only_on_pharaoh_then_run_list_remove(lab: A
         for h in ("m5", "irina"):
             keys = sh(inv, h, "cat /root/.ssh/authorized_keys")
             assert [line.split()[1] for line in keys.splitlines() if line.endswith(MARK)] == [pub]
-        assert (lab.dir / "hosts" / "m5" / "root" / "root" / ".ssh" / "authorized_keys").is_file()
+        # Each sim host's own /root/.ssh took it; this machine's was never touched.
+        assert MARK in (lab.dir / "hosts" / "m5" / "root" / "root" / ".ssh" / "authorized_keys").read_text()
+        mine = Path("/root/.ssh/authorized_keys")
+        assert not mine.exists() or MARK not in mine.read_text()
 
         # The entry, run by hand on pharaoh, is labctl facts over SSH from there.
         ran = run_cron_entry(inv, "pharaoh", "facts")
