@@ -97,6 +97,12 @@ def runtime() -> dict[str, str]:
     return {"python": f"{sys.version_info[0]}.{sys.version_info[1]}", "platform": sysconfig.get_platform()}
 
 
+def oldest_python() -> tuple[int, int]:
+    """The oldest Python labctl runs on, from its Requires-Python (>=3.11)."""
+    m = re.search(r">=\s*(\d+)\.(\d+)", metadata.metadata(ROOT_DIST)["Requires-Python"] or "")
+    return (int(m.group(1)), int(m.group(2))) if m else (3, 8)
+
+
 RUNTIME_PROBE = "import sys, sysconfig; print('%d.%d %s' % (sys.version_info[0], sys.version_info[1], sysconfig.get_platform()))"
 
 

@@ -22,7 +22,7 @@ from labctl.agent.commands import AgentError
 from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import Host, Inventory
-from labctl.provision.resource import load_registry
+from labctl.provision.resource import PlanError, load_registry
 from labctl.provision.resources.controller import (
     AuthorizedKey,
     AuthorizedKeyParams,
@@ -358,12 +358,15 @@ def test_controller_install_changes_nothing_at_the_recorded_version_and_pips_els
         "runtime": {"rc": 0, "stdout": here + "\n"},
     }
     assert not res.plan(state).changed
-    other = res.plan({**state, "runtime": {"rc": 0, "stdout": "3.8 linux-aarch64\n"}})
+    other = res.plan({**state, "runtime": {"rc": 0, "stdout": "3.12 linux-aarch64\n"}})
     (op,) = other.ops
     assert op["op"] == "install_tree" and "pip install --target" in other.summary[0]
     assert op["pip"] == {"python": "/usr/bin/python3", "requirements": list(bundle.make_bundle(False).pip)}
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(op["b64"]))) as tar:
         assert all(n.startswith("lib/labctl/") for n in tar.getnames())
+    with pytest.raises(PlanError) as old:
+        res.plan({**state, "runtime": {"rc": 0, "stdout": "3.8 linux-x86_64\n"}})
+    assert "needs Python 3.11 or newer" in old.value.message and "`python:` of pharaoh" in old.value.hint
     gone = ControllerInstall(host(), InstallParams(state="absent")).plan(state)
     assert gone.ops == [{"op": "remove_tree", "path": paths.CONTROLLER_DIR}]
 

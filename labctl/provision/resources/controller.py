@@ -30,7 +30,7 @@ from labctl.provision.resource import (
     register,
 )
 from labctl.provision.resources.files import edit_lines, owner_ids, plan_file
-from labctl.schedule.bundle import RUNTIME_PROBE, make_bundle, runtime
+from labctl.schedule.bundle import RUNTIME_PROBE, make_bundle, oldest_python, runtime
 
 KEY_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+\Z")
 MARK_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,100}\Z")
@@ -87,6 +87,14 @@ class ControllerInstall(Resource):
                 "Install python3 there (3.8 or newer) or set `python:` for the host in the inventory.",
             )
         host_runtime = str(probe.get("stdout", "")).strip()
+        need = oldest_python()
+        have_py = tuple(int(x) for x in re.findall(r"\d+", host_runtime.split(" ")[0])[:2])
+        if have_py < need:
+            raise PlanError(
+                f"labctl needs Python {need[0]}.{need[1]} or newer to run on {self.host.name}; "
+                f"{self.host.python} there is {host_runtime.split(' ')[0] or 'unknown'}.",
+                f"Install python{need[0]}.{need[1]} there and point `python:` of {self.host.name} at it in the inventory.",
+            )
         mine = runtime()
         copy = host_runtime == f"{mine['python']} {mine['platform']}"
         want = {**make_bundle(copy).record, "host": host_runtime}
