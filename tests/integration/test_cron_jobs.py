@@ -84,6 +84,15 @@ def test_install_twice_one_entry_key_only_on_pharaoh_then_run_list_remove(lab: A
         assert jobs[0]["schedule"] == "*/30 * * * *" and "facts --no-torch --json" in jobs[0]["command"]
         assert not [j for j in listed["jobs"] if j["host"] != "pharaoh"]
 
+        # --purge would pull labctl from under another job: refused while one is left.
+        rc, _ = run_json(inv, "cron", "install", "rotate", "--every", "4h", timeout=600)
+        assert rc == 0
+        rc, refused = run_json(inv, "cron", "remove", "facts", "--purge")
+        assert rc == 2 and "rotate" in refused["error"], refused
+        assert "labctl-facts" in sh(inv, "pharaoh", "ls /etc/cron.d")
+        rc, _ = run_json(inv, "cron", "remove", "rotate")
+        assert rc == 0 and "labctl-rotate" not in sh(inv, "pharaoh", "ls /etc/cron.d")
+
         rc, gone = run_json(inv, "cron", "remove", "facts", "--purge")
         assert rc == 0, gone
         assert sh(inv, "pharaoh", "ls /etc/cron.d | grep -c labctl-facts || true").strip() == "0"
@@ -95,7 +104,11 @@ def test_install_twice_one_entry_key_only_on_pharaoh_then_run_list_remove(lab: A
 
 def clean(inv: Any) -> None:
     """The lab as it was before `cron install`: no entry, no copy, no authorised key."""
-    sh(inv, "pharaoh", f"rm -rf /etc/cron.d/labctl-facts {paths.CONTROLLER_DIR} {paths.job_status('facts')}")
+    sh(
+        inv,
+        "pharaoh",
+        f"rm -rf /etc/cron.d/labctl-facts /etc/cron.d/labctl-rotate {paths.CONTROLLER_DIR} {paths.job_status('facts')}",
+    )
     for h in ("m5", "irina", "pharaoh"):
         sh(inv, h, f"sed -i '/{MARK}$/d' /root/.ssh/authorized_keys 2>/dev/null; true")
 
