@@ -42,6 +42,7 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "probe": ".provision:probe_command",
     "apply": ".provision:apply_command",
     "host_lock": ".hostlock:lock_command",
+    "cron_list": ".cronjobs:list_command",
     "cache_state": ".cache.manifest:state_command",
     "cache_list": ".cache.serve:list_command",
     "cache_serve": ".cache.serve:serve_command",

@@ -27,6 +27,9 @@ WARM_STATE = ORCHESTRA_DIR + "/warm.json"  # the warm set the rotation loaded; p
 ORCHESTRA_HISTORY = ORCHESTRA_DIR + "/history.jsonl"  # one line per committed rotation, newest last
 ORCHESTRA_LOCK = ORCHESTRA_DIR + "/rotate.lock"  # host_lock's file while a rotation changes this host
 ORCHESTRA_LOGS = ORCHESTRA_DIR + "/logs"  # MODEL.log: each model server's output, appended per start
+# labctl installed on the orchestrator for its scheduled jobs (lib/, bin/labctl) and its lab copy
+# (lab/: inventory, keys, playbooks), so a job runs with no laptop and no venv.
+CONTROLLER_DIR = HOME + "/controller"
 
 # labctl's metadata folder inside a model cache and a storage host's model library.
 CACHE_META = ".labctl"
@@ -51,6 +54,11 @@ def local_home() -> str:
     if os.geteuid() == 0:
         return HOME
     return os.path.join(os.path.expanduser("~"), USER_HOME)
+
+
+def job_status(name: str) -> str:
+    """Where a scheduled job's wrapper records its last run: "RC START END" (epoch seconds)."""
+    return LOCK_DIR + "/" + name + ".last"
 
 
 def provision_lock() -> str:

@@ -38,7 +38,8 @@ def _file(p: Dict[str, Any]) -> Dict[str, Any]:
         "gid": st.st_gid,
         "size": st.st_size,
     }
-    if stat.S_ISREG(st.st_mode):
+    # content: false for a secret (a private key): its mode and size are all the plan needs.
+    if stat.S_ISREG(st.st_mode) and p.get("content", True):
         with open(path, "rb") as f:
             data = f.read()
         out["sha256"] = hashlib.sha256(data).hexdigest()
@@ -119,7 +120,8 @@ def _ids(p: Dict[str, Any]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     if p.get("user"):
         try:
-            out["uid"] = pwd.getpwnam(p["user"]).pw_uid
+            entry = pwd.getpwnam(p["user"])
+            out["uid"], out["home"], out["user_gid"] = entry.pw_uid, entry.pw_dir, entry.pw_gid
         except KeyError:
             out["uid_error"] = f"no user {p['user']!r} on this host"
     if p.get("group"):
@@ -130,7 +132,19 @@ def _ids(p: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def _authorized_keys(p: Dict[str, Any]) -> Dict[str, Any]:
+    """A user's ~/.ssh/authorized_keys: where it is (from the passwd entry), and what it holds."""
+    out = _ids({"user": p["user"]})
+    if "home" in out:
+        ssh_dir = os.path.join(out["home"], ".ssh")
+        out["ssh_dir"] = _file({"path": ssh_dir})
+        out["path"] = ssh_dir + "/authorized_keys"
+        out["file"] = _file({"path": out["path"]})
+    return out
+
+
 PROBES: Dict[str, Callable[[Dict[str, Any]], Dict[str, Any]]] = {
+    "authorized_keys": _authorized_keys,
     "ids": _ids,
     "file": _file,
     "mount": _mount,
@@ -227,7 +241,75 @@ def _op_run(op: Dict[str, Any]) -> str:
     return f"ran {cmd}"
 
 
+def _safe_members(tar: Any, dest: str) -> List[Any]:
+    out = []
+    for m in tar.getmembers():
+        target = os.path.realpath(os.path.join(dest, m.name))
+        if not (m.isfile() or m.isdir()) or not target.startswith(os.path.realpath(dest) + os.sep):
+            raise AgentError(f"the bundle holds {m.name!r}, outside its folder or not a file", "bad_args")
+        out.append(m)
+    return out
+
+
+def _op_install_tree(op: Dict[str, Any]) -> str:
+    """A release of a file tree (a tar.gz), optionally completed by `pip install --target`, put
+    in place atomically: unpacked beside the others, then the `current` link swapped by a rename,
+    so a reader sees the old release or the new one whole. Older releases are removed after."""
+    import io
+    import json
+    import tarfile
+
+    root, tag = op["root"], op["tag"]
+    releases = os.path.join(root, "releases")
+    os.makedirs(releases, mode=0o755, exist_ok=True)
+    # A new folder every time, even for the same tag (a damaged release put back): `current`
+    # keeps pointing at a whole release until the swap.
+    name, n = tag, 1
+    while os.path.lexists(os.path.join(releases, name)):
+        name, n = f"{tag}-{n}", n + 1
+    final = os.path.join(releases, name)
+    staging = os.path.join(releases, f".{tag}.{os.getpid()}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging, mode=0o755)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(op["b64"])), mode="r:gz") as tar:
+            tar.extractall(staging, members=_safe_members(tar, staging))
+        pip = op.get("pip")
+        if pip:
+            target = os.path.join(staging, "lib")
+            argv = [pip["python"], "-m", "pip", "install", "--quiet", "--no-input", "--target", target]
+            _op_run({"argv": [*argv, *pip["requirements"]], "timeout": pip.get("timeout", 1800)})
+        write_atomic(
+            os.path.join(staging, "install.json"),
+            json.dumps(op["record"], sort_keys=True).encode(),
+            mode=0o644,
+        )
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    link = os.path.join(root, "current")
+    tmp_link = link + f".{os.getpid()}.tmp"
+    if os.path.lexists(tmp_link):
+        os.unlink(tmp_link)
+    os.symlink(os.path.join("releases", name), tmp_link)
+    os.replace(tmp_link, link)
+    for old in os.listdir(releases):
+        if old != name and not old.startswith("."):
+            shutil.rmtree(os.path.join(releases, old), ignore_errors=True)
+    return f"installed release {tag} in {root}"
+
+
+def _op_remove_tree(op: Dict[str, Any]) -> str:
+    if not os.path.lexists(op["path"]):
+        return "{} was already gone".format(op["path"])
+    shutil.rmtree(op["path"])
+    return "removed {}".format(op["path"])
+
+
 OPS: Dict[str, Callable[[Dict[str, Any]], str]] = {
+    "install_tree": _op_install_tree,
+    "remove_tree": _op_remove_tree,
     "write_file": _op_write_file,
     "chmod": _op_chmod,
     "mkdir": _op_mkdir,

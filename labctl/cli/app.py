@@ -16,6 +16,7 @@ from labctl import __version__
 from labctl.cli import (
     bench_cmd,
     cache_cmd,
+    cron_cmd,
     exec_cmd,
     facts_cmd,
     init_cmd,
@@ -73,6 +74,7 @@ app.command("exec")(exec_cmd.exec_)
 app.command("facts")(facts_cmd.facts)
 app.command("provision")(provision_cmd.provision)
 app.add_typer(cache_cmd.app, name="cache")
+app.add_typer(cron_cmd.app, name="cron")
 app.add_typer(train_cmd.app, name="train")
 app.add_typer(orchestra_cmd.app, name="orchestra")
 app.command("rotate")(orchestra_cmd.rotate_cmd)

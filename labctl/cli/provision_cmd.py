@@ -65,7 +65,7 @@ def provision(
 
     def on_event(r: ResourceResult) -> None:
         if not c.json_mode:
-            _print_event(c.console, r, check, diff)
+            print_event(c.console, r, check, diff)
 
     try:
         results, host_results = run_provision(
@@ -93,14 +93,14 @@ def provision(
             }
         )
     else:
-        _print_recap(c.console, host_results, check)
+        print_recap(c.console, host_results, check)
     raise typer.Exit(exit_code(host_results))
 
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "skipped": "cyan"}
 
 
-def _print_event(console: Any, r: Any, check: bool, diff: bool) -> None:
+def print_event(console: Any, r: Any, check: bool, diff: bool) -> None:
     from rich.markup import escape
 
     word = "would change" if check and r.status == "changed" else r.status
@@ -116,7 +116,7 @@ def _print_event(console: Any, r: Any, check: bool, diff: bool) -> None:
         console.print(Syntax(r.diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True))
 
 
-def _print_recap(console: Any, host_results: Any, check: bool) -> None:
+def print_recap(console: Any, host_results: Any, check: bool) -> None:
     from rich.table import Table
 
     table = Table(

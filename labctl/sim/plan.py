@@ -70,6 +70,9 @@ MANAGED_PATHS: tuple[ManagedPath, ...] = (
     ManagedPath("/mnt"),
     ManagedPath("/srv"),
     ManagedPath(paths.LOG_DIR),
+    # Root's own keys: what `cron install` authorises lands in this host's copy, never in this
+    # machine's /root/.ssh (the sshd reads it beside the sim's shared authorized_keys).
+    ManagedPath("/root/.ssh"),
 )
 
 
@@ -277,7 +280,7 @@ def sshd_config(address: str, host_key: str, pid_file: str, authorized_keys: str
             f"ListenAddress {address}",
             f"HostKey {q(host_key)}",
             f"PidFile {q(pid_file)}",
-            f"AuthorizedKeysFile {q(authorized_keys)}",
+            f"AuthorizedKeysFile {q(authorized_keys)} .ssh/authorized_keys",
             "PermitRootLogin prohibit-password",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",

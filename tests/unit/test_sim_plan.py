@@ -215,7 +215,8 @@ def test_sshd_config_has_what_labctl_relies_on() -> None:
         "ListenAddress 10.250.0.10",
         "HostKey /d/hosts/m5/key",
         "PidFile /d/hosts/m5/sshd.pid",
-        "AuthorizedKeysFile /d/keys/authorized_keys",
+        # the sim's shared key, and each host's own root keys (its private /root/.ssh)
+        "AuthorizedKeysFile /d/keys/authorized_keys .ssh/authorized_keys",
         "PermitRootLogin prohibit-password",
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",

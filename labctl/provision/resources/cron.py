@@ -163,14 +163,36 @@ def locked_command(name: str, command: str) -> str:
     return f"flock -n {lock} sh -c {shlex.quote(command)}"
 
 
+def job_line(name: str, command: str) -> str:
+    """The shell line cron or the timer runs: the locked command, logged, then its end time and
+    exit code recorded in paths.job_status(name) for `labctl cron list`; it exits as the job did.
+
+    flock -n exits 1 when another run holds the lock: that run records its own result, so a 1
+    while the lock is still held is not recorded (a job that itself exited 1 left it free).
+    """
+    lock = f"{paths.LOCK_DIR}/{name}.lock"
+    log = f"{paths.LOG_DIR}/{name}.log"
+    status = paths.job_status(name)
+    return (
+        f"{locked_command(name, command)} >>{log} 2>&1; rc=$?; "
+        f"if [ $rc -ne 1 ] || flock -n {lock} true; then "
+        f'echo "$rc $(date +%s)" >{status}.tmp && mv -f {status}.tmp {status}; fi; exit $rc'
+    )
+
+
+def marks(p: CronParams) -> str:
+    """Comment lines `labctl cron list` reads back: the schedule and the command as given."""
+    return f"# labctl:schedule: {p.schedule}\n# labctl:command: {p.command}\n"
+
+
 def cron_file(p: CronParams) -> str:
     assert p.schedule and p.command
-    log = f"{paths.LOG_DIR}/{p.name}.log"
     # cron turns an unescaped % into a newline (the rest becomes the command's stdin).
-    line = f"{locked_command(p.name, p.command)} >>{log} 2>&1".replace("%", "\\%")
+    line = job_line(p.name, p.command).replace("%", "\\%")
     return (
         f"# labctl:cron:{p.name} (written by labctl provision; edits here are overwritten)\n"
-        "SHELL=/bin/sh\n"
+        + marks(p)
+        + "SHELL=/bin/sh\n"
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
         f"{p.schedule} {p.user} {line}\n"
     )
@@ -184,10 +206,9 @@ def unit_escape(text: str) -> str:
 
 def systemd_units(p: CronParams) -> tuple[str, str]:
     assert p.schedule and p.command
-    log = f"{paths.LOG_DIR}/{p.name}.log"
-    command = shlex.quote(locked_command(p.name, p.command) + f" >>{log} 2>&1")
+    command = shlex.quote(job_line(p.name, p.command))
     service = (
-        f"# labctl:cron:{p.name}\n[Unit]\nDescription=labctl job {p.name}\n\n[Service]\nType=oneshot\nUser={p.user}\n"
+        f"# labctl:cron:{p.name}\n{marks(p)}[Unit]\nDescription=labctl job {p.name}\n\n[Service]\nType=oneshot\nUser={p.user}\n"
         f"ExecStart=/bin/sh -c {unit_escape(command)}\n"
     )
     timer = (

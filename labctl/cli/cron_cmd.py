@@ -1,0 +1,190 @@
+"""`labctl cron install|list|remove`: labctl's scheduled jobs, run on the orchestrator host."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+
+app = typer.Typer(
+    help="Schedule labctl jobs (rotate, facts) on the orchestrator host, so they run with no laptop on.",
+    no_args_is_help=True,
+)
+
+HostOpt = Annotated[
+    Optional[str],
+    typer.Option("--host", help="The host that runs the schedule (default: the one with role orchestrator)."),
+]
+
+
+@app.command("install")
+def install(
+    ctx: typer.Context,
+    job: Annotated[str, typer.Argument(help="The job: rotate or facts.", show_default=False)],
+    every: Annotated[Optional[str], typer.Option("--every", help="Period: 30m, 4h, 1d, ...")] = None,
+    schedule: Annotated[
+        Optional[str], typer.Option("--schedule", help="Cron fields instead, e.g. '0 */4 * * *'.")
+    ] = None,
+    host: HostOpt = None,
+    check: Annotated[bool, typer.Option("--check", help="Show what would change; change nothing.")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="Show file diffs.")] = False,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Install JOB on the orchestrator: labctl itself at this version, its own SSH key (made
+    there; its public half authorised on every Linux host), a copy of the inventory, pinned
+    host keys and playbooks, and the cron entry (flock-locked, logged to
+    /var/log/labctl/JOB.log; a systemd timer where systemd runs). A second run changes nothing.
+
+    Examples:
+
+        labctl cron install rotate --every 4h
+
+        labctl cron install facts --schedule '*/30 * * * *' --check --diff
+    """
+    from labctl.schedule.every import resolve_schedule
+    from labctl.schedule.install import install as run_install
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    when = resolve_schedule(every, schedule)
+    try:
+        out = run_install(c, job, when, host, check, on_event=_events(c, check, diff))
+    finally:
+        c.close()
+    _finish(c, out, check, f"cron install {job}")
+
+
+@app.command("list")
+def list_(
+    ctx: typer.Context,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Every labctl schedule on every Linux host: schedule, command, last run and its result."""
+    from labctl.fanout import exit_code
+    from labctl.recap import print_recap
+    from labctl.schedule.install import list_jobs
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        results = list_jobs(c)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit(
+            {
+                "jobs": [{"host": r.host, **j} for r in results for j in (r.data or [])],
+                "hosts": [
+                    {k: v for k, v in r.to_json().items() if k in ("host", "status", "error", "hint")}
+                    for r in results
+                ],
+            }
+        )
+    else:
+        _print_jobs(c.console, results)
+        if not all(r.ok for r in results):
+            print_recap(c.console, results, title="cron list")
+    raise typer.Exit(exit_code(results))
+
+
+@app.command("remove")
+def remove(
+    ctx: typer.Context,
+    name: Annotated[
+        str, typer.Argument(help="The job's name, as `labctl cron list` shows it.", show_default=False)
+    ],
+    host: HostOpt = None,
+    purge: Annotated[
+        bool, typer.Option("--purge", help="Also remove the key's authorisations and the installed labctl.")
+    ] = False,
+    check: Annotated[bool, typer.Option("--check", help="Show what would change; change nothing.")] = False,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Remove the job NAME from the orchestrator (with --purge, everything `cron install` put there)."""
+    from labctl.schedule.install import remove as run_remove
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        out = run_remove(c, name, host, purge, check, on_event=_events(c, check, False))
+    finally:
+        c.close()
+    _finish(c, out, check, f"cron remove {name}")
+
+
+def _events(c: Any, check: bool, diff: bool) -> Any:
+    from labctl.cli.provision_cmd import print_event
+
+    def on_event(r: Any) -> None:
+        if not c.json_mode:
+            print_event(c.console, r, check, diff)
+
+    return on_event
+
+
+def _finish(c: Any, out: Any, check: bool, title: str) -> None:
+    from rich.markup import escape
+
+    from labctl.cli.provision_cmd import print_recap
+    from labctl.fanout import exit_code
+
+    if c.json_mode:
+        c.emit(
+            {
+                **out.info,
+                "check": check,
+                "changed": any(r.changed for r in out.results),
+                "notes": out.notes,
+                "results": [r.to_json() for r in out.results],
+                "hosts": [
+                    {k: v for k, v in hr.to_json().items() if k not in ("data", "stdout", "stderr", "rc")}
+                    for hr in out.hosts
+                ],
+            }
+        )
+    else:
+        for note in out.notes:
+            c.console.print(f"[cyan]{escape(note)}[/]", soft_wrap=True)
+        print_recap(c.console, out.hosts, check)
+        if "command" in out.info:
+            c.console.print(
+                f"{escape(title)} on [bold]{escape(out.info['host'])}[/] ({escape(out.info['schedule'])}): "
+                f"{escape(out.info['command'])}",
+                soft_wrap=True,
+            )
+    raise typer.Exit(exit_code(out.hosts))
+
+
+def _print_jobs(console: Any, results: Any) -> None:
+    import time
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="labctl schedules", title_justify="left")
+    for col in ("host", "job", "schedule", "command", "last run", "result"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        for j in r.data or []:
+            last = j.get("last") or {}
+            when = (
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last["end"]))
+                if last.get("end")
+                else "never"
+            )
+            rc = last.get("rc")
+            result = "" if not last else ("[green]0[/]" if rc == 0 else f"[red]{rc}[/]")
+            table.add_row(
+                r.host,
+                escape(str(j.get("name"))),
+                escape(str(j.get("schedule") or "")),
+                escape(str(j.get("command") or j.get("line") or "")),
+                when,
+                result,
+            )
+    console.print(table)

@@ -1,0 +1,160 @@
+"""`labctl cron install|list|remove` against a lab: the generated playbooks carried out by the
+provision engine, and every host's labctl jobs read back in one agent round trip per host."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from labctl.agent_ship import ask_agent, call_agent
+from labctl.errors import InputError
+from labctl.fanout import HostResult, HostRun, fan_out
+from labctl.provision.engine import Event, ResourceResult, provision
+from labctl.schedule import plan
+from labctl.schedule.jobs import get_job
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+
+
+@dataclass
+class Outcome:
+    results: list[ResourceResult] = field(default_factory=list)
+    hosts: list[HostResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, results: list[ResourceResult], hosts: list[HostResult]) -> None:
+        self.results += results
+        by = {h.host: h for h in self.hosts}
+        for h in hosts:
+            old = by.get(h.host)
+            if old is None:
+                self.hosts.append(h)
+                by[h.host] = h
+                continue
+            for k in ("ok", "changed", "failed", "skipped"):
+                old.extra[k] = old.extra.get(k, 0) + h.extra.get(k, 0)
+            old.seconds += h.seconds
+            if RANK.get(h.status, 9) > RANK.get(old.status, 9):
+                old.status, old.error, old.hint = h.status, h.error, h.hint
+
+
+# A host's status over two runs is the worse of the two.
+RANK = {"ok": 0, "skipped": 0, "changed": 1, "failed": 2}
+
+
+def public_key(ctx: Context, orch: Any) -> str | None:
+    """The orchestrator's public key, read without changing anything there; None if not made yet."""
+    probe = {"pub": {"kind": "file", "path": plan.KEY + ".pub"}}
+    found = ask_agent(ctx, orch, "probe", {"probes": probe}, read_only=True)["results"]["pub"]
+    text = found.get("text") if found.get("exists") else None
+    return " ".join(str(text).split()[:2]) if text else None
+
+
+def install(
+    ctx: Context,
+    job_name: str,
+    schedule: str,
+    host_name: str | None,
+    check: bool,
+    on_event: Event | None = None,
+) -> Outcome:
+    import yaml
+
+    job = get_job(job_name)
+    inv = ctx.inventory
+    orch = plan.orchestrator(inv, host_name)
+    hosts = plan.driven_hosts(inv)
+    out = Outcome()
+    out.info = {"job": job.name, "host": orch.name, "schedule": schedule, "command": plan.job_command(job)}
+    left = [n for n in inv.hosts if n not in {h.name for h in hosts}]
+    if left:
+        out.notes.append(
+            f"Not authorised for {orch.name}'s key (Windows or not reached over SSH): {', '.join(left)}; "
+            "the job cannot drive them from there."
+        )
+    key = public_key(ctx, orch)
+    if key is None and not check:
+        out.add(*provision(ctx, plan.keypair_playbook(orch), [orch], on_event=on_event))
+        if any(r.status == "failed" for r in out.results):
+            return out
+        key = public_key(ctx, orch)
+    if key is None:
+        out.notes.append(
+            f"{orch.name} has no key of its own yet: the install makes one there and authorises it on "
+            + ", ".join(h.name for h in hosts)
+            + "."
+        )
+    book = plan.install_playbook(
+        job,
+        orch,
+        hosts,
+        yaml.safe_load(ctx.inventory_path.read_text()),
+        plan.known_hosts_copy([orch, *hosts]),
+        plan.playbook_files(ctx.inventory_path),
+        key,
+    )
+    made_first = bool(out.results)
+
+    def news(r: ResourceResult) -> bool:  # the key made first: its second look (ok) is not news
+        return not (made_first and r.host == orch.name and r.type == "ssh_keypair")
+
+    def shown(r: ResourceResult) -> None:
+        if on_event and news(r):
+            on_event(r)
+
+    targets = [orch, *(h for h in hosts if h.name != orch.name)]
+    results, host_results = provision(ctx, book, targets, check=check, on_event=shown)
+    for hr in host_results:
+        hr.extra["ok"] = hr.extra.get("ok", 0) - sum(not news(r) for r in hr.data or [])
+    out.add([r for r in results if news(r)], host_results)
+    # The entry comes last, once everything it runs with is in place on every host: an install
+    # that failed somewhere leaves no schedule that would fail on each run.
+    if any(not h.ok for h in host_results):
+        out.notes.append(
+            f"The {job.name} entry was not installed on {orch.name}: fix what failed, then run again."
+        )
+        return out
+    out.add(*provision(ctx, plan.cron_playbook(job, schedule, orch), [orch], check=check, on_event=on_event))
+    return out
+
+
+def list_jobs(ctx: Context) -> list[HostResult]:
+    """Every labctl job on every Linux host of the lab, with its last run."""
+
+    def step(run: HostRun) -> HostResult:
+        answer = call_agent(run, "cron_list", {}, read_only=True)
+        return HostResult(run.host.name, "ok", data=answer.get("jobs", []))
+
+    return fan_out(ctx, plan.driven_hosts(ctx.inventory), step, label="cron list")
+
+
+def remove(
+    ctx: Context, name: str, host_name: str | None, purge: bool, check: bool, on_event: Event | None = None
+) -> Outcome:
+    orch = plan.orchestrator(ctx.inventory, host_name)
+    hosts = plan.driven_hosts(ctx.inventory)
+    jobs = ask_agent(ctx, orch, "cron_list", {}, read_only=True).get("jobs", [])
+    names = [j["name"] for j in jobs]
+    if name not in names:
+        raise InputError(
+            f"{orch.name} has no labctl job '{name}'.",
+            f"Its jobs: {', '.join(names) or 'none'} (`labctl cron list` shows every host's).",
+        )
+    others = [
+        j["name"] for j in jobs if j["name"] != name and plan.BIN in str(j.get("command") or j.get("line"))
+    ]
+    if purge and others:
+        raise InputError(
+            f"--purge would remove the labctl copy that {orch.name}'s other jobs run ({', '.join(others)}).",
+            f"Remove them first (`labctl cron remove {others[0]} --purge` last), or leave out --purge.",
+        )
+    out = Outcome(info={"job": name, "host": orch.name, "purge": purge})
+    targets = [orch, *(h for h in hosts if h.name != orch.name)] if purge else [orch]
+    out.add(
+        *provision(
+            ctx, plan.remove_playbook(name, orch, hosts, purge), targets, check=check, on_event=on_event
+        )
+    )
+    return out

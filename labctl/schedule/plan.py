@@ -1,0 +1,217 @@
+"""The playbook `labctl cron install` applies, built as data: on the orchestrator labctl itself,
+its launcher, its own SSH key, a copy of the lab (inventory rewritten to that key, pinned host
+keys, playbooks) and the job; on every Linux host it drives, that key authorised."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from pathlib import Path
+from typing import Any
+
+from labctl.agent import paths
+from labctl.errors import InputError
+from labctl.inventory.model import Host, Inventory
+from labctl.provision.playbook import Entry, Play, Playbook
+from labctl.schedule.jobs import Job
+
+ORCHESTRATOR_ROLE = "orchestrator"
+BIN = paths.CONTROLLER_DIR + "/bin/labctl"
+LIB = paths.CONTROLLER_DIR + "/current/lib"
+LAB = paths.CONTROLLER_DIR + "/lab"
+INVENTORY = LAB + "/inventory.yaml"
+KEY = LAB + "/keys/id_ed25519"
+KNOWN_HOSTS = LAB + "/keys/known_hosts"
+PLAYBOOKS = LAB + "/playbooks"
+
+
+def key_mark(orchestrator: str) -> str:
+    """The comment of the orchestrator's key: it marks its line in every authorized_keys."""
+    return f"labctl-orchestrator@{orchestrator}"
+
+
+def orchestrator(inv: Inventory, name: str | None = None) -> Host:
+    """The host that runs the schedule: --host, else the one host with role orchestrator."""
+    if name is not None:
+        if name not in inv.hosts:
+            raise InputError(
+                f"--host {name}: the inventory has no such host.", f"Hosts: {', '.join(inv.hosts)}."
+            )
+        host = inv.hosts[name]
+    else:
+        found = [h for h in inv.hosts.values() if h.has_role(ORCHESTRATOR_ROLE)]
+        if len(found) != 1:
+            what = (
+                "No host has"
+                if not found
+                else f"{len(found)} hosts have ({', '.join(h.name for h in found)})"
+            )
+            raise InputError(
+                f"{what} the role {ORCHESTRATOR_ROLE} in {inv.path}, so it is not clear where the schedule lives.",
+                f"Give exactly one host `roles: [{ORCHESTRATOR_ROLE}]` in the inventory, or pass --host NAME.",
+            )
+        host = found[0]
+    if host.is_windows or host.connection != "ssh":
+        raise InputError(
+            f"{host.name} cannot hold the schedule: labctl's jobs run on a Linux host reached over SSH.",
+            "Pass --host with a Linux host of the inventory.",
+        )
+    return host
+
+
+def driven_hosts(inv: Inventory) -> list[Host]:
+    """The hosts a job on the orchestrator reaches over SSH with its key: the Linux ones."""
+    return [h for h in inv.hosts.values() if not h.is_windows and h.connection == "ssh"]
+
+
+def job_command(job: Job) -> str:
+    """The shell command the cron entry runs on the orchestrator."""
+    line = shlex.join([BIN, "-i", INVENTORY, *job.args])
+    if job.output is None:
+        return line
+    out = shlex.quote(job.output)
+    tmp = shlex.quote(job.output + ".tmp")
+    # The snapshot is replaced whole, and the job still exits with labctl's code.
+    return f"{line} >{tmp}; rc=$?; mv -f {tmp} {out}; exit $rc"
+
+
+def launcher(python: str) -> str:
+    """CONTROLLER_DIR/bin/labctl: the host's python with the installed release first on its
+    path (-I: no user site, no PYTHON* variables, so nothing else on the host shadows it)."""
+    return (
+        f"#!{python} -I\n"
+        "# labctl, as installed by `labctl cron install` (this file is overwritten there).\n"
+        "import sys\n\n"
+        f"sys.path.insert(0, {LIB!r})\n"
+        "from labctl.cli.app import main\n\n"
+        "main()\n"
+    )
+
+
+def rewrite_inventory(doc: dict[str, Any]) -> dict[str, Any]:
+    """The inventory as the orchestrator reads it: every host reached with the orchestrator's
+    own key and the copied known_hosts; host entries otherwise unchanged."""
+    out = copy.deepcopy(doc)
+    defaults = dict(out.get("defaults") or {})
+    defaults["ssh_key"] = KEY
+    defaults["known_hosts"] = KNOWN_HOSTS
+    out["defaults"] = defaults
+    for entry in (out.get("hosts") or {}).values():
+        if isinstance(entry, dict):
+            entry.pop("ssh_key", None)
+            entry.pop("known_hosts", None)
+    return out
+
+
+def known_hosts_copy(hosts: list[Host]) -> str:
+    """The pinned host keys of `hosts`' known_hosts files, merged (each line once)."""
+    lines: list[str] = []
+    for f in dict.fromkeys(h.known_hosts for h in hosts if h.known_hosts is not None):
+        assert f is not None
+        try:
+            text = Path(f).read_text()
+        except OSError as e:
+            raise InputError(
+                f"Cannot read the pinned host keys {f}: {e.strerror}.",
+                "Run `labctl trust` first: the orchestrator needs the same pinned keys.",
+            ) from None
+        lines += [line for line in text.splitlines() if line.strip() and line not in lines]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def playbook_files(inventory_path: Path) -> dict[str, str]:
+    """The default playbooks folder (beside the inventory, as labctl/defaults.py finds it)."""
+    from labctl.defaults import default_places
+
+    for folder in default_places(Path("playbooks"), inventory_path):
+        if folder.is_dir():
+            return {
+                p.name: p.read_text()
+                for p in sorted(folder.iterdir())
+                if p.suffix in (".yaml", ".yml") and p.is_file()
+            }
+    return {}
+
+
+def entry(type_name: str, **params: Any) -> Entry:
+    return Entry(type_name, params, ["schedule", type_name], None)
+
+
+def install_playbook(
+    job: Job,
+    orch: Host,
+    hosts: list[Host],
+    inventory_doc: dict[str, Any],
+    known_hosts: str,
+    playbooks: dict[str, str],
+    public_key: str | None,
+) -> Playbook:
+    """Everything `cron install` provisions for `job` but the entry itself (cron_playbook), as
+    one playbook of data. `public_key` None: the orchestrator's key does not exist yet
+    (--check), so no host can be told to authorise it."""
+    import yaml
+
+    mark = key_mark(orch.name)
+    on_orch = [
+        entry("controller_install", root=paths.CONTROLLER_DIR),
+        entry("file", path=BIN, content=launcher(orch.python), mode="0755"),
+        entry("ssh_keypair", path=KEY, comment=mark),
+        entry(
+            "file",
+            path=INVENTORY,
+            content=yaml.safe_dump(rewrite_inventory(inventory_doc), sort_keys=False),
+            mode="0600",
+        ),
+        entry("file", path=KNOWN_HOSTS, content=known_hosts, mode="0644"),
+        *(
+            entry("file", path=f"{PLAYBOOKS}/{name}", content=text, mode="0644")
+            for name, text in playbooks.items()
+        ),
+    ]
+    plays = [Play(hosts=orch.name, entries=on_orch, name=f"labctl on {orch.name}")]
+    if public_key is not None and hosts:
+        plays.append(
+            Play(
+                hosts=",".join(h.name for h in hosts),
+                entries=[entry("authorized_key", mark=mark, key=public_key)],
+                name=f"{mark} authorised",
+            )
+        )
+    return Playbook(
+        path=Path(f"<labctl cron install {job.name}>"), name=f"cron install {job.name}", plays=plays
+    )
+
+
+def cron_playbook(job: Job, schedule: str, orch: Host) -> Playbook:
+    """The job's entry on the orchestrator, applied once everything it runs with is in place."""
+    cron = entry("cron", name=job.name, schedule=schedule, command=job_command(job))
+    return Playbook(
+        path=Path(f"<labctl cron install {job.name}>"),
+        name=f"cron {job.name}",
+        plays=[Play(orch.name, [cron])],
+    )
+
+
+def keypair_playbook(orch: Host) -> Playbook:
+    """The orchestrator's key alone: made first, so its public half can be authorised."""
+    return Playbook(
+        path=Path("<labctl cron install: key>"),
+        name="orchestrator key",
+        plays=[Play(hosts=orch.name, entries=[entry("ssh_keypair", path=KEY, comment=key_mark(orch.name))])],
+    )
+
+
+def remove_playbook(name: str, orch: Host, hosts: list[Host], purge: bool) -> Playbook:
+    """The job gone from the orchestrator; with `purge` also its key's authorisations and the
+    installed copy of labctl (key and lab copy included)."""
+    plays = [Play(hosts=orch.name, entries=[entry("cron", name=name, state="absent")])]
+    if purge:
+        plays[0].entries.append(entry("controller_install", root=paths.CONTROLLER_DIR, state="absent"))
+        if hosts:
+            plays.append(
+                Play(
+                    hosts=",".join(h.name for h in hosts),
+                    entries=[entry("authorized_key", mark=key_mark(orch.name), state="absent")],
+                )
+            )
+    return Playbook(path=Path(f"<labctl cron remove {name}>"), name=f"cron remove {name}", plays=plays)
