@@ -23,7 +23,12 @@ HostOpt = Annotated[
 def install(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(help="The job: rotate or facts.", show_default=False)],
-    every: Annotated[Optional[str], typer.Option("--every", help="Period: 30m, 4h, 1d, ...")] = None,
+    every: Annotated[
+        Optional[str],
+        typer.Option(
+            "--every", help="Period: 30m, 4h, 1d, ... (rotate: default the orchestra file's `every`)."
+        ),
+    ] = None,
     schedule: Annotated[
         Optional[str], typer.Option("--schedule", help="Cron fields instead, e.g. '0 */4 * * *'.")
     ] = None,
@@ -49,6 +54,10 @@ def install(
     from labctl.schedule.install import install as run_install
 
     c = make_context(ctx, inventory, json_out, verbose)
+    if job == "rotate" and every is None and schedule is None:
+        from labctl.orchestra.spec import default_path, load_orchestra
+
+        every = load_orchestra(default_path(c.inventory_path)).every  # the cadence lives in one place
     when = resolve_schedule(every, schedule)
     try:
         out = run_install(c, job, when, host, check, on_event=_events(c, check, diff))

@@ -241,6 +241,36 @@ def test_pinned_and_unknown_models_are_refused_and_nothing_changes(orch: tuple[P
     assert warm_json(inv)["models"] == before["models"]
 
 
+def test_rotation_scheduled_on_pharaoh_runs_over_ssh_from_there(orch: tuple[Path, Path], lab: Any) -> None:
+    """`cron install rotate` twice leaves one entry on the orchestrator; its command, run by hand
+    there, is a rotation over SSH from pharaoh (its own labctl copy, key and lab copy)."""
+    from tests.integration.test_cron_jobs import run_cron_entry
+
+    inv, _ = orch
+    before = {m["name"] for m in warm_json(inv)["models"]}
+    try:
+        rc, first = run_json(inv, "cron", "install", "rotate", timeout=600)  # every: the file's 4h
+        assert rc == 0, first
+        assert first["host"] == "pharaoh" and first["schedule"] == "0 */4 * * *"
+        rc, second = run_json(inv, "cron", "install", "rotate", timeout=600)
+        assert rc == 0 and second["changed"] is False, second
+        assert sh(inv, "pharaoh", "ls /etc/cron.d | grep -c '^labctl-rotate$'").strip() == "1"
+        assert sh(inv, "m5", "test -e /var/lib/labctl/controller && echo yes || echo no").strip() == "no"
+
+        ran = run_cron_entry(inv, "pharaoh", "rotate")
+        log = sh(inv, "pharaoh", "tail -40 /var/log/labctl/rotate.log")
+        assert ran["rc"] == 0, (ran, log)
+        after = {m["name"] for m in warm_json(inv)["models"]}
+        assert len(after) == 3 and after != before and "orch-a" in after
+        assert sorted(servers().values()) == sorted(after)
+        assert "rotate: in:" in log  # the rotation's own summary, written on pharaoh
+        rc, listed = run_json(inv, "cron", "list")
+        (job,) = [j for j in listed["jobs"] if j["host"] == "pharaoh" and j["name"] == "rotate"]
+        assert job["last"]["rc"] == 0
+    finally:
+        run_json(inv, "cron", "remove", "rotate", "--purge", timeout=300)
+
+
 def test_stop_unloads_everything_and_phase3_then_refuses(orch: tuple[Path, Path]) -> None:
     inv, _ = orch
     rc, doc = run_json(inv, "orchestra", "stop", timeout=200)
