@@ -60,6 +60,23 @@ def answers(address: str, port: int) -> bool:
         return False
 
 
+def phase3_dry_run(inv: Path) -> subprocess.CompletedProcess[str]:
+    """Phase 3's preflight on m5 (CPU), which reads the orchestra's warm.json."""
+    argv = [
+        "train",
+        "--phase",
+        "3",
+        "--dry-run",
+        "--limit",
+        "m5",
+        "--device",
+        "cpu",
+        "--python",
+        sys.executable,
+    ]
+    return labctl("-i", str(inv), *argv, timeout=200)
+
+
 def warm_json(inv: Path) -> dict[str, Any]:
     return json.loads(sh(inv, "m5", f"cat {WARM_JSON}"))  # type: ignore[no-any-return]
 
@@ -161,21 +178,7 @@ def test_start_then_rotate_then_phase3_preflight(orch: tuple[Path, Path], lab: A
     assert rc == 0 and st["healthy"] == 3 and st["last_rotation"]["joined"] == ["orch-d"]
     assert st["next_rotation_at"] == pytest.approx(st["last_rotation"]["at"] + 4 * 3600)
 
-    proc = labctl(
-        "-i",
-        str(inv),
-        "train",
-        "--phase",
-        "3",
-        "--dry-run",
-        "--limit",
-        "m5",
-        "--device",
-        "cpu",
-        "--python",
-        sys.executable,
-        timeout=200,
-    )
+    proc = phase3_dry_run(inv)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -276,19 +279,5 @@ def test_stop_unloads_everything_and_phase3_then_refuses(orch: tuple[Path, Path]
     rc, doc = run_json(inv, "orchestra", "stop", timeout=200)
     assert rc == 0, doc
     assert servers() == {} and warm_json(inv)["models"] == []
-    proc = labctl(
-        "-i",
-        str(inv),
-        "train",
-        "--phase",
-        "3",
-        "--dry-run",
-        "--limit",
-        "m5",
-        "--device",
-        "cpu",
-        "--python",
-        sys.executable,
-        timeout=200,
-    )
+    proc = phase3_dry_run(inv)
     assert proc.returncode == 1 and "orchestra start" in proc.stderr
