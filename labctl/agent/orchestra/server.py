@@ -297,7 +297,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
         return 1
     # Started before the handlers go in: shutdown() below waits for serve_forever to have run.
-    threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
+    # A short poll: shutdown() waits up to one poll interval, and a rotation waits for that.
+    serve = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="http", daemon=True
+    )
+    serve.start()
     rc = 0
     try:
         signal.signal(signal.SIGTERM, _terminate)
