@@ -7,6 +7,7 @@ is uploaded once per version; later calls find it by hash and run straight away.
 
 from __future__ import annotations
 
+import ast
 import base64
 import functools
 import hashlib
@@ -17,6 +18,7 @@ import threading
 import uuid
 import zipfile
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +34,8 @@ if TYPE_CHECKING:
 ROOT_MAIN = b"from labctl.agent.__main__ import main\nimport sys\nsys.exit(main())\n"
 # Runs the agent from a zip held in memory (argv), for calls that must not write to the
 # host, such as `provision --check` before the agent is cached there. The whole command line
-# is one argument of the login shell, which the kernel caps at 128 KiB: the zip travels
-# uncompressed inside one zlib stream (see agent_blob), compressed across files.
+# is one argument of the login shell, which the kernel caps at 128 KiB: only the modules the
+# command imports travel, uncompressed inside one zlib stream (see agent_blob).
 IN_MEMORY = r"""
 import base64, importlib.abc, importlib.util, io, sys, zipfile, zlib
 z = zipfile.ZipFile(io.BytesIO(zlib.decompress(base64.b64decode(sys.argv[1]))))
@@ -114,18 +116,71 @@ def agent_zip() -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()[:16]
 
 
-@functools.cache
-def agent_blob() -> str:
-    """The agent's files for IN_MEMORY: an uncompressed zip, zlib-compressed whole, in base64.
+def _module_file(name: str, files: Mapping[str, bytes]) -> str | None:
+    base = name.replace(".", "/")
+    for cand in (base + ".py", base + "/__init__.py"):
+        if cand in files:
+            return cand
+    return None
 
-    A third smaller than the zipapp in base64, whose files are compressed one by one.
+
+def _imported(path: str, source: bytes, files: Mapping[str, bytes]) -> set[str]:
+    """The agent's own modules `path` imports, anywhere in it (imports inside functions too)."""
+    package = path.rpartition("/")[0].replace("/", ".")  # an __init__'s is its own folder's too
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*parent, *([base] if base else [])])
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            out |= _with_packages(name, files)
+    return out
+
+
+def _with_packages(name: str, files: Mapping[str, bytes]) -> set[str]:
+    """The files of module `name` and of the packages above it (an import runs each __init__)."""
+    parts = name.split(".")
+    found = (_module_file(".".join(parts[:i]), files) for i in range(1, len(parts) + 1))
+    return {f for f in found if f is not None}
+
+
+@functools.cache
+def agent_blob(command: str) -> str:
+    """The agent's files `command` needs, for IN_MEMORY: an uncompressed zip, zlib-compressed
+    whole, in base64 (a third smaller than the zipapp, whose files are compressed one by one).
+
+    Only the modules the command's handler imports travel (found in their source, imports
+    inside functions too): the command line that carries them is capped at 128 KiB by the
+    kernel, and the whole agent would not fit it for long.
     """
+    from labctl.agent.commands import COMMANDS
+
     data, _ = agent_zip()
     src = zipfile.ZipFile(io.BytesIO(data))
+    files = {i.filename: src.read(i) for i in src.infolist()}
+    todo = ["__main__.py", "labctl/agent/__main__.py", "labctl/agent/commands.py"]
+    handler = COMMANDS.get(command)
+    if isinstance(handler, str):
+        todo += sorted(_with_packages("labctl.agent" + handler.partition(":")[0], files))
+    needed: set[str] = set()
+    while todo:
+        path = todo.pop()
+        if path in needed:
+            continue
+        needed.add(path)
+        if path.endswith(".py"):
+            todo += sorted(_imported(path, files[path], files) - needed)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as out:
-        for info in src.infolist():
-            out.writestr(zipfile.ZipInfo(info.filename, _EPOCH), src.read(info))
+        for name in sorted(needed):
+            out.writestr(zipfile.ZipInfo(name, _EPOCH), files[name])
     return base64.b64encode(zlib.compress(buf.getvalue(), 9)).decode()
 
 
@@ -164,7 +219,7 @@ def call_agent(
     line = f"exec {py} -c {shlex.quote(BOOT)} {shlex.join([path, digest, command, arg_text])}"
     result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     if result.rc == MISSING_RC and read_only:
-        line = f"exec {py} -c {shlex.quote(IN_MEMORY)} {agent_blob()} {shlex.quote(command)} {shlex.quote(arg_text)}"
+        line = f"exec {py} -c {shlex.quote(IN_MEMORY)} {agent_blob(command)} {shlex.quote(command)} {shlex.quote(arg_text)}"
         result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     elif result.rc == MISSING_RC:
         conn.put_bytes(data, path, mode=0o600, dir_mode=0o700)

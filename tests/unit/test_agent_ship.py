@@ -71,3 +71,35 @@ def test_agent_event_reads_only_the_events_agents_report_on_stderr() -> None:
     assert agent_event("stderr", '{"done": 1}') is None  # JSON, but no event
     assert agent_event("stderr", "{not json") is None
     assert agent_event("stderr", "[1, 2]") is None
+
+
+def test_each_command_runs_from_memory_with_only_the_modules_it_imports(tmp_path: Path) -> None:
+    """The in-memory agent (read-only calls) carries only what its command imports, so its
+    command line stays under the kernel's 128 KiB cap however large the agent grows; and what
+    it carries is enough: every handler imports from it alone (a Python with no labctl)."""
+    import base64
+    import subprocess
+    import zlib
+
+    from labctl.agent.commands import COMMANDS
+    from labctl.agent_ship import IN_MEMORY, agent_blob, agent_zip
+
+    whole = len(base64.b64encode(agent_zip()[0]))
+    for command, handler in sorted(COMMANDS.items()):
+        blob = agent_blob(command)
+        assert len(IN_MEMORY) + len(blob) + 4096 < 128 * 1024, command
+        assert len(blob) < whole, command
+        if not isinstance(handler, str):
+            continue
+        folder = tmp_path / command
+        folder.mkdir()
+        (folder / "agent.zip").write_bytes(zlib.decompress(base64.b64decode(blob)))
+        module, _, attr = handler.partition(":")
+        code = (
+            "import importlib, sys; sys.path.insert(0, sys.argv[1]); "
+            f"m = importlib.import_module('labctl.agent{module}'); getattr(m, '{attr}')"
+        )
+        proc = subprocess.run(
+            ["/usr/bin/python3", "-I", "-c", code, str(folder / "agent.zip")], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, (command, proc.stderr)
