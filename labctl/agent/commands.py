@@ -63,6 +63,8 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "orch_health": ".orchestra.host:health_command",
     "orch_stop": ".orchestra.host:stop_command",
     "orch_commit": ".orchestra.host:commit_command",
+    "sandbox_images": ".sandbox.image:images_command",
+    "sandbox_build": ".sandbox.image:build_command",
 }
 
 

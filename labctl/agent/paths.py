@@ -30,6 +30,9 @@ ORCHESTRA_LOGS = ORCHESTRA_DIR + "/logs"  # MODEL.log: each model server's outpu
 # labctl installed on the orchestrator for its scheduled jobs (lib/, bin/labctl) and its lab copy
 # (lab/: inventory, keys, playbooks), so a job runs with no laptop and no venv.
 CONTROLLER_DIR = HOME + "/controller"
+# Sandbox image builds: temp root filesystems (build/), debootstrap's .deb cache (debs/), locks.
+SANDBOX_DIR = HOME + "/sandbox"
+DOCKERD_LOG = LOG_DIR + "/dockerd.log"  # dockerd started by labctl where systemd does not run
 
 # labctl's metadata folder inside a model cache and a storage host's model library.
 CACHE_META = ".labctl"

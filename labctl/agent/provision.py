@@ -143,7 +143,14 @@ def _authorized_keys(p: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def _sandbox(p: Dict[str, Any]) -> Dict[str, Any]:
+    from .sandbox.daemon import probe
+
+    return probe(p)
+
+
 PROBES: Dict[str, Callable[[Dict[str, Any]], Dict[str, Any]]] = {
+    "sandbox": _sandbox,
     "authorized_keys": _authorized_keys,
     "ids": _ids,
     "file": _file,
@@ -307,7 +314,21 @@ def _op_remove_tree(op: Dict[str, Any]) -> str:
     return "removed {}".format(op["path"])
 
 
+def _op_dockerd(op: Dict[str, Any]) -> str:
+    from .sandbox.daemon import dockerd_op
+
+    return dockerd_op(op)
+
+
+def _op_sandbox_image(op: Dict[str, Any]) -> str:
+    from .sandbox.image import build_op
+
+    return build_op(op)
+
+
 OPS: Dict[str, Callable[[Dict[str, Any]], str]] = {
+    "dockerd": _op_dockerd,
+    "sandbox_image": _op_sandbox_image,
     "install_tree": _op_install_tree,
     "remove_tree": _op_remove_tree,
     "write_file": _op_write_file,

@@ -203,6 +203,16 @@ class Sandbox(Strict):
     )
     pool: int = Field(4, ge=1, le=256, description="warm containers kept ready, e.g. pool: 8")
 
+    @field_validator("languages")
+    @classmethod
+    def _languages(cls, v: list[str]) -> list[str]:
+        from labctl.sandbox.languages import RECIPES
+
+        unknown = [lang for lang in v if lang not in RECIPES]
+        if unknown:
+            raise ValueError(f"no sandbox language {', '.join(unknown)}; known: {', '.join(sorted(RECIPES))}")
+        return v
+
 
 Port = Annotated[int, Field(ge=1, le=65535, description="SSH port, 1-65535, e.g. port: 22")]
 

@@ -1,3 +1,11 @@
 """Every built-in resource; importing this package registers them all."""
 
-from labctl.provision.resources import controller, cron, files, model_cache, package, torch_env  # noqa: F401
+from labctl.provision.resources import (  # noqa: F401
+    controller,
+    cron,
+    files,
+    model_cache,
+    package,
+    sandbox,
+    torch_env,
+)

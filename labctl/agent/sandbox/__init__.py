@@ -1,0 +1,14 @@
+"""Host side of the Docker sandboxes (standard library only, Python 3.8).
+
+The names every part shares (the controller imports them from here too): one image per
+language, `labctl-sandbox/LANG:latest`, labelled with its recipe's hash and its language.
+"""
+
+IMAGE_PREFIX = "labctl-sandbox/"
+LABEL_RECIPE = "labctl.recipe"
+LABEL_LANG = "labctl.lang"
+
+
+def image_name(lang: str) -> str:
+    """The image a language's containers run: `labctl-sandbox/LANG:latest`."""
+    return f"{IMAGE_PREFIX}{lang}:latest"
