@@ -17,9 +17,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,torch,plot]'
 	touch $@
 
-# System packages the simulated lab needs (Debian/Ubuntu, as root).
+# System packages the simulated lab and the Docker sandboxes need (Debian/Ubuntu, as root).
 deps:
-	@{ command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd; } && test -x /usr/sbin/cron || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 iptables cron; }
+	@{ command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd; } && test -x /usr/sbin/cron && test -x /usr/sbin/dockerd && test -x /usr/sbin/debootstrap || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 iptables cron docker.io debootstrap; }
 
 lint: install
 	$(BIN)/ruff check labctl tests bench

@@ -45,6 +45,42 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         down(sim_dir)
 
 
+def docker_unavailable() -> str | None:
+    """Why Docker sandbox images cannot be built or run here, or None when they can."""
+    if os.geteuid() != 0:
+        return "needs root to run dockerd and debootstrap"
+    for tool in ("docker", "dockerd", "debootstrap"):
+        if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
+            return f"needs {tool} (apt-get install docker.io debootstrap)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def docker_images() -> dict[str, dict[str, Any]]:
+    """The python and c sandbox images, built once through labctl's own builder (a no-op when
+    their labels match the recipes). dockerd is started in the background when `docker info`
+    fails, and left running: other test sessions share it. Skips with the reason when Docker
+    cannot run here. Returns {lang: build_image's answer (image, recipe, built, seconds, size)}.
+    """
+    reason = docker_unavailable()
+    if reason:
+        pytest.skip(f"Docker sandboxes unavailable: {reason}")
+    from labctl.agent.commands import AgentError
+    from labctl.agent.sandbox.daemon import daemon_answers, dockerd_op
+    from labctl.agent.sandbox.image import build_image
+    from labctl.sandbox.languages import RECIPES, SUITE, recipe_hash
+
+    if not daemon_answers()["answering"]:
+        try:
+            dockerd_op({"action": "start", "systemd": Path("/run/systemd/system").is_dir()})
+        except AgentError as e:
+            pytest.skip(f"Docker cannot run here: {e.message}")
+    return {
+        lang: build_image(lang, list(RECIPES[lang].packages), recipe_hash(RECIPES[lang]), suite=SUITE)
+        for lang in ("python", "c")
+    }
+
+
 def labctl(*args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess, as a user would."""
     proc = subprocess.run(
