@@ -177,7 +177,9 @@ def test_no_docker_plans_install_config_start_and_every_image() -> None:
     assert written["log-opts"] == {"max-size": "10m", "max-file": "3"}
     assert written["no-new-privileges"] is True and written["live-restore"] is True
     assert written["userns-remap"] == "default"
-    assert ops_of(change, "dockerd") == [{"op": "dockerd", "action": "start", "systemd": False, "wait": 90}]
+    (start,) = ops_of(change, "dockerd")
+    assert (start["action"], start["systemd"]) == ("start", False)
+    assert start["rollback"]["existed"] is False  # a failed first start removes the new file again
     built = {op["lang"]: op for op in ops_of(change, "sandbox_image")}
     assert set(built) == {"python", "c"}
     assert built["c"]["packages"] == ["gcc", "libc6-dev"] and built["c"]["recipe"] == recipe_hash(
@@ -240,6 +242,14 @@ def test_daemon_json_change_plans_a_restart_and_keeps_other_keys() -> None:
     }
     change = Sandbox.from_playbook(host(), {}).plan(st)
     assert [op["action"] for op in ops_of(change, "dockerd")] == ["restart"]
+    # a daemon that does not come back with the new file gets the old one back
+    backup = "/var/lib/labctl/backup/daemon.json"
+    assert ops_of(change, "write_file")[0]["backup"] == backup
+    assert ops_of(change, "dockerd")[0]["rollback"] == {
+        "path": "/etc/docker/daemon.json",
+        "backup": backup,
+        "existed": True,
+    }
     written = json.loads(ops_of(change, "write_file")[0]["text"])
     assert written["data-root"] == "/srv/docker"
     assert written["log-opts"] == {"labels": "x", "max-size": "10m", "max-file": "3"}

@@ -165,8 +165,48 @@ def _stop_background(pid: int, seconds: float = 60) -> None:
         raise AgentError(f"dockerd (pid {pid}) did not stop within {seconds:g} s of SIGTERM", "op_failed")
 
 
+CANNOT_RUN = (
+    "Docker needs root, a kernel with cgroups and overlay (or vfs) storage, and no container "
+    "around it that forbids them; fix what the log names, then provision again."
+)
+
+
 def dockerd_op(op: Dict[str, Any]) -> str:
-    """op: {"action": "start" | "restart", "systemd": bool, "wait": seconds}."""
+    """op: {"action": "start" | "restart", "systemd": bool, "wait": seconds, "rollback"?}.
+
+    rollback: {"path": daemon.json, "backup": its copy from before, "existed": bool}: when
+    the daemon does not come back with the new daemon.json, the old one is put back and the
+    daemon started with it, so a bad setting never leaves the host without Docker.
+    """
+    try:
+        return _start(op)
+    except AgentError as e:
+        rb = op.get("rollback")
+        if not rb:
+            raise
+        failed = e.message
+    if rb.get("existed"):
+        shutil.copy2(rb["backup"], rb["path"])
+    elif os.path.exists(rb["path"]):
+        os.unlink(rb["path"])
+    try:
+        again = _start(dict(op, action="restart"))
+    except AgentError as e2:
+        raise AgentError(
+            "{}\nThe previous {} was put back, but dockerd did not start with it either: {}\n{}".format(
+                failed, rb["path"], e2.message, CANNOT_RUN
+            ),
+            "docker_cannot_run",
+        ) from None
+    raise AgentError(
+        "dockerd did not start with the new {}: {}\nThe previous one was put back ({}).".format(
+            rb["path"], failed, again
+        ),
+        "op_failed",
+    )
+
+
+def _start(op: Dict[str, Any]) -> str:
     action, wait = op.get("action", "start"), float(op.get("wait", 90))
     if op.get("systemd"):
         verb = "restart" if action == "restart" else "start"
@@ -182,7 +222,10 @@ def dockerd_op(op: Dict[str, Any]) -> str:
         state = _wait_answering(wait)
         if not state["answering"]:
             raise AgentError(
-                "docker.service is up but the daemon does not answer: " + state["error"], "op_failed"
+                "docker.service is up but the daemon does not answer: {} (journalctl -u docker says why)".format(
+                    state["error"]
+                ),
+                "op_failed",
             )
         return "{}ed docker.service (Docker {})".format(verb, state["version"])
     exe = shutil.which("dockerd")
@@ -207,10 +250,17 @@ def dockerd_op(op: Dict[str, Any]) -> str:
         )
     state = _wait_answering(wait, proc)
     if not state["answering"]:
+        if proc.poll() is None:  # hung: not left behind holding the socket and pid file
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         rc = proc.poll()
         why = f"it exited {rc}" if rc is not None else f"it does not answer after {wait:g} s"
         raise AgentError(
-            f"dockerd could not start ({why}); the end of {paths.DOCKERD_LOG}:\n{_log_tail(paths.DOCKERD_LOG)}",
+            f"dockerd could not start ({why}); the end of {paths.DOCKERD_LOG}:\n"
+            f"{_log_tail(paths.DOCKERD_LOG)}\n{CANNOT_RUN}",
             "docker_cannot_run",
         )
     return "{} dockerd in the background (pid {}, Docker {}, log {})".format(

@@ -16,6 +16,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, field_validator
 
+from labctl.agent import paths
 from labctl.agent.sandbox import image_name
 from labctl.inventory.model import Host
 from labctl.provision.resource import (
@@ -33,6 +34,7 @@ from labctl.provision.resources.files import plan_file
 from labctl.sandbox.languages import RECIPES, SUITE, recipe_hash
 
 DAEMON_JSON = "/etc/docker/daemon.json"
+DAEMON_JSON_BACKUP = paths.BACKUP_DIR + "/daemon.json"  # the one before labctl's last change
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 
@@ -176,6 +178,7 @@ class Sandbox(Resource):
         daemon = st.get("daemon") or {}
         answering = bool(daemon.get("answering"))
         config_changed = userns_changed = False
+        rollback: dict[str, Any] | None = None
         if p.configure_daemon:
             dj = st.get("daemon_json") or {}
             now = dj.get("text") if dj.get("exists") else None
@@ -198,8 +201,17 @@ class Sandbox(Resource):
                     summary += ", userns-remap)"
                 else:
                     summary += f"; userns-remap skipped: {userns.get('why') or 'not supported here'})"
+                for op in sub.ops:
+                    if op["op"] == "write_file" and dj.get("exists"):
+                        op["backup"] = DAEMON_JSON_BACKUP
+                rollback = {
+                    "path": DAEMON_JSON,
+                    "backup": DAEMON_JSON_BACKUP,
+                    "existed": bool(dj.get("exists")),
+                }
                 change.add(
                     summary,
+                    {"op": "mkdir", "path": paths.BACKUP_DIR, "mode": 0o700},
                     {"op": "mkdir", "path": "/etc/docker", "mode": 0o755},
                     *sub.ops,
                     diff="".join(sub.diffs),
@@ -209,9 +221,14 @@ class Sandbox(Resource):
         if not answering:
             action = "restart" if st.get("dockerd_pid") else "start"
             why = daemon.get("error") or "not running"
-            change.add(f"{action} {how} (the daemon does not answer: {why})", self._dockerd(action, systemd))
+            op = self._dockerd(action, systemd)
+            if rollback:
+                op["rollback"] = rollback
+            change.add(f"{action} {how} (the daemon does not answer: {why})", op)
         elif config_changed:
-            change.add(f"restart {how} ({DAEMON_JSON} changed)", self._dockerd("restart", systemd))
+            op = self._dockerd("restart", systemd)
+            op["rollback"] = rollback
+            change.add(f"restart {how} ({DAEMON_JSON} changed; the old one is put back if it fails)", op)
         images: dict[str, Any] = st.get("images") or {}
         for lang in self.languages:
             r = RECIPES[lang]
