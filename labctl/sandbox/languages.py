@@ -32,7 +32,7 @@ __all__ = [
 # What every image shares: bump it when the base changes (suite, variant, image layout), and
 # every image is rebuilt.
 SUITE = "bookworm"
-BASE_VERSION = f"debootstrap-minbase-{SUITE}-1"
+BASE_VERSION = f"debootstrap-minbase-{SUITE}-2"  # 2: /work is 1777 (tmpfs on it takes its mode)
 # Toolchains that write caches under $HOME need one that the container's user can write.
 _GO_ENV = {"GOCACHE": "/tmp/.gocache", "GOPATH": "/tmp/.gopath", "GO111MODULE": "off"}
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from labctl.agent.sandbox import image_name
+from labctl.agent.sandbox.image import remove_root
 from labctl.agent_ship import agent_blob
 from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
@@ -67,7 +70,7 @@ def test_recipe_hash_changes_with_the_packages_and_the_base(monkeypatch: pytest.
     before = recipe_hash(py)
     assert recipe_hash(dataclasses.replace(py, packages=(*py.packages, "python3-numpy"))) != before
     assert recipe_hash(dataclasses.replace(py, run=("python3", "-I", "main.py"))) != before
-    monkeypatch.setattr(languages, "BASE_VERSION", "debootstrap-minbase-bookworm-2")
+    monkeypatch.setattr(languages, "BASE_VERSION", languages.BASE_VERSION + "-next")
     assert recipe_hash(py) != before
 
 
@@ -305,3 +308,24 @@ def test_provision_probe_blob_carries_the_sandbox_probe() -> None:
 
     names = zipfile.ZipFile(io.BytesIO(zlib.decompress(base64.b64decode(agent_blob("probe"))))).namelist()
     assert "labctl/agent/sandbox/daemon.py" in names and "labctl/agent/sandbox/image.py" in names
+
+
+# --- the build folder's removal --------------------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount")
+def test_build_folder_removal_unmounts_first_and_never_deletes_through_a_mount(tmp_path: Path) -> None:
+    """debootstrap killed mid-way leaves /proc (or a bind-mounted /dev) mounted in its root:
+    removing that folder file by file would delete the host's files through the mount."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("host file")
+    root = tmp_path / "build" / "c-abc123"
+    (root / "dev").mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(outside), str(root / "dev")], check=True)
+    try:
+        remove_root(str(root))
+    finally:
+        subprocess.run(["umount", "-l", str(root / "dev")], capture_output=True)
+    assert not root.exists()
+    assert (outside / "keep").read_text() == "host file"

@@ -155,7 +155,11 @@ def _scrub(root: str) -> None:
             path = os.path.join(folder, name)
             if os.path.isfile(path) and not os.path.islink(path) and name != "lock":
                 os.unlink(path)
-    os.makedirs(os.path.join(root, "work"), mode=0o755, exist_ok=True)
+    # A tmpfs Docker mounts on /work takes this folder's mode: writable by the sandbox's
+    # user (65534) like /tmp, sticky so one user cannot remove another's files.
+    work = os.path.join(root, "work")
+    os.makedirs(work, exist_ok=True)
+    os.chmod(work, 0o1777)
 
 
 def _import(root: str, lang: str, recipe: str) -> None:
@@ -216,6 +220,9 @@ def build_image(
             }
         build_dir = os.path.join(paths.SANDBOX_DIR, "build")
         os.makedirs(build_dir, mode=0o700, exist_ok=True)
+        for name in os.listdir(build_dir):
+            if name.startswith(lang + "-"):  # left by a build that was killed (its /proc still mounted)
+                remove_root(os.path.join(build_dir, name))
         root = tempfile.mkdtemp(prefix=lang + "-", dir=build_dir)
         try:
             _debootstrap(root, packages, suite, mirror, timeout)
