@@ -134,6 +134,7 @@ def test_check_after_a_recipe_change_reports_the_rebuild_and_provision_does_it(
         assert rc == 0 and r["status"] == "changed", r
         assert labels("c") == {LABEL_RECIPE: want, LABEL_LANG: "c"}
         assert image_id("c") != stale
-        # the stale image is gone, not left dangling
-        assert docker("image", "inspect", stale, check=False).returncode != 0
+        # the stale image is gone, unless a container (another session's pool) still runs it
+        if docker("image", "inspect", stale, check=False).returncode == 0:
+            assert docker("ps", "-aq", "--filter", f"ancestor={stale}").stdout.strip()
     assert labels("python")[LABEL_RECIPE] == recipe_hash(RECIPES["python"])

@@ -235,9 +235,9 @@ def build_image(
             raise AgentError(
                 f"docker import ran but {image_name(lang)} is not labelled {recipe}", "op_failed"
             )
-        if old and old["id"] != new["id"]:
-            # The replaced image, now untagged; one a pool container still runs stays.
-            docker(["image", "rm", old["id"]], timeout=120)
+        # The replaced image, and any earlier one of this language left untagged: prune only
+        # takes dangling images no container runs, so a pool's old containers keep theirs.
+        docker(["image", "prune", "-f", "--filter", f"label={LABEL_LANG}={lang}"], timeout=300)
     return {
         "lang": lang,
         "image": image_name(lang),
