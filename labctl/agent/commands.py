@@ -63,6 +63,7 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "orch_health": ".orchestra.host:health_command",
     "orch_stop": ".orchestra.host:stop_command",
     "orch_commit": ".orchestra.host:commit_command",
+    "sandbox_hostcheck": ".sandbox.hostcheck:hostcheck_command",
 }
 
 

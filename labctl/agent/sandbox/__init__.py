@@ -1,0 +1,1 @@
+"""Host side of `labctl sandbox`: the Docker containers that run untrusted programs."""

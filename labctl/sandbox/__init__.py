@@ -1,0 +1,1 @@
+"""labctl sandbox: running untrusted programs in hardened Docker containers."""
