@@ -63,6 +63,8 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "orch_health": ".orchestra.host:health_command",
     "orch_stop": ".orchestra.host:stop_command",
     "orch_commit": ".orchestra.host:commit_command",
+    "sandbox_run": ".sandbox.runner:run_command",
+    "sandbox_bench": ".sandbox.runner:bench_command",
     "sandbox_hostcheck": ".sandbox.hostcheck:hostcheck_command",
 }
 

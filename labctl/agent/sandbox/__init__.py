@@ -1,1 +1,3 @@
-"""Host side of `labctl sandbox`: the Docker containers that run untrusted programs."""
+"""Host side of `labctl sandbox`: a Docker Engine client over its unix socket (`docker`), the
+warm pool (`pool`), running programs (`runner`). Stdlib only; runs on the host's Python 3.8+.
+"""
