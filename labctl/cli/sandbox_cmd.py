@@ -212,3 +212,58 @@ def _render_bench(c: Context, doc: dict[str, Any]) -> None:
                 extra,
             )
     c.console.print(table)
+
+
+@app.command("selftest")
+def selftest_cmd(
+    ctx: typer.Context,
+    lang: Annotated[
+        Optional[str],
+        typer.Option(
+            "--lang",
+            help="Attack this language only; default the host's sandbox.languages.",
+            show_default=False,
+        ),
+    ] = None,
+    host: HostOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Attack the sandbox and check it held: fork and memory bombs, full disks, output floods,
+    escapes from the time limit, a CPU burn, network egress, /proc and host files, mount,
+    unshare, keyctl, two runs killing each other, a compiler including host files.
+
+    After each attack the host is checked: no container or process left, disk and memory back.
+    Prints attack → contained yes/no with what was seen; exits 1 when any attack escaped or
+    could not be run, 2 for bad input.
+
+    Example:
+
+        labctl sandbox selftest --lang python --host irina
+    """
+    from labctl.sandbox.selftest import on_hosts
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        doc = on_hosts(c, host, lang)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit(doc)
+    else:
+        from rich.table import Table
+
+        table = Table(title=f"sandbox selftest on {', '.join(doc['hosts'])}", title_justify="left")
+        for col in ("host", "lang", "attack", "contained", "detail"):
+            table.add_column(col, overflow="fold")
+        for r in doc["rows"]:
+            mark = {True: "[green]yes[/]", False: "[red]NO[/]", None: "[yellow]error[/]"}[r["contained"]]
+            table.add_row(r["host"], r["lang"], r["attack"], mark, r["detail"])
+        c.console.print(table)
+        bad = [r for r in doc["rows"] if r["contained"] is not True]
+        c.console.print(
+            f"{len(doc['rows']) - len(bad)} contained, {doc['escaped']} escaped, {len(bad) - doc['escaped']} not run"
+        )
+    if any(r["contained"] is not True for r in doc["rows"]):
+        raise typer.Exit(1)

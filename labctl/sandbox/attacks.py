@@ -241,6 +241,22 @@ def _judge_peers(timeout: float) -> Callable[[Sequence[Result], Host], Verdict]:
     return judge
 
 
+def _judge_neighbour(timeout: float) -> Callable[[Sequence[Result], Host], Verdict]:
+    def judge(results: Sequence[Result], host: Host) -> Verdict:
+        bad = _common(results, host, timeout)
+        if bad:
+            return False, bad
+        if "SURVIVED" not in (results[-1].get("stdout") or ""):
+            r = results[-1]
+            return (
+                False,
+                f"the run beside the bomb did not finish (exit {r.get('exit_code')}): {_out(r)[:200]!r}",
+            )
+        return True, f"the run beside the bomb forked {_field(results[-1], 'FORKED') or '?'} times"
+
+    return judge
+
+
 def _judge_compiler(timeout: float) -> Callable[[Sequence[Result], Host], Verdict]:
     def judge(results: Sequence[Result], host: Host) -> Verdict:
         bad = _common(results, host, timeout)
@@ -286,6 +302,7 @@ JUDGES: dict[str, Callable[[float], Callable[[Sequence[Result], Host], Verdict]]
     "proc": _judge_host_identity,
     "privilege": _judge_blocked,
     "peers": _judge_peers,
+    "neighbour": _judge_neighbour,
     "compiler": _judge_compiler,
 }
 
@@ -665,6 +682,26 @@ while time.time() < deadline:
 if killed:
     print("ESCAPED killed the other run's pids", sorted(killed))
 print("SURVIVED", flush=True)
+"""
+
+# Runs beside a fork bomb: a per-user process limit (RLIMIT_NPROC) counts every container's
+# processes of the sandbox uid together, so one run's bomb would starve its neighbours.
+PY_NEIGHBOUR = """\
+import os, time
+time.sleep(1.5)
+ok = 0
+for _ in range(8):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print("ESCAPED the neighbour's fork bomb starved this run:", e)
+        break
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    ok += 1
+print("FORKED", ok)
+print("SURVIVED")
 """
 
 # ---------------------------------------------------------------- c
@@ -1177,6 +1214,27 @@ C_INCLUDE_ZERO = """\
 int main(void) { return 0; }
 """
 
+C_NEIGHBOUR = """\
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(void) {
+    usleep(1500000);
+    int ok = 0;
+    for (int i = 0; i < 8; i++) {
+        pid_t pid = fork();
+        if (pid < 0) { printf("ESCAPED the neighbour's fork bomb starved this run: %s\\n", strerror(errno)); break; }
+        if (pid == 0) _exit(0);
+        waitpid(pid, NULL, 0);
+        ok++;
+    }
+    printf("FORKED %d\\nSURVIVED\\n", ok);
+    return 0;
+}
+"""
+
 # ---------------------------------------------------------------- bash, javascript
 
 BASH_FORK = ":(){ :|:& };:\nwait\n"
@@ -1304,6 +1362,15 @@ _DISK_DIRS = (("work", "/work"), ("tmp", "/tmp"), ("shm", "/dev/shm"))
 def _python() -> list[Spec]:
     specs: list[Spec] = [
         ("fork_bomb", "fork", "fork without end", (PY_FORK,), False, 3, 256),
+        (
+            "fork_bomb_neighbour",
+            "neighbour",
+            "a run forks beside a fork bomb",
+            (PY_FORK, PY_NEIGHBOUR),
+            True,
+            5,
+            256,
+        ),
         ("memory_bomb", "memory", "allocate 2 GiB", (PY_MEMORY,), False, 10, 256),
         (
             "memory_bomb_threads",
@@ -1386,6 +1453,15 @@ def _python() -> list[Spec]:
 def _c() -> list[Spec]:
     specs: list[Spec] = [
         ("fork_bomb", "fork", "fork without end", (C_FORK,), False, 3, 256),
+        (
+            "fork_bomb_neighbour",
+            "neighbour",
+            "a run forks beside a fork bomb",
+            (C_FORK, C_NEIGHBOUR),
+            True,
+            8,
+            256,
+        ),
         ("memory_bomb", "memory", "allocate 2 GiB", (C_MEMORY,), False, 10, 256),
         (
             "memory_bomb_threads",

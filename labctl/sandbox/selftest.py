@@ -8,9 +8,13 @@ same requests and answers the same results.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labctl.sandbox.attacks import Attack, attacks_for
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.inventory.model import Host
 
 # (requests, concurrency) -> one result per request, in order
 RunBatch = Callable[[list[dict[str, Any]], int], list[dict[str, Any]]]
@@ -18,6 +22,8 @@ RunBatch = Callable[[list[dict[str, Any]], int], list[dict[str, Any]]]
 HostCheck = Callable[[str, dict[str, Any]], dict[str, Any]]
 # How long the host may take to remove a used container and give back its memory.
 SETTLE_S = 30.0
+# The agent call's own limit on top of twice the programs' time limits (compile, then run).
+RUN_SLACK_S = 60.0
 
 
 def _brief(r: dict[str, Any]) -> dict[str, Any]:
@@ -91,3 +97,49 @@ def selftest(
 
 def escaped(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("contained") is False]
+
+
+def on_hosts(ctx: Context, host: str | None, lang: str | None) -> dict[str, Any]:
+    """The self-test on each sandbox host (--host, or the inventory's role `sandbox`) through
+    its agent: `sandbox_run` for the attacks, `sandbox_hostcheck` around each. The languages are
+    --lang's, else each host's inventory `sandbox.languages`."""
+    from labctl.agent_ship import ask_agent
+    from labctl.sandbox.api import DEFAULT_POOL, lang_spec, sandbox_hosts
+    from labctl.sandbox.limits import Limits
+
+    limits = Limits()
+    hosts = sandbox_hosts(ctx, host)
+    plan = []
+    for h in hosts:
+        langs = [lang] if lang else list(h.sandbox.languages if h.sandbox else ["python"])
+        # every language checked before anything runs: a typo fails at once, not mid-table
+        plan.append((h, langs, {x: lang_spec(x, limits) for x in langs}))
+    rows: list[dict[str, Any]] = []
+    for h, langs, specs in plan:
+        pool = h.sandbox.pool if h.sandbox else DEFAULT_POOL
+
+        def run_batch(
+            reqs: list[dict[str, Any]],
+            conc: int,
+            h: Host = h,
+            specs: dict[str, Any] = specs,
+            pool: int = pool,
+        ) -> list[dict[str, Any]]:
+            args = {
+                "programs": reqs,
+                "langs": specs,
+                "limits": limits.as_dict(),
+                "concurrency": conc,
+                "pool": pool,
+            }
+            timeout = max(float(r["timeout"]) for r in reqs) * 2 + RUN_SLACK_S
+            return list(ask_agent(ctx, h, "sandbox_run", args, timeout=timeout)["results"])
+
+        def hostcheck(action: str, args: dict[str, Any], h: Host = h) -> dict[str, Any]:
+            return dict(
+                ask_agent(ctx, h, "sandbox_hostcheck", {"action": action, **args}, timeout=SETTLE_S + 60)
+            )
+
+        for row in selftest(langs, run_batch, hostcheck):
+            rows.append({"host": h.name, **row})
+    return {"hosts": [h.name for h, _, _ in plan], "rows": rows, "escaped": len(escaped(rows))}

@@ -40,6 +40,23 @@ CASES = [
     ("python", "fork_bomb", [res(exit_code=137, timed_out=True, wall_ms=3100)], None, ""),
     (
         "python",
+        "fork_bomb_neighbour",
+        [res(exit_code=None, timed_out=True, wall_ms=5000), res("FORKED 8\nSURVIVED\n")],
+        [
+            res(exit_code=None, timed_out=True),
+            res("ESCAPED the bomb starved this run: [Errno 11]\nSURVIVED\n"),
+        ],
+        "starved",
+    ),
+    (
+        "c",
+        "fork_bomb_neighbour",
+        None,
+        [res(exit_code=None, timed_out=True), res(stderr="OCI runtime exec failed", exit_code=126)],
+        "did not finish",
+    ),
+    (
+        "python",
         "memory_bomb",
         [res("MB 16\nMB 240\n", exit_code=137, oom_killed=True)],
         [res("MB 2048\nESCAPED allocated 2048 MiB\n")],
@@ -170,7 +187,7 @@ def test_every_attack_escapes_when_the_host_is_left_dirty(lang: str) -> None:
 
 def test_python_and_c_cover_every_family_of_the_issue() -> None:
     wanted = {
-        "fork_bomb", "memory_bomb", "memory_bomb_threads", "disk_fill_work", "disk_fill_tmp", "disk_fill_shm",
+        "fork_bomb", "fork_bomb_neighbour", "memory_bomb", "memory_bomb_threads", "disk_fill_work", "disk_fill_tmp", "disk_fill_shm",
         "files_for_next_run", "flood_stdout", "flood_stderr", "enormous_line", "ignore_sigterm",
         "setsid_double_fork", "cpu_burn", "net_tcp_gateway", "net_tcp_outside", "net_udp", "net_dns",
         "docker_socket", "proc_host", "mount", "unshare", "keyctl", "signal_other_run",

@@ -11,19 +11,17 @@ Standard library only, Python 3.8.
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import re
 import socket
 import time
-import urllib.parse
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..commands import AgentError
 from ..procs import cmdline
+from .docker import SOCKET as DOCKER_SOCKET
+from .docker import Client, DockerError
 
-DOCKER_SOCKET = "/var/run/docker.sock"
 SANDBOX_LABEL = "labctl.sandbox=1"
 SANDBOX_UID = 65534
 IDLE_PREFIX = "labctl-sbx-"
@@ -36,38 +34,9 @@ _CONTAINER_ID = re.compile(r"(?:docker[-/]|containers/)([0-9a-f]{64})")
 Snapshot = Dict[str, Any]
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
-
-
-def docker_get(path: str, sock: str = DOCKER_SOCKET, timeout: float = 10.0) -> Any:
-    """GET `path` from the Docker Engine API; OSError when the daemon cannot be reached."""
-    conn = _UnixConnection(sock, timeout)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        body = resp.read()
-    except (TimeoutError, http.client.HTTPException) as e:
-        raise OSError(f"docker API {path}: {e}") from None
-    finally:
-        conn.close()
-    if resp.status != 200:
-        raise OSError(f"docker API {path}: HTTP {resp.status} {body[:200]!r}")
-    return json.loads(body.decode("utf-8"))
-
-
 def containers(labels: Sequence[str], sock: str = DOCKER_SOCKET) -> List[Dict[str, Any]]:
     """[{id, name, state, labels}] of every container (running or not) carrying all `labels`."""
-    filters = urllib.parse.quote(json.dumps({"label": list(labels)}))
-    rows = docker_get(f"/containers/json?all=1&filters={filters}", sock)
+    rows = Client(sock, timeout=10.0).list(list(labels), running_only=False)
     return [
         {
             "id": r["Id"],
@@ -142,8 +111,8 @@ def snapshot(labels: Sequence[str] = (), sock: str = DOCKER_SOCKET) -> Snapshot:
     root = "/var/lib/docker"
     try:
         rows = containers(wanted, sock)
-        root = docker_get("/info", sock).get("DockerRootDir") or root
-    except (OSError, ValueError) as e:
+        root = Client(sock, timeout=10.0).request("GET", "/info").get("DockerRootDir") or root
+    except (OSError, ValueError, DockerError) as e:
         docker_error = str(e)
     return {
         "time": time.time(),
