@@ -31,6 +31,11 @@ ORCHESTRA_LOGS = ORCHESTRA_DIR + "/logs"  # MODEL.log: each model server's outpu
 # (lab/: inventory, keys, playbooks), so a job runs with no laptop and no venv.
 CONTROLLER_DIR = HOME + "/controller"
 
+# The sandbox pool's claim lock and its record of which agent process holds each claimed
+# container: beside the Docker socket in /run, which every agent on one dockerd shares (the
+# simulated hosts too), and emptied by a reboot, like the containers it describes.
+SANDBOX_RUN_DIR = "/run/lock/labctl-sandbox"
+
 # labctl's metadata folder inside a model cache and a storage host's model library.
 CACHE_META = ".labctl"
 

@@ -73,10 +73,12 @@ def container_config(image: str, lang: str, limits: Limits, compiled: bool) -> d
         "Memory": memory,
         "MemorySwap": memory,  # equal: no swap on top of the memory limit
         "NanoCpus": int(limits.cpus * 1e9),
+        # No nproc ulimit: RLIMIT_NPROC counts every process of the uid on the whole host, and
+        # every sandbox runs as nobody, so 32 idle containers (init + sleep) would use up 64 and
+        # the next one's init could not fork. PidsLimit caps each container's own processes.
         "Ulimits": [
             {"Name": "nofile", "Soft": limits.nofile, "Hard": limits.nofile},
             {"Name": "fsize", "Soft": limits.fsize_mb * MIB, "Hard": limits.fsize_mb * MIB},
-            {"Name": "nproc", "Soft": limits.pids, "Hard": limits.pids},
         ],
         "Init": True,
         "LogConfig": {"Type": "none", "Config": {}},

@@ -31,8 +31,7 @@ def test_config_is_hardened_with_every_limit() -> None:
     assert {u["Name"]: (u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {
         "nofile": (100, 100),
         "fsize": (5 * MIB, 5 * MIB),
-        "nproc": (32, 32),
-    }
+    }  # no nproc: it is per uid across the host (every sandbox is nobody); PidsLimit is per container
     assert hc["Init"] is True and hc["LogConfig"]["Type"] == "none"
     work, tmp = hc["Tmpfs"]["/work"].split(","), hc["Tmpfs"]["/tmp"].split(",")
     assert "size=10m" in work and "size=20m" in tmp

@@ -3,6 +3,8 @@ kill it (dockerd removes it: AutoRemove) and start a fresh one in its place, in 
 
 The pool lives in Docker, not in this process: idle containers carry the pool's labels and a
 `labctl-sbx-LANG-` name, so the next agent call (another process) adopts them as they are.
+A claimed container is recorded with the claiming agent's process; a container whose agent
+died mid-run (killed, its SSH session gone) is killed by the next agent that opens a pool.
 """
 
 from __future__ import annotations
@@ -11,19 +13,41 @@ import fcntl
 import os
 import threading
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
+from .. import paths
 from .docker import Client, DockerError
 
+RUN_PREFIX = "labctl-run-"
 # Docker's rename re-reads the container's current name under its lock, so two claimers that
 # both resolved an idle name would both succeed (the second renames the first's claim). A
-# host-wide flock around choosing and renaming makes the claim one at a time across agents;
-# /run is where the Docker socket lives, so every agent on this dockerd shares it.
-CLAIM_LOCK = "/run/lock/labctl-sandbox-claim.lock"
+# host-wide flock around choosing and renaming makes the claim one at a time across agents.
+CLAIM_LOCK = paths.SANDBOX_RUN_DIR + "/claim.lock"
 
 
 def _uid() -> str:
     return uuid.uuid4().hex[:12]
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The process's start time in clock ticks since boot: with the pid, it names one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _me() -> str:
+    return f"{os.getpid()} {_start_time(os.getpid())}"
+
+
+def _alive(record: str) -> bool:
+    pid, _, start = record.strip().partition(" ")
+    try:
+        return _start_time(int(pid)) == start
+    except ValueError:
+        return False
 
 
 class _Flock:
@@ -35,7 +59,7 @@ class _Flock:
     def __enter__(self) -> "_Flock":
         self.local.acquire()
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except OSError:
@@ -52,6 +76,52 @@ class _Flock:
 _CLAIM = _Flock(CLAIM_LOCK)
 
 
+def _record_path(name: str) -> str:
+    return os.path.join(paths.SANDBOX_RUN_DIR, name)
+
+
+def _record(name: str) -> None:
+    try:
+        with open(_record_path(name), "w") as f:
+            f.write(_me())
+    except OSError:
+        pass  # unrecorded: never reaped, as before records existed
+
+
+def _forget(name: str) -> None:
+    try:
+        os.unlink(_record_path(name))
+    except OSError:
+        pass
+
+
+def reap_orphans(client: Client) -> List[str]:
+    """Kill claimed containers whose agent is gone (its run can never finish or be released);
+    drop records whose container is gone. Call under _CLAIM. The names killed."""
+    running: Set[str] = set()
+    for c in client.list(["labctl.sandbox=1"]):
+        running.update(n.lstrip("/") for n in c.get("Names") or [] if n.lstrip("/").startswith(RUN_PREFIX))
+    killed: List[str] = []
+    try:
+        names = [n for n in os.listdir(paths.SANDBOX_RUN_DIR) if n.startswith(RUN_PREFIX)]
+    except OSError:
+        return killed
+    for name in names:
+        try:
+            with open(_record_path(name)) as f:
+                record = f.read()
+        except OSError:
+            continue
+        if name in running and _alive(record):
+            continue
+        if name in running:
+            client.kill(name)
+            client.remove(name)
+            killed.append(name)
+        _forget(name)
+    return killed
+
+
 class Pool:
     def __init__(self, client: Client, lang: str, config: Dict[str, Any], size: int) -> None:
         self.client = client
@@ -65,26 +135,22 @@ class Pool:
         self.idle: List[str] = []  # names this process believes idle, oldest first
         self.threads: List[threading.Thread] = []
         self.errors: List[str] = []
+        self.reaped: List[str] = []
 
-    def _listed(self, same_pool: bool) -> List[str]:
-        label = f"labctl.pool={self.pool_id}" if same_pool else "labctl.sandbox=1"
+    def _listed(self) -> List[str]:
         names = []
-        for c in self.client.list([label, f"labctl.lang={self.lang}"]):
-            if not same_pool and (c.get("Labels") or {}).get("labctl.pool") == self.pool_id:
-                continue
+        for c in self.client.list([f"labctl.pool={self.pool_id}", f"labctl.lang={self.lang}"]):
             for n in c.get("Names") or []:
                 if n.lstrip("/").startswith(self.prefix):
                     names.append(n.lstrip("/"))
         return names
 
     def open(self) -> None:
-        """Adopt the idle containers Docker already holds, drop idle ones made with other
-        limits (a changed config: they would never be claimed again), top up to `size`."""
+        """Reap what dead agents left claimed, adopt the idle containers Docker already holds,
+        and top the pool up to `size`."""
         with _CLAIM:
-            for name in self._listed(same_pool=False):
-                if self.client.rename(name, "labctl-run-" + _uid()):
-                    self.release(name)
-            idle = self._listed(same_pool=True)
+            self.reaped = reap_orphans(self.client)
+            idle = self._listed()
         with self.lock:
             self.idle = idle
         self.refill()
@@ -101,16 +167,23 @@ class Pool:
                         if not self.idle:
                             break
                         name = self.idle.pop(0)
-                    new = "labctl-run-" + _uid()
+                    new = RUN_PREFIX + _uid()
+                    _record(new)
                     if self.client.rename(name, new):
                         self.refill()
                         return new, True
+                    _forget(new)
                 if not listed:
-                    fresh = self._listed(same_pool=True)
+                    fresh = self._listed()
                     with self.lock:
                         self.idle = fresh
-        new = "labctl-run-" + _uid()  # none idle: a cold one, as docker run would
-        self._create(new)
+        new = RUN_PREFIX + _uid()  # none idle: a cold one, as docker run would
+        _record(new)
+        try:
+            self._create(new)
+        except BaseException:
+            _forget(new)
+            raise
         self.refill()
         return new, False
 
@@ -152,6 +225,7 @@ class Pool:
         try:
             self.client.kill(name)
             self.client.remove(name)  # AutoRemove may already have; a stopped leftover goes too
+            _forget(name)
         except (DockerError, OSError) as e:
             with self.lock:
                 self.errors.append(str(e))

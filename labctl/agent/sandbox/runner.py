@@ -22,6 +22,8 @@ from .pool import Pool
 
 PUT_CMD = ["sh", "-c", 'cat > "$1"', "sh"]
 PUT_TIMEOUT = 10.0
+CLAIM_TRIES = 3
+GONE_STATUSES = (404, 409, 500)  # no such container; not running; "removal in progress"
 INLINE_MAX = 64 * 1024  # under Linux's 128 KiB cap on one argument
 INLINE_SCRIPT = 'printf "%s" "$0" > "$1" || exit 125; shift; exec "$@"'
 
@@ -61,7 +63,12 @@ def _exec(
     deadline: float,
 ) -> Tuple[Optional[int], bytes, bytes, bool, bool]:
     """(exit code, stdout, stderr, truncated, timed_out) of one exec in container `name`."""
-    exec_id = client.exec_create(name, cmd, env, stdin=stdin is not None)
+    try:
+        exec_id = client.exec_create(name, cmd, env, stdin=stdin is not None)
+    except DockerError as e:
+        if e.status in GONE_STATUSES:
+            raise _Gone(str(e)) from None
+        raise
     demux, timed_out = client.exec_stream(exec_id, stdin, cap, deadline)
     if timed_out:
         client.kill(name)  # the whole container: nothing it started outlives the limit
@@ -69,14 +76,36 @@ def _exec(
     return client.exec_exit_code(exec_id), demux.stdout, demux.stderr, demux.truncated, False
 
 
+class _Gone(Exception):
+    """The claimed container died before the program started (killed by someone else, or its
+    idle process ended): the run takes another container."""
+
+
 def run_one(
+    client: Client, pool: Pool, spec: Dict[str, Any], prog: Dict[str, Any], limits: Dict[str, Any]
+) -> Dict[str, Any]:
+    started = time.monotonic()
+    for attempt in range(CLAIM_TRIES):
+        try:
+            result = _run_claimed(client, pool, spec, prog, limits)
+        except _Gone as e:
+            if attempt == CLAIM_TRIES - 1:
+                raise AgentError(
+                    f"{CLAIM_TRIES} sandbox containers in a row died before the program ran: {e}", "docker"
+                ) from None
+            continue
+        result["latency_ms"] = round((time.monotonic() - started) * 1000, 2)
+        return result
+    raise AssertionError("unreachable")
+
+
+def _run_claimed(
     client: Client, pool: Pool, spec: Dict[str, Any], prog: Dict[str, Any], limits: Dict[str, Any]
 ) -> Dict[str, Any]:
     lang = prog["lang"]
     timeout = float(prog.get("timeout") or limits["timeout_s"])
     cap = int(limits["output_bytes"])
     env = [f"{k}={v}" for k, v in sorted((spec.get("env") or {}).items())]
-    started = time.monotonic()
     name, warm = pool.claim()
     result: Dict[str, Any] = {
         "lang": lang,
@@ -88,12 +117,18 @@ def run_one(
         "oom_killed": False,
         "wall_ms": 0,
         "stage": "run",
+        "container": name,  # gone once the run is over; tests and logs name it
     }
     try:
         memory_mb = prog.get("memory_mb")
         if memory_mb and int(memory_mb) != int(limits["memory_mb"]):
             mem = int(memory_mb) * 1024 * 1024
-            client.update(name, {"Memory": mem, "MemorySwap": mem})
+            try:
+                client.update(name, {"Memory": mem, "MemorySwap": mem})
+            except DockerError as e:
+                if e.status in GONE_STATUSES:
+                    raise _Gone(str(e)) from None
+                raise
         source = prog["source"].encode() if isinstance(prog["source"], str) else prog["source"]
         path = "/work/" + spec["file"]
         run = list(spec["run"])
@@ -145,7 +180,6 @@ def run_one(
         return result
     finally:
         pool.release(name)
-        result["latency_ms"] = round((time.monotonic() - started) * 1000, 2)
         result["warm"] = warm
 
 
