@@ -32,11 +32,10 @@ pytestmark = pytest.mark.integration
 
 IMAGE = "labctl-sandbox-test/attacks:latest"
 RUN_LABEL = f"labctl.test=selftest-{uuid.uuid4().hex[:8]}"
-# Findings for the engine (engineer B), still open: strict, so each one shows the day it is fixed.
-KNOWN_ESCAPES = {
-    "fork_bomb_neighbour": "the nproc ulimit is per uid on the whole host: one run's fork bomb "
-    "leaves every other container of uid 65534 unable to fork or even exec",
-}
+# Attacks known to escape the engine, name -> why: each an xfail(strict) until it is fixed, so
+# the table shows the day it is. (The nproc ulimit shared by every container of uid 65534 was
+# one: a fork bomb beside another run starved it; fixed on the engine's side.)
+KNOWN_ESCAPES: dict[str, str] = {}
 
 
 def _docker_ok() -> bool:
