@@ -1237,7 +1237,8 @@ int main(void) {
 
 # ---------------------------------------------------------------- bash, javascript
 
-BASH_FORK = ":(){ :|:& };:\nwait\n"
+# The bomb detaches from the script at once: the sleep keeps the run going while it grows.
+BASH_FORK = ":(){ :|:& };:\nsleep 10\n"
 
 BASH_MEMORY = """\
 x=xxxxxxxxxxxxxxxx
