@@ -199,7 +199,7 @@ def test_memory_limit_is_reported_as_oom(inv: Path) -> None:
     rc, doc = sandbox_run(
         inv, "x = bytearray(200 * 1024 * 1024)\nprint('survived')\n", "--lang", "python", "--memory", "64"
     )
-    assert doc["oom_killed"] and doc["exit_code"] == 137 and rc == 137
+    assert doc["oom_killed"] and doc["exit_code"] == 137 and rc == 137, doc
     assert "survived" not in doc["stdout"]
     rc, doc = sandbox_run(
         inv, "x = bytearray(20 * 1024 * 1024)\nprint('fits')\n", "--lang", "python", "--memory", "64"

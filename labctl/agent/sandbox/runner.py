@@ -81,6 +81,25 @@ class _Gone(Exception):
     idle process ended): the run takes another container."""
 
 
+def _oom_killed(client: Client, name: str) -> bool:
+    """Whether the kernel's OOM killer acted in the container's memory cgroup: read from the
+    cgroup itself where this agent sees cgroupfs, else from Docker's one-shot stats (a host
+    whose /sys is its own, as `ip netns exec` gives, sees no cgroupfs)."""
+    info = client.inspect(name)
+    kills = oom_kills(info["Id"])
+    if kills is not None:
+        return kills > 0
+    stats = client.request("GET", f"/containers/{name}/stats", query={"stream": "false", "one-shot": "true"})
+    mem = (stats or {}).get("memory_stats") or {}
+    if "oom_kill" in (mem.get("stats") or {}):  # cgroup v2
+        return int(mem["stats"]["oom_kill"]) > 0
+    # cgroup v1 (Docker reports no failcnt there): usage reached the limit and the program
+    # died of SIGKILL
+    if mem.get("failcnt") or (mem.get("limit") and int(mem.get("max_usage") or 0) >= int(mem["limit"])):
+        return True
+    return bool(info.get("State", {}).get("OOMKilled"))
+
+
 def run_one(
     client: Client, pool: Pool, spec: Dict[str, Any], prog: Dict[str, Any], limits: Dict[str, Any]
 ) -> Dict[str, Any]:
@@ -173,10 +192,7 @@ def _run_claimed(
             wall_ms=int((time.monotonic() - t0) * 1000),
         )
         if code == 137 and not late:
-            kills = oom_kills(client.inspect(name)["Id"])
-            result["oom_killed"] = (
-                bool(kills) if kills is not None else bool(client.inspect(name)["State"].get("OOMKilled"))
-            )
+            result["oom_killed"] = _oom_killed(client, name)
         return result
     finally:
         pool.release(name)
