@@ -65,6 +65,9 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "orch_commit": ".orchestra.host:commit_command",
     "sandbox_images": ".sandbox.image:images_command",
     "sandbox_build": ".sandbox.image:build_command",
+    "sandbox_run": ".sandbox.runner:run_command",
+    "sandbox_bench": ".sandbox.runner:bench_command",
+    "sandbox_hostcheck": ".sandbox.hostcheck:hostcheck_command",
 }
 
 

@@ -34,6 +34,11 @@ CONTROLLER_DIR = HOME + "/controller"
 SANDBOX_DIR = HOME + "/sandbox"
 DOCKERD_LOG = LOG_DIR + "/dockerd.log"  # dockerd started by labctl where systemd does not run
 
+# The sandbox pool's claim lock and its record of which agent process holds each claimed
+# container: beside the Docker socket in /run, which every agent on one dockerd shares (the
+# simulated hosts too), and emptied by a reboot, like the containers it describes.
+SANDBOX_RUN_DIR = "/run/lock/labctl-sandbox"
+
 # labctl's metadata folder inside a model cache and a storage host's model library.
 CACHE_META = ".labctl"
 

@@ -23,6 +23,7 @@ from labctl.cli import (
     inventory_cmd,
     orchestra_cmd,
     provision_cmd,
+    sandbox_cmd,
     sim_cmd,
     train_cmd,
     trust_cmd,
@@ -77,6 +78,7 @@ app.add_typer(cache_cmd.app, name="cache")
 app.add_typer(cron_cmd.app, name="cron")
 app.add_typer(train_cmd.app, name="train")
 app.add_typer(orchestra_cmd.app, name="orchestra")
+app.add_typer(sandbox_cmd.app, name="sandbox")
 app.command("rotate")(orchestra_cmd.rotate_cmd)
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(sim_cmd.app, name="sim")

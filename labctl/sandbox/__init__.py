@@ -1,5 +1,15 @@
 """Docker sandboxes for untrusted code: recipes, limits, the pool's controller side, attacks.
 
-Kept empty on purpose: `labctl --help` and the agent's blob must not pay for what a module
-beside this one imports.
+Kept light on purpose: `labctl --help` and the agent's blob must not pay for what a module
+beside this one imports. `labctl.sandbox.run` / `run_many` load `api` on first use.
 """
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("run", "run_many"):
+        from labctl.sandbox import api
+
+        return getattr(api, name)
+    raise AttributeError(name)

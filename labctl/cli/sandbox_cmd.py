@@ -1,0 +1,269 @@
+"""`labctl sandbox`: run untrusted code in the sandbox host's hardened warm pool, and bench it.
+
+Each command is one function here (engineer C adds `selftest` the same way); the work is in
+labctl/sandbox/ and the host's agent.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+
+app = typer.Typer(
+    help="Run untrusted programs in hardened, pre-started Docker containers (no network, capped everything).",
+    no_args_is_help=True,
+)
+
+EXIT_TIMEOUT = 124  # as timeout(1)
+
+LangOpt = Annotated[str, typer.Option("--lang", help="The program's language, e.g. python or c.")]
+HostOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--host", help="Sandbox host; default the inventory's host with the role sandbox.", show_default=False
+    ),
+]
+
+
+def _read(path: str, what: str) -> str:
+    from labctl.errors import InputError
+
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="surrogateescape")
+    except OSError as e:
+        raise InputError(
+            f"cannot read the {what} {path}: {e.strerror}.", "Give a readable file, or - for stdin."
+        ) from None
+
+
+@app.command("run")
+def run_cmd(
+    ctx: typer.Context,
+    file: Annotated[str, typer.Argument(help="The program's source file, or - to read it from stdin.")],
+    lang: LangOpt,
+    stdin_file: Annotated[
+        Optional[str],
+        typer.Option("--stdin", help="A file given to the program as its stdin.", show_default=False),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, max=3600, help="Wall-time limit, seconds.")
+    ] = 10.0,
+    memory: Annotated[
+        int, typer.Option("--memory", min=6, max=65536, help="Memory limit (no swap), MB.")
+    ] = 256,
+    host: HostOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Run one program in a fresh container of the sandbox host's warm pool.
+
+    The program's stdout and stderr are printed as they were (each capped at 1 MiB), then one
+    summary line on stderr. labctl exits with the program's own exit code, 124 when it ran past
+    --timeout (its container was killed, with everything in it), 1 when the host failed, 2 for
+    bad input.
+
+    Examples:
+
+        labctl sandbox run --lang python hello.py
+
+        echo 'print(input()[::-1])' | labctl sandbox run --lang python - --stdin words.txt --json
+    """
+    from labctl.sandbox.api import run
+
+    source = _read(file, "program")
+    if file == "-" and stdin_file == "-":
+        from labctl.errors import InputError
+
+        raise InputError("the program and its stdin cannot both come from -.", "Give one of them as a file.")
+    data = _read(stdin_file, "stdin file") if stdin_file is not None else None
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        res = run(source, lang, stdin=data, timeout=timeout, memory_mb=memory, host=host, ctx=c)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit(
+            {
+                k: res.get(k)
+                for k in (
+                    "lang",
+                    "exit_code",
+                    "stdout",
+                    "stderr",
+                    "truncated",
+                    "timed_out",
+                    "oom_killed",
+                    "wall_ms",
+                )
+            }
+        )
+    else:
+        sys.stdout.write(res["stdout"])
+        sys.stdout.flush()
+        sys.stderr.write(res["stderr"])
+        sys.stderr.write(_summary(res) + "\n")
+    raise typer.Exit(exit_code(res))
+
+
+def exit_code(res: dict[str, Any]) -> int:
+    if res.get("timed_out"):
+        return EXIT_TIMEOUT
+    code = res.get("exit_code")
+    return int(code) if code is not None else 1
+
+
+def _summary(res: dict[str, Any]) -> str:
+    parts = [f"sandbox: {res['lang']}", f"exit {res['exit_code']}", f"{res['wall_ms']} ms"]
+    if res.get("stage") == "compile":
+        parts.append("compile failed")
+    for flag, text in (
+        ("timed_out", "timed out (killed)"),
+        ("oom_killed", "out of memory (killed)"),
+        ("truncated", "output truncated"),
+    ):
+        if res.get(flag):
+            parts.append(text)
+    return ", ".join(parts)
+
+
+@app.command("bench")
+def bench_cmd(
+    ctx: typer.Context,
+    lang: Annotated[str, typer.Option("--lang", help="Language of the hello-world.")] = "python",
+    concurrency: Annotated[
+        str, typer.Option("--concurrency", help="Comma list of concurrencies.")
+    ] = "1,16,64",
+    runs: Annotated[
+        int, typer.Option("--runs", min=1, max=10000, help="Executions per concurrency and method.")
+    ] = 64,
+    host: HostOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """The warm pool against `docker run --rm` with the same limits, same program, same run:
+    per-execution latency p50/p95/p99 and executions per second at each concurrency.
+
+    Example:
+
+        labctl sandbox bench --lang python --concurrency 1,16,64 --runs 128
+    """
+    from labctl.sandbox.bench import bench
+
+    levels = _levels(concurrency)
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        doc = bench(c, lang, levels, runs, host)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit(doc)
+    else:
+        _render_bench(c, doc)
+    if any(r["pool"]["errors"] or r["docker_run"]["errors"] for r in doc["rows"]):
+        raise typer.Exit(1)
+
+
+def _levels(text: str) -> list[int]:
+    from labctl.errors import InputError
+
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(not 1 <= x <= 256 for x in levels):
+        raise InputError(
+            f"--concurrency '{text}' is not a comma list of 1 to 256.", "For example: --concurrency 1,16,64."
+        )
+    return levels
+
+
+def _render_bench(c: Context, doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title=f"sandbox bench on {doc['host']} ({doc['lang']}, {doc['runs']} runs each)", title_justify="left"
+    )
+    for col in ("concurrency", "method", "p50 ms", "p95 ms", "p99 ms", "exec/s", "errors", "p50 speed-up"):
+        table.add_column(col, justify="right" if col != "method" else "left")
+    for r in doc["rows"]:
+        pool, cold = r["pool"], r["docker_run"]
+        ratio = cold["p50_ms"] / pool["p50_ms"] if pool["p50_ms"] else 0.0
+        for name, s, extra in (("warm pool", pool, f"{ratio:.1f}x"), ("docker run --rm", cold, "")):
+            table.add_row(
+                str(r["concurrency"]),
+                name,
+                f"{s['p50_ms']:.0f}",
+                f"{s['p95_ms']:.0f}",
+                f"{s['p99_ms']:.0f}",
+                f"{s['exec_per_s']:.1f}",
+                str(s["errors"]),
+                extra,
+            )
+    c.console.print(table)
+
+
+@app.command("selftest")
+def selftest_cmd(
+    ctx: typer.Context,
+    lang: Annotated[
+        Optional[str],
+        typer.Option(
+            "--lang",
+            help="Attack this language only; default the host's sandbox.languages.",
+            show_default=False,
+        ),
+    ] = None,
+    host: HostOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Attack the sandbox and check it held: fork and memory bombs, full disks, output floods,
+    escapes from the time limit, a CPU burn, network egress, /proc and host files, mount,
+    unshare, keyctl, two runs killing each other, a compiler including host files.
+
+    After each attack the host is checked: no container or process left, disk and memory back.
+    Prints attack → contained yes/no with what was seen; exits 1 when any attack escaped or
+    could not be run, 2 for bad input.
+
+    Example:
+
+        labctl sandbox selftest --lang python --host irina
+    """
+    from labctl.sandbox.selftest import on_hosts
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        doc = on_hosts(c, host, lang)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit(doc)
+    else:
+        from rich.table import Table
+
+        table = Table(title=f"sandbox selftest on {', '.join(doc['hosts'])}", title_justify="left")
+        for col in ("host", "lang", "attack", "contained", "detail"):
+            table.add_column(col, overflow="fold")
+        for r in doc["rows"]:
+            mark = {True: "[green]yes[/]", False: "[red]NO[/]", None: "[yellow]error[/]"}[r["contained"]]
+            table.add_row(r["host"], r["lang"], r["attack"], mark, r["detail"])
+        c.console.print(table)
+        bad = [r for r in doc["rows"] if r["contained"] is not True]
+        c.console.print(
+            f"{len(doc['rows']) - len(bad)} contained, {doc['escaped']} escaped, {len(bad) - doc['escaped']} not run"
+        )
+    if any(r["contained"] is not True for r in doc["rows"]):
+        raise typer.Exit(1)

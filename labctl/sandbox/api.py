@@ -1,0 +1,157 @@
+"""Run untrusted programs in the sandbox host's warm pool: `labctl.sandbox.run` / `run_many`.
+
+The controller decides every limit (limits.py) and each language's commands (languages.py)
+and sends them with the programs; the host's agent (`sandbox_run`) only carries them out. A
+batch travels to each sandbox host in one agent call over SSH, so a training loop that submits
+hundreds of programs costs one session per host, not one per program.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from labctl.errors import HostError, InputError
+from labctl.sandbox.limits import Limits, container_config
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.inventory.model import Host
+
+ROLE = "sandbox"
+DEFAULT_POOL = 4
+DEFAULT_CONCURRENCY = 8  # programs at once per host: the pool's containers share its cores
+AGENT_SLACK_S = 60.0  # the agent call's own limit on top of the programs' time limits
+
+
+def lang_spec(lang: str, limits: Limits) -> dict[str, Any]:
+    """What the agent needs to run `lang`: its container config and its commands."""
+    from labctl.sandbox import languages
+
+    try:
+        r = languages.recipe(lang)
+    except KeyError:
+        known = ", ".join(sorted(languages.RECIPES))
+        raise InputError(f"no sandbox language '{lang}'.", f"Pick one of: {known}.") from None
+    return {
+        "config": container_config(r.image, lang, limits, compiled=r.compile is not None),
+        "file": r.file,
+        "compile": list(r.compile) if r.compile else None,
+        "run": list(r.run),
+        "env": dict(r.env),
+    }
+
+
+def sandbox_hosts(ctx: Context, host: str | None) -> list[Host]:
+    """--host's hosts, or else every host with the role `sandbox`."""
+    from labctl.inventory.select import select_hosts
+
+    inv = ctx.inventory
+    if host:
+        return select_hosts(inv, host, label="--host")
+    chosen = [h for h in inv.hosts.values() if h.has_role(ROLE)]
+    if not chosen:
+        raise InputError(
+            f"no host in {inv.path} has the role '{ROLE}'.",
+            "Add `roles: [sandbox]` to the host that runs sandboxes, or name one with --host.",
+        )
+    return chosen
+
+
+def check_program(p: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    source = p.get("source")
+    if not isinstance(source, str):
+        raise InputError("a sandbox program needs its source as text.", "Pass source='print(1)'.")
+    timeout = p.get("timeout") or limits.timeout_s
+    memory = p.get("memory_mb") or limits.memory_mb
+    if not (0 < float(timeout) <= 3600):
+        raise InputError(f"timeout {timeout} s is out of range.", "Give 0 < timeout <= 3600 seconds.")
+    if not (6 <= int(memory) <= 65536):
+        raise InputError(f"memory {memory} MB is out of range.", "Give 6 to 65536 MB.")
+    stdin = p.get("stdin")
+    if stdin is not None and not isinstance(stdin, str):
+        raise InputError("a sandbox program's stdin must be text.", "Pass stdin='...' or leave it out.")
+    return {
+        "lang": p["lang"],
+        "source": source,
+        "stdin": stdin,
+        "timeout": float(timeout),
+        "memory_mb": int(memory),
+    }
+
+
+def run_many(
+    programs: Sequence[dict[str, Any]],
+    *,
+    limits: Limits | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    host: str | None = None,
+    inventory: Path | str | None = None,
+    ctx: Context | None = None,
+) -> list[dict[str, Any]]:
+    """Run every program (dicts: lang, source, stdin, timeout, memory_mb) and return one result
+    per program, in order: lang, exit_code, stdout, stderr, truncated, timed_out, oom_killed,
+    wall_ms. Programs are dealt round-robin over the sandbox hosts, one agent call per host,
+    `concurrency` at a time on each. A host that fails raises HostError naming it."""
+    from labctl.agent_ship import call_agent
+    from labctl.context import Context
+    from labctl.fanout import HostResult, HostRun, fan_out
+
+    limits = limits or Limits()
+    own = ctx is None
+    ctx = ctx or Context.create(inventory_path=Path(inventory) if inventory else None, json_mode=True)
+    try:
+        checked = [check_program(dict(p), limits) for p in programs]
+        if not checked:
+            return []
+        specs = {lang: lang_spec(lang, limits) for lang in sorted({p["lang"] for p in checked})}
+        hosts = sandbox_hosts(ctx, host)[: len(checked)]
+        shares: dict[str, list[int]] = {h.name: [] for h in hosts}
+        for i in range(len(checked)):
+            shares[hosts[i % len(hosts)].name].append(i)
+
+        def step(run: HostRun) -> HostResult:
+            mine = shares[run.host.name]
+            waves = math.ceil(len(mine) / max(1, concurrency))
+            worst = max(checked[i]["timeout"] for i in mine)
+            args = {
+                "programs": [checked[i] for i in mine],
+                "langs": specs,
+                "limits": limits.as_dict(),
+                "concurrency": concurrency,
+                "pool": run.host.sandbox.pool if run.host.sandbox else DEFAULT_POOL,
+            }
+            # every wave may compile and run up to its time limit
+            answer = call_agent(run, "sandbox_run", args, timeout=waves * worst * 2 + AGENT_SLACK_S)
+            return HostResult(run.host.name, "ok", data=answer["results"])
+
+        out: list[dict[str, Any] | None] = [None] * len(checked)
+        for r in fan_out(ctx, hosts, step, label="sandbox", progress=False):
+            if not r.ok:
+                raise HostError(
+                    f"{r.host}: {r.error}", r.hint or "Check the sandbox host with `labctl facts`."
+                )
+            for i, res in zip(shares[r.host], r.data, strict=True):
+                out[i] = res
+        return [r for r in out if r is not None]
+    finally:
+        if own:
+            ctx.close()
+
+
+def run(
+    source: str,
+    lang: str,
+    *,
+    stdin: str | None = None,
+    timeout: float | None = None,
+    memory_mb: int | None = None,
+    host: str | None = None,
+    inventory: Path | str | None = None,
+    ctx: Optional[Context] = None,
+) -> dict[str, Any]:
+    """One program; see run_many."""
+    prog = {"lang": lang, "source": source, "stdin": stdin, "timeout": timeout, "memory_mb": memory_mb}
+    return run_many([prog], concurrency=1, host=host, inventory=inventory, ctx=ctx)[0]

@@ -1,0 +1,145 @@
+"""`labctl sandbox selftest`: run every attack, check the host after each, judge containment.
+
+The engine and the host check come in as functions, so the same loop runs over SSH through the
+agent (`sandbox_run`, `sandbox_hostcheck`) and, in tests, against any runner that takes the
+same requests and answers the same results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from labctl.sandbox.attacks import Attack, attacks_for
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.inventory.model import Host
+
+# (requests, concurrency) -> one result per request, in order
+RunBatch = Callable[[list[dict[str, Any]], int], list[dict[str, Any]]]
+# (action, args) -> the agent's answer to sandbox_hostcheck
+HostCheck = Callable[[str, dict[str, Any]], dict[str, Any]]
+# How long the host may take to remove a used container and give back its memory.
+SETTLE_S = 30.0
+# The agent call's own limit on top of twice the programs' time limits (compile, then run).
+RUN_SLACK_S = 60.0
+
+
+def _brief(r: dict[str, Any]) -> dict[str, Any]:
+    """A result without its (possibly 1 MiB) output: what the table and --json carry."""
+    out = {k: r.get(k) for k in ("exit_code", "truncated", "timed_out", "oom_killed", "wall_ms")}
+    out["stdout_bytes"] = len(r.get("stdout") or "")
+    out["stderr_bytes"] = len(r.get("stderr") or "")
+    out["stdout_head"] = (r.get("stdout") or "")[:300]
+    return out
+
+
+def run_attack(
+    attack: Attack, run_batch: RunBatch, hostcheck: HostCheck, labels: Sequence[str] = ()
+) -> dict[str, Any]:
+    """One attack: its runs, the host check after them, the verdict. `contained` is None when
+    the attack could not be run at all (that is no proof of containment either)."""
+    row: dict[str, Any] = {
+        "lang": attack.lang,
+        "attack": attack.name,
+        "kind": attack.kind,
+        "what": attack.what,
+    }
+    before = hostcheck("snapshot", {"labels": list(labels)})["snapshot"]
+    try:
+        reqs = attack.requests()
+        # one after another (a marker for the next run) unless they must meet (signalling)
+        results = run_batch(reqs, len(reqs)) if attack.together else [run_batch([req], 1)[0] for req in reqs]
+    except Exception as e:  # the engine's failure is the row's detail, not the end of the table
+        row.update(contained=None, detail=f"could not run: {e}", runs=[])
+        return row
+    host = hostcheck("compare", {"before": before, "wait_s": SETTLE_S})
+    contained, detail = attack.judge(results, host)
+    row.update(
+        contained=contained, detail=detail, runs=[_brief(r) for r in results], host=host.get("problems", [])
+    )
+    return row
+
+
+def selftest(
+    langs: Sequence[str],
+    run_batch: RunBatch,
+    hostcheck: HostCheck,
+    labels: Sequence[str] = (),
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every attack of every language in `langs`, in order; a language without attacks gets one
+    row saying so (contained None)."""
+    rows: list[dict[str, Any]] = []
+    for lang in langs:
+        attacks = attacks_for(lang)
+        if not attacks:
+            rows.append(
+                {
+                    "lang": lang,
+                    "attack": "-",
+                    "kind": "-",
+                    "what": "-",
+                    "contained": None,
+                    "detail": f"no attacks are written for {lang}",
+                    "runs": [],
+                }
+            )
+            continue
+        for attack in attacks:
+            row = run_attack(attack, run_batch, hostcheck, labels)
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    return rows
+
+
+def escaped(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("contained") is False]
+
+
+def on_hosts(ctx: Context, host: str | None, lang: str | None) -> dict[str, Any]:
+    """The self-test on each sandbox host (--host, or the inventory's role `sandbox`) through
+    its agent: `sandbox_run` for the attacks, `sandbox_hostcheck` around each. The languages are
+    --lang's, else each host's inventory `sandbox.languages`."""
+    from labctl.agent_ship import ask_agent
+    from labctl.sandbox.api import DEFAULT_POOL, lang_spec, sandbox_hosts
+    from labctl.sandbox.limits import Limits
+
+    limits = Limits()
+    hosts = sandbox_hosts(ctx, host)
+    plan = []
+    for h in hosts:
+        langs = [lang] if lang else list(h.sandbox.languages if h.sandbox else ["python"])
+        # every language checked before anything runs: a typo fails at once, not mid-table
+        plan.append((h, langs, {x: lang_spec(x, limits) for x in langs}))
+    rows: list[dict[str, Any]] = []
+    for h, langs, specs in plan:
+        pool = h.sandbox.pool if h.sandbox else DEFAULT_POOL
+
+        def run_batch(
+            reqs: list[dict[str, Any]],
+            conc: int,
+            h: Host = h,
+            specs: dict[str, Any] = specs,
+            pool: int = pool,
+        ) -> list[dict[str, Any]]:
+            args = {
+                "programs": reqs,
+                "langs": specs,
+                "limits": limits.as_dict(),
+                "concurrency": conc,
+                "pool": pool,
+            }
+            timeout = max(float(r["timeout"]) for r in reqs) * 2 + RUN_SLACK_S
+            return list(ask_agent(ctx, h, "sandbox_run", args, timeout=timeout)["results"])
+
+        def hostcheck(action: str, args: dict[str, Any], h: Host = h) -> dict[str, Any]:
+            return dict(
+                ask_agent(ctx, h, "sandbox_hostcheck", {"action": action, **args}, timeout=SETTLE_S + 60)
+            )
+
+        for row in selftest(langs, run_batch, hostcheck):
+            rows.append({"host": h.name, **row})
+    return {"hosts": [h.name for h, _, _ in plan], "rows": rows, "escaped": len(escaped(rows))}
