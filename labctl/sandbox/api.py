@@ -131,7 +131,8 @@ def run_many(
         for r in fan_out(ctx, hosts, step, label="sandbox", progress=False):
             if not r.ok:
                 raise HostError(
-                    f"{r.host}: {r.error}", r.hint or "Check the sandbox host with `labctl facts`."
+                    str(r.error) if str(r.error).startswith(f"{r.host}:") else f"{r.host}: {r.error}",
+                    r.hint or "Check the sandbox host with `labctl facts`.",
                 )
             for i, res in zip(shares[r.host], r.data, strict=True):
                 out[i] = res

@@ -243,3 +243,16 @@ def test_a_container_whose_agent_died_mid_run_is_reaped(local_inv: Path, tmp_pat
     assert not gone(orphan, tries=1)  # left running by the dead agent
     assert run_many([{"lang": "python", "source": "print(1)"}], inventory=local_inv)[0]["stdout"] == "1\n"
     assert gone(orphan)  # the next agent killed it
+
+
+def test_bench_measures_both_methods_without_errors(local_inv: Path) -> None:
+    proc = labctl(
+        "--json", "-i", str(local_inv), "sandbox", "bench", "--concurrency", "1,4", "--runs", "4", timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [r["concurrency"] for r in doc["rows"]] == [1, 4]
+    for row in doc["rows"]:
+        for method in ("pool", "docker_run"):
+            s = row[method]
+            assert s["runs"] == 4 and s["errors"] == 0 and 0 < s["p50_ms"] <= s["p95_ms"] <= s["p99_ms"]
