@@ -19,6 +19,7 @@ FILES = [
     ("playbooks/provision.yaml", "playbooks/provision.yaml"),
     ("playbooks/train.yaml", "playbooks/train.yaml"),
     ("playbooks/orchestra.yaml", "playbooks/orchestra.yaml"),
+    ("playbooks/sandbox.yaml", "playbooks/sandbox.yaml"),
 ]
 HEADER = (
     "# Written by `labctl init`: the seed lab's inventory as a starting point. Make the hosts yours\n"

@@ -329,3 +329,14 @@ def test_build_folder_removal_unmounts_first_and_never_deletes_through_a_mount(t
         subprocess.run(["umount", "-l", str(root / "dev")], capture_output=True)
     assert not root.exists()
     assert (outside / "keep").read_text() == "host file"
+
+
+def test_init_writes_the_sandbox_playbook_and_it_is_a_valid_playbook(tmp_path: Path) -> None:
+    from labctl.provision.playbook import load_playbook
+    from labctl.starter import write_starter
+
+    repo = Path(__file__).resolve().parents[2]
+    written = write_starter(tmp_path / "mylab")
+    book = tmp_path / "mylab/playbooks/sandbox.yaml"
+    assert book in written and book.read_bytes() == (repo / "playbooks/sandbox.yaml").read_bytes()
+    assert load_playbook(book).plays[0].hosts == "role:sandbox"
