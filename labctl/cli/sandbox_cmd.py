@@ -252,18 +252,27 @@ def selftest_cmd(
     if c.json_mode:
         c.emit(doc)
     else:
-        from rich.table import Table
-
-        table = Table(title=f"sandbox selftest on {', '.join(doc['hosts'])}", title_justify="left")
-        for col in ("host", "lang", "attack", "contained", "detail"):
-            table.add_column(col, overflow="fold")
-        for r in doc["rows"]:
-            mark = {True: "[green]yes[/]", False: "[red]NO[/]", None: "[yellow]error[/]"}[r["contained"]]
-            table.add_row(r["host"], r["lang"], r["attack"], mark, r["detail"])
-        c.console.print(table)
-        bad = [r for r in doc["rows"] if r["contained"] is not True]
-        c.console.print(
-            f"{len(doc['rows']) - len(bad)} contained, {doc['escaped']} escaped, {len(bad) - doc['escaped']} not run"
-        )
+        render_selftest(c.console, doc)
     if any(r["contained"] is not True for r in doc["rows"]):
         raise typer.Exit(1)
+
+
+def render_selftest(console: Any, doc: dict[str, Any]) -> None:
+    """The self-test's table: attack → contained, with the detail; then the counts."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"sandbox selftest on {', '.join(doc['hosts'])}", title_justify="left")
+    for col in ("host", "lang", "attack", "contained", "detail"):
+        table.add_column(col, overflow="fold")
+    for r in doc["rows"]:
+        mark = {True: "[green]yes[/]", False: "[red]NO[/]", None: "[yellow]error[/]"}[r["contained"]]
+        detail = str(r["detail"])
+        if r.get("host_problems"):
+            detail += " | left on the host: " + "; ".join(str(p) for p in r["host_problems"])
+        table.add_row(str(r.get("host", "")), r["lang"], r["attack"], mark, escape(detail))
+    console.print(table)
+    bad = [r for r in doc["rows"] if r["contained"] is not True]
+    console.print(
+        f"{len(doc['rows']) - len(bad)} contained, {doc['escaped']} escaped, {len(bad) - doc['escaped']} not run"
+    )

@@ -57,7 +57,10 @@ def run_attack(
     host = hostcheck("compare", {"before": before, "wait_s": SETTLE_S})
     contained, detail = attack.judge(results, host)
     row.update(
-        contained=contained, detail=detail, runs=[_brief(r) for r in results], host=host.get("problems", [])
+        contained=contained,
+        detail=detail,
+        runs=[_brief(r) for r in results],
+        host_problems=host.get("problems", []),
     )
     return row
 

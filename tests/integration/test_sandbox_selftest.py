@@ -85,7 +85,7 @@ def test_attack_is_contained_and_leaves_the_host_clean(attack_image: None, attac
     assert row["contained"] is True, (
         f"{attack.lang}/{attack.name} escaped: {row['detail']} runs={row['runs']}"
     )
-    assert row["host"] == []
+    assert row["host_problems"] == []
 
 
 def test_the_host_check_sees_a_left_container_and_its_process(attack_image: None) -> None:

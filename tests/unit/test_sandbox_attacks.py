@@ -209,3 +209,30 @@ def test_requests_carry_each_attacks_limits_and_together_runs_are_pairs() -> Non
 
 def test_a_language_without_attacks_has_none() -> None:
     assert attacks_for("cobol") == []
+
+
+def test_the_selftest_table_renders_each_host_row_with_what_was_left_on_the_host() -> None:
+    """`labctl sandbox selftest` without --json: one row per attack naming its host (the host
+    check's findings are shown in the detail, not in place of the host's name)."""
+    import io
+
+    from rich.console import Console
+
+    from labctl.cli.sandbox_cmd import render_selftest
+
+    doc = {
+        "hosts": ["irina"],
+        "escaped": 1,
+        "rows": [
+            {"host": "irina", "lang": "python", "attack": "fork_bomb", "contained": True, "detail": "pids held",
+             "host_problems": []},
+            {"host": "irina", "lang": "c", "attack": "mount", "contained": False, "detail": "[mounted]",
+             "host_problems": ["container labctl-run-x left"]},
+        ],
+    }  # fmt: skip
+    out = io.StringIO()
+    render_selftest(Console(file=out, width=200), doc)
+    text = out.getvalue()
+    assert "irina" in text and "fork_bomb" in text and "NO" in text
+    assert "[mounted]" in text and "left on the host: container labctl-run-x left" in text
+    assert "1 contained, 1 escaped, 0 not run" in text
