@@ -112,7 +112,7 @@ def run_cmd(
         sys.stdout.write(res["stdout"])
         sys.stdout.flush()
         sys.stderr.write(res["stderr"])
-        sys.stderr.write(_summary(res) + "\n")
+        sys.stderr.write(summary(res) + "\n")
     raise typer.Exit(exit_code(res))
 
 
@@ -123,8 +123,13 @@ def exit_code(res: dict[str, Any]) -> int:
     return int(code) if code is not None else 1
 
 
-def _summary(res: dict[str, Any]) -> str:
-    parts = [f"sandbox: {res['lang']}", f"exit {res['exit_code']}", f"{res['wall_ms']} ms"]
+def summary(res: dict[str, Any]) -> str:
+    code = res["exit_code"]
+    parts = [
+        f"sandbox: {res['lang']}",
+        "no exit code" if code is None else f"exit {code}",
+        f"{res['wall_ms']} ms",
+    ]
     if res.get("stage") == "compile":
         parts.append("compile failed")
     for flag, text in (

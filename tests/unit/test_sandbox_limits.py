@@ -102,3 +102,11 @@ def test_demux_one_enormous_frame_stays_within_the_cap(cap: int) -> None:
     for i in range(0, len(big), 65536):
         d.feed(big[i : i + 65536])
     assert len(d.stdout) == cap and d.truncated
+
+
+def test_the_run_summary_says_no_exit_code_after_a_timeout() -> None:
+    from labctl.cli.sandbox_cmd import summary
+
+    killed = {"lang": "python", "exit_code": None, "wall_ms": 1052, "timed_out": True}
+    assert summary(killed).startswith("sandbox: python, no exit code, 1052 ms")
+    assert "exit 3" in summary({"lang": "c", "exit_code": 3, "wall_ms": 40})
