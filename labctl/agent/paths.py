@@ -22,6 +22,9 @@ BACKUP_DIR = HOME + "/backup"  # old copies of system files labctl rewrote, kept
 FSTAB_BACKUP = BACKUP_DIR + "/fstab"
 LOCK_DIR = HOME + "/locks"  # flock files of scheduled jobs
 TRAIN_DIR = HOME + "/train"  # default parent of checkpoint folders
+# Network transactions: `current` names the open one; each has a folder with its record, the
+# snapshot and config files from before the change, and its keeper's log.
+NET_DIR = HOME + "/net"
 ORCHESTRA_DIR = HOME + "/orchestra"
 WARM_STATE = ORCHESTRA_DIR + "/warm.json"  # the warm set the rotation loaded; phase 3 needs it
 ORCHESTRA_HISTORY = ORCHESTRA_DIR + "/history.jsonl"  # one line per committed rotation, newest last

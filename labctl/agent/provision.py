@@ -149,7 +149,14 @@ def _sandbox(p: Dict[str, Any]) -> Dict[str, Any]:
     return probe(p)
 
 
+def _net_txn(p: Dict[str, Any]) -> Dict[str, Any]:
+    from .net.txn import open_probe
+
+    return open_probe(p)
+
+
 PROBES: Dict[str, Callable[[Dict[str, Any]], Dict[str, Any]]] = {
+    "net_txn": _net_txn,
     "sandbox": _sandbox,
     "authorized_keys": _authorized_keys,
     "ids": _ids,

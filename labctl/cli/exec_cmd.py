@@ -24,6 +24,31 @@ def exec_(
     forks: Annotated[
         Optional[int], typer.Option("--forks", "-f", min=1, help="Hosts at once (default: all).")
     ] = None,
+    network: Annotated[
+        bool,
+        typer.Option(
+            "--network",
+            help="The command changes the network: run it detached in a transaction that the host "
+            "reverts by itself unless labctl reconnects and confirms. Hosts go one at a time.",
+        ),
+    ] = False,
+    revert_after: Annotated[
+        float,
+        typer.Option(
+            "--revert-after",
+            min=5,
+            max=3600,
+            help="With --network: seconds after which the host restores its old network unless confirmed.",
+        ),
+    ] = 90.0,
+    verify: Annotated[
+        Optional[str],
+        typer.Option(
+            "--verify",
+            help="With --network: a command that must exit 0 on the host, run over the new connection, "
+            "before the change is confirmed.",
+        ),
+    ] = None,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
@@ -44,6 +69,14 @@ def exec_(
         labctl exec --limit role:train -- nvidia-smi -L
 
         labctl exec --json -l m5,irina -- df -h /mnt
+
+        labctl exec -l m5 --network --verify 'ping -c1 -W2 192.168.1.20' -- ip addr add 10.0.9.10/24 dev eno2
+
+    With --network the command cannot lock you out: the host backs up its network config
+    (/etc/netplan and the like) and live state, runs the command detached from the SSH session,
+    and restores both after --revert-after seconds unless labctl got back in over a fresh SSH
+    connection, the --verify command passed and labctl confirmed. If labctl cannot get back in,
+    it waits for the revert, reconnects and reports what it saw (exit 1).
     """
     from labctl.cli.lines import HostLinePrinter
     from labctl.fanout import HostResult, HostRun, exit_code, fan_out
@@ -57,10 +90,28 @@ def exec_(
         from labctl.errors import InputError
 
         raise InputError("No command given.", "Put it after `--`, e.g. labctl exec -- uptime")
+    if not network and verify is not None:
+        from labctl.errors import InputError
+
+        raise InputError("--verify only goes with --network.", "Add --network, or drop --verify.")
     hosts = select_hosts(c.inventory, limit)
     printer = HostLinePrinter(c.console, max(len(h.name) for h in hosts))
     palette = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green"]
     colour = {h.name: palette[i % len(palette)] for i, h in enumerate(hosts)}
+
+    def net_step(run: HostRun) -> HostResult:
+        from labctl.fanout import Skipped
+        from labctl.network.exec_change import run_network_command
+
+        name = run.host.name
+        if run.host.is_windows:
+            raise Skipped("windows")
+
+        def on_line(stream: str, text: str) -> None:
+            if not c.json_mode:
+                printer.print(name, text, stream, colour[name])
+
+        return run_network_command(run, line, revert_after, verify, timeout, on_line)
 
     def step(run: HostRun) -> HostResult:
         name = run.host.name
@@ -102,7 +153,9 @@ def exec_(
         )
 
     try:
-        results = fan_out(c, hosts, step, max_workers=forks, label="exec", progress=c.json_mode)
+        results = fan_out(
+            c, hosts, net_step if network else step, max_workers=forks, label="exec", progress=c.json_mode
+        )
     finally:
         c.close()
     if c.json_mode:

@@ -151,7 +151,7 @@ def provision_host(
             # What an earlier resource changed may change this one's state: read it again.
             change = res.plan(state)
             if change.changed and not check:
-                call_agent(run, "apply", {"ops": change.ops}, timeout=3600)
+                res.apply(run, change)
                 touched = True
                 after: Change = res.plan(_read(run, res))
                 if after.changed:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator
 
 from labctl.errors import LabctlError
 from labctl.inventory.model import Host, Strict
+
+if TYPE_CHECKING:
+    from labctl.fanout import HostRun
 
 Probes = dict[str, dict[str, Any]]
 State = dict[str, dict[str, Any]]
@@ -75,6 +78,13 @@ class Resource:
 
     def plan(self, state: State) -> Change:
         raise NotImplementedError
+
+    def apply(self, run: HostRun, change: Change) -> None:
+        """Carry `change` out: the agent runs its ops. A resource whose change may cut the
+        connection (the network) applies through a transaction instead."""
+        from labctl.agent_ship import call_agent
+
+        call_agent(run, "apply", {"ops": change.ops}, timeout=3600)
 
 
 REGISTRY: dict[str, type[Resource]] = {}

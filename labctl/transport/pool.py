@@ -34,6 +34,17 @@ class ConnectionPool:
                 self._conns[host.name] = conn
             return conn
 
+    def replace(self, name: str, conn: AnyConnection) -> None:
+        """Use `conn` for `name` from now on (a network change left the old one dead)."""
+        with self._guard:
+            old = self._conns.get(name)
+            self._conns[name] = conn
+        if old is not None and old is not conn:
+            try:
+                old.close()
+            except Exception:
+                pass
+
     def drop(self, name: str) -> None:
         with self._guard:
             conn = self._conns.pop(name, None)

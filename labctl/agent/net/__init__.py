@@ -1,0 +1,1 @@
+"""Network changes on a host: the live state, the transaction that reverts by itself, bonds."""

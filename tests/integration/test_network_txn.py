@@ -1,0 +1,252 @@
+"""The network transaction for real on the simulated lab: a change that cuts labctl off is
+undone by the host itself, a good one is kept, and killing labctl mid-way changes nothing.
+
+Each test changes pharaoh's network (its own namespace) through `labctl exec --network`,
+compares the namespace's links, addresses and routes (read with `ip -n`, from outside, so
+no SSH is needed to look) before and after, and leaves it as it found it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, labctl, run_json
+
+pytestmark = pytest.mark.integration
+HOST = "pharaoh"
+T = 8  # --revert-after in these tests: short, so a revert is seen within the test's time
+
+
+def live(lab: Any) -> dict[str, Any]:
+    """pharaoh's addresses and routes as `ip` shows them from outside its namespace."""
+    ns = lab.namespace(HOST)
+
+    def ip(*args: str) -> Any:
+        return json.loads(
+            subprocess.run(["ip", "-j", "-n", ns, *args], capture_output=True, text=True, check=True).stdout
+        )
+
+    addrs = {
+        a["ifname"]: sorted(f"{i['local']}/{i['prefixlen']}" for i in a.get("addr_info", []))
+        for a in ip("addr", "show")
+    }
+    routes = sorted(json.dumps(r, sort_keys=True) for r in ip("route", "show", "table", "main"))
+    links = sorted(link["ifname"] for link in ip("link", "show"))
+    return {"addrs": addrs, "routes": routes, "links": links}
+
+
+def netplan_files(lab: Any) -> dict[str, bytes]:
+    folder = Path(lab.dir) / "hosts" / HOST / "root" / "etc" / "netplan"
+    return {p.name: p.read_bytes() for p in folder.iterdir()} if folder.is_dir() else {}
+
+
+def wait_back(lab: Any, before: dict[str, Any], within: float) -> dict[str, Any]:
+    end = time.monotonic() + within
+    now = live(lab)
+    while now != before and time.monotonic() < end:
+        time.sleep(0.5)
+        now = live(lab)
+    return now
+
+
+def undo(lab: Any, cidr: str, dev: str) -> None:
+    subprocess.run(["ip", "-n", lab.namespace(HOST), "addr", "del", cidr, "dev", dev], capture_output=True)
+
+
+def test_a_change_that_cuts_labctl_off_is_reverted_by_the_host(lab: Any) -> None:
+    inv = str(lab.inventory_path)
+    before, files_before = live(lab), netplan_files(lab)
+    address = next(a for a in before["addrs"]["eth0"] if ":" not in a)
+    cut = "ip addr flush dev eth0 && ip addr add 10.99.0.5/24 dev eth0"
+    rc, doc = run_json(inv, "exec", "-l", HOST, "--network", "--revert-after", str(T), "--", cut, timeout=180)
+    r = doc["results"][0]
+    txn = r["transaction"]
+    assert rc == 1, r
+    assert r["status"] == "failed"
+    assert txn["outcome"] == "reverted", txn
+    assert txn["back_on_old_config"] is True and txn["differences"] == []
+    assert "lost contact" in r["error"] and "reverted by itself" in r["error"], r["error"]
+    assert txn["revert"]["reason"].startswith("not confirmed within"), txn["revert"]
+    assert f"ip addr add {address} dev eth0" in txn["revert"]["ran"]
+    # labctl saw the host gone, then back: the order of what it reports.
+    seen = " | ".join(txn["seen"])
+    assert seen.index("armed") < seen.index("lost contact") < seen.index("back on its old config"), seen
+    # Nothing else changed: addresses, routes, links and /etc/netplan are as they were.
+    assert live(lab) == before
+    assert netplan_files(lab) == files_before
+
+
+def test_a_good_change_is_committed_and_the_revert_never_fires(lab: Any) -> None:
+    inv = str(lab.inventory_path)
+    before = live(lab)
+    try:
+        rc, doc = run_json(
+            inv,
+            "exec",
+            "-l",
+            HOST,
+            "--network",
+            "--revert-after",
+            str(T),
+            "--",
+            "ip addr add 10.77.0.5/24 dev eth1",
+        )
+        txn = doc["results"][0]["transaction"]
+        assert rc == 0, doc
+        assert txn["outcome"] == "committed", txn
+        assert any("reconnected over a fresh SSH connection" in s for s in txn["seen"]), txn["seen"]
+        time.sleep(T + 3)  # past the keeper's deadline: a committed change stays
+        after = live(lab)
+        assert "10.77.0.5/24" in after["addrs"]["eth1"]
+        assert after["addrs"]["eth0"] == before["addrs"]["eth0"]
+        # The host's own record agrees, and no transaction is left open.
+        rc, doc = run_json(
+            inv,
+            "exec",
+            "-l",
+            HOST,
+            "--",
+            f"cat /var/lib/labctl/net/{txn['id']}/txn.json; echo; ls /var/lib/labctl/net",
+        )
+        out = doc["results"][0]["stdout"]
+        record = json.loads(out.splitlines()[0])
+        assert record["state"] == "committed" and "revert" not in record
+        assert "current" not in out.split()
+    finally:
+        undo(lab, "10.77.0.5/24", "eth1")
+
+
+def test_a_failed_verification_reverts_at_once(lab: Any) -> None:
+    inv = str(lab.inventory_path)
+    before = live(lab)
+    start = time.monotonic()
+    rc, doc = run_json(
+        inv,
+        "exec",
+        "-l",
+        HOST,
+        "--network",
+        "--revert-after",
+        "60",
+        "--verify",
+        "false",
+        "--",
+        "ip addr add 10.78.0.5/24 dev eth1",
+    )
+    took = time.monotonic() - start
+    txn = doc["results"][0]["transaction"]
+    assert rc == 1
+    assert txn["outcome"] == "reverted" and txn["back_on_old_config"] is True, txn
+    assert txn["problems"] == ["--verify `false` exited 1"], txn["problems"]
+    assert txn["revert"]["reason"].startswith("labctl asked for it"), txn["revert"]
+    # Asked to revert, the keeper did not wait for its 60 s deadline.
+    assert took < 60, took
+    assert live(lab) == before
+
+
+def test_a_command_that_fails_on_the_host_is_undone(lab: Any) -> None:
+    inv = str(lab.inventory_path)
+    before = live(lab)
+    line = "ip addr add 10.79.0.5/24 dev eth1 && ip addr add 10.79.0.6/24 dev no-such-nic"
+    rc, doc = run_json(inv, "exec", "-l", HOST, "--network", "--revert-after", "60", "--", line)
+    r = doc["results"][0]
+    assert rc == 1
+    assert r["transaction"]["outcome"] == "reverted"
+    assert "the change failed on the host" in r["error"] and "no-such-nic" in r["error"], r["error"]
+    assert r["rc"] not in (0, None)
+    # Its first half (the address on eth1) did not stay behind.
+    assert live(lab) == before
+
+
+def test_labctl_killed_mid_transaction_the_host_still_reverts_and_refuses_a_second(lab: Any) -> None:
+    inv = str(lab.inventory_path)
+    before = live(lab)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # --verify keeps labctl inside the transaction (sleeping on the host) long enough to kill it.
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "labctl",
+            "-i",
+            inv,
+            "exec",
+            "-l",
+            HOST,
+            "--network",
+            "--revert-after",
+            str(T),
+            "--verify",
+            "sleep 60",
+            "--",
+            "ip addr add 10.80.0.5/24 dev eth1",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        while "reconnected over a fresh SSH connection" not in seen:
+            line = proc.stderr.readline()
+            assert line, f"labctl ended before the transaction was verified: {seen}"
+            seen += line
+        assert "10.80.0.5/24" in live(lab)["addrs"]["eth1"]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        # While the keeper waits for its deadline, a second change on the host is refused.
+        second = labctl(
+            "--json", "-i", inv, "exec", "-l", HOST, "--network", "--", "ip addr add 10.81.0.5/24 dev eth1"
+        )
+        assert second.returncode == 1, second.stderr
+        r = json.loads(second.stdout)["results"][0]
+        assert r["transaction"]["outcome"] == "refused"
+        assert "another network transaction is open" in r["error"], r["error"]
+        assert "10.81.0.5/24" not in live(lab)["addrs"]["eth1"]
+        # With labctl dead, nothing confirms: the host goes back by itself.
+        assert wait_back(lab, before, T + 15) == before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        undo(lab, "10.80.0.5/24", "eth1")
+
+
+def test_network_exec_on_a_host_without_sftp(lab: Any) -> None:
+    inv = str(lab.inventory_path)
+    assert lab.set_sftp(HOST, False)
+    try:
+        rc, doc = run_json(
+            inv,
+            "exec",
+            "-l",
+            HOST,
+            "--network",
+            "--revert-after",
+            str(T),
+            "--",
+            "ip addr add 10.82.0.5/24 dev eth1",
+        )
+        assert rc == 0, doc
+        assert doc["results"][0]["transaction"]["outcome"] == "committed"
+        assert "10.82.0.5/24" in live(lab)["addrs"]["eth1"]
+    finally:
+        lab.set_sftp(HOST, True)
+        undo(lab, "10.82.0.5/24", "eth1")
+
+
+def test_verify_without_network_is_an_input_error(lab: Any) -> None:
+    proc = labctl("-i", str(lab.inventory_path), "exec", "-l", HOST, "--verify", "true", "--", "true")
+    assert proc.returncode == 2
+    assert "--verify only goes with --network" in proc.stderr
