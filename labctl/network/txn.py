@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from labctl.agent_ship import AgentFailed, call_agent
 from labctl.errors import LabctlError
-
 from labctl.fanout import HostRun
 
 if TYPE_CHECKING:

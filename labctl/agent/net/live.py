@@ -115,16 +115,25 @@ def _route_args(r: Dict[str, Any]) -> List[str]:
     return args
 
 
-def restore_commands(old: Snapshot, now: Snapshot) -> List[List[str]]:
+def new_links(old: Snapshot, now: Snapshot, owned: Optional[List[str]] = None) -> List[str]:
+    """Virtual links made since `old` that the change owns: those it names (`owned`), so a
+    bridge Docker made meanwhile is never deleted; every new one when `owned` is None."""
+    return sorted(
+        n
+        for n, link in now["links"].items()
+        if n not in old["links"] and link.get("kind") in VIRTUAL_KINDS and (owned is None or n in owned)
+    )
+
+
+def restore_commands(old: Snapshot, now: Snapshot, owned: Optional[List[str]] = None) -> List[List[str]]:
     """The `ip` argument lists that take the host from `now` back to `old`, in an order that
     works: new virtual links go first (a bond releases its members), then each NIC's master
     and state, then addresses, then the routes that are not the kernel's own."""
     cmds: List[List[str]] = []
     old_links, now_links = old["links"], now["links"]
-    for name, link in sorted(now_links.items()):
-        if name not in old_links and link.get("kind") in VIRTUAL_KINDS:
-            cmds.append(["link", "del", "dev", name])
-    gone = {n for n, link in now_links.items() if n not in old_links and link.get("kind") in VIRTUAL_KINDS}
+    gone = set(new_links(old, now, owned))
+    for name in sorted(gone):
+        cmds.append(["link", "del", "dev", name])
     for name, was in sorted(old_links.items()):
         cur = now_links.get(name)
         if cur is None:
@@ -147,20 +156,33 @@ def restore_commands(old: Snapshot, now: Snapshot) -> List[List[str]]:
     old_routes = {_route_key(r): r for r in old["routes"] if r.get("protocol") not in KERNEL_PROTOS}
     now_routes = {_route_key(r): r for r in now["routes"] if r.get("protocol") not in KERNEL_PROTOS}
     for key in sorted(set(now_routes) - set(old_routes)):
-        if now_routes[key].get("dev") not in gone:
+        dev = now_routes[key].get("dev")
+        if dev not in gone and (dev in old_links or owned is None):
             cmds.append(["route", "del", *_route_args(now_routes[key])])
     for key in sorted(set(old_routes) - set(now_routes)):
         cmds.append(["route", "add", *_route_args(old_routes[key])])
     return cmds
 
 
-def differences(old: Snapshot, now: Snapshot) -> List[str]:
-    """What still differs from `old`, one phrase each; empty when the host is back."""
+def owned_links(old: Snapshot, now: Snapshot, change_text: str) -> List[str]:
+    """The links made since `old` that the change names (in its commands or files), word for
+    word: a revert deletes those and no others."""
+    import re
+
+    return sorted(
+        n
+        for n in now["links"]
+        if n not in old["links"] and re.search(r"(?<![\w.-])" + re.escape(n) + r"(?![\w.-])", change_text)
+    )
+
+
+def differences(old: Snapshot, now: Snapshot, owned: Optional[List[str]] = None) -> List[str]:
+    """What still differs from `old`, one phrase each; empty when the host is back. Links
+    the change does not own (see new_links) and their routes are not its business."""
     out: List[str] = []
     old_links, now_links = old["links"], now["links"]
-    for name in sorted(set(now_links) - set(old_links)):
-        if now_links[name].get("kind") in VIRTUAL_KINDS:
-            out.append("link {} ({}) was not there before".format(name, now_links[name].get("kind")))
+    for name in new_links(old, now, owned):
+        out.append("link {} ({}) was not there before".format(name, now_links[name].get("kind")))
     for name, was in sorted(old_links.items()):
         cur = now_links.get(name)
         if cur is None:
@@ -187,7 +209,8 @@ def differences(old: Snapshot, now: Snapshot) -> List[str]:
                 )
             )
     old_routes = {_route_key(r) for r in old["routes"]}
-    now_routes = {_route_key(r) for r in now["routes"]}
+    theirs = {n for n in now_links if n not in old_links and n not in new_links(old, now, owned)}
+    now_routes = {_route_key(r) for r in now["routes"] if r.get("dev") not in theirs}
     for key in sorted(old_routes - now_routes):
         out.append(f"route {_describe_route(key)} missing")
     for key in sorted(now_routes - old_routes):
@@ -217,7 +240,7 @@ def run_ip(args: List[str]) -> Optional[str]:
     return None
 
 
-def restore(old: Snapshot, rounds: int = 3) -> Dict[str, Any]:
+def restore(old: Snapshot, owned: Optional[List[str]] = None, rounds: int = 3) -> Dict[str, Any]:
     """Bring the live state back to `old`; what ran, what failed, and what still differs.
 
     A few rounds, because one step can undo another's premise (deleting a bond drops the
@@ -226,7 +249,7 @@ def restore(old: Snapshot, rounds: int = 3) -> Dict[str, Any]:
     ran: List[str] = []
     errors: List[str] = []
     for _ in range(rounds):
-        cmds = restore_commands(old, snapshot())
+        cmds = restore_commands(old, snapshot(), owned)
         if not cmds:
             break
         for args in cmds:
@@ -234,5 +257,5 @@ def restore(old: Snapshot, rounds: int = 3) -> Dict[str, Any]:
             err = run_ip(args)
             if err:
                 errors.append(err)
-    left = differences(old, snapshot())
+    left = differences(old, snapshot(), owned)
     return {"ran": ran, "errors": errors if left else [], "differences": left}

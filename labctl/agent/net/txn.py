@@ -110,7 +110,7 @@ def keeper_alive(doc: Dict[str, Any]) -> bool:
 
 
 def _config_files(extra: List[str]) -> List[str]:
-    found = set()  # type: Set[str]
+    found: Set[str] = set()
     for base in list(CONFIG_PATHS) + extra:
         if os.path.isdir(base):
             for root, _dirs, files in os.walk(base):
@@ -239,7 +239,9 @@ def _revert(directory: str, reason: str) -> None:
         ]
     with open(os.path.join(directory, "snapshot.json")) as f:
         old = json.load(f)
-    report.update(live.restore(old))
+    owned = live.owned_links(old, live.snapshot(), change_text(doc))
+    report["owned_links"] = owned
+    report.update(live.restore(old, owned))
     report["ended_at"] = time.time()
     state = "reverted" if not report["differences"] else "revert_incomplete"
     with _locked():
@@ -247,6 +249,13 @@ def _revert(directory: str, reason: str) -> None:
         doc.update(state=state, revert=report)
         _write(directory, doc)
         _clear_current(doc["id"])
+
+
+def change_text(doc: Dict[str, Any]) -> str:
+    """All the change says, for finding the links it owns (see live.owned_links)."""
+    parts = [json.dumps(doc.get("commands") or [])]
+    parts += [str((entry or {}).get("text", "")) for entry in (doc.get("files") or {}).values()]
+    return "\n".join(parts)
 
 
 def keep(directory: str) -> None:
@@ -309,6 +318,7 @@ def _detach(directory: str) -> int:
                 os._exit(0)
             for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
                 signal.signal(sig, signal.SIG_IGN)
+            _name_process(KEEPER_NAME.encode())  # before its pid is told: keeper_alive checks the name
             null = os.open(os.devnull, os.O_RDONLY)
             log = os.open(
                 os.path.join(directory, "keeper.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
@@ -320,11 +330,8 @@ def _detach(directory: str) -> int:
             os.close(w)
             os.closerange(3, 4096)
             os.chdir("/")
-            _name_process(KEEPER_NAME.encode())
             sys.stdout = os.fdopen(1, "w", buffering=1)
             sys.stderr = sys.stdout
-            # The keeper's own record of its pid, before it does anything.
-            _set(directory, keeper_pid=os.getpid())
             keep(directory)
         except BaseException as e:
             try:
@@ -424,6 +431,7 @@ def begin_command(args: Dict[str, Any]) -> Dict[str, Any]:
         with open(os.path.join(net_dir(), "current"), "w") as f:
             f.write(txn_id)
     pid = _detach(directory)
+    _set(directory, keeper_pid=pid)
     return {"id": txn_id, "keeper_pid": pid, "deadline_at": doc["deadline_at"], "dir": directory}
 
 
@@ -440,7 +448,9 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     out = _public(doc)
     if args.get("compare"):
         with open(os.path.join(directory, "snapshot.json")) as f:
-            out["differences"] = live.differences(json.load(f), live.snapshot())
+            old = json.load(f)
+        now = live.snapshot()
+        out["differences"] = live.differences(old, now, live.owned_links(old, now, change_text(doc)))
     return out
 
 
