@@ -1,0 +1,1 @@
+"""NIC bonds: render the netplan file, check a host before the change, verify the result."""
