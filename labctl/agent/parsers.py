@@ -145,6 +145,13 @@ def parse_bonding(text: str) -> Dict[str, Any]:
         if indented:
             if block == "active aggregator info":
                 aggregator[key.lower()] = value
+            elif (
+                block == "details partner lacp pdu"
+                and slave is not None
+                and key.lower() == "system mac address"
+            ):
+                # Per member: all zeros means no LACP partner answered on that port.
+                slave["partner_mac"] = value
             continue
         if not value:
             block = key.lower()

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .commands import AgentError
 from .fsutil import write_atomic
+from .net.bondcheck import bond_probe
 
 MAX_CONTENT = 1 << 20  # files larger than this are compared by hash only
 
@@ -166,6 +167,7 @@ PROBES: Dict[str, Callable[[Dict[str, Any]], Dict[str, Any]]] = {
     "command": _command,
     "which": _which,
     "system": _system,
+    "bond": bond_probe,
 }
 
 

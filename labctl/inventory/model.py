@@ -13,7 +13,16 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from labctl.agent import paths
 
@@ -136,6 +145,29 @@ def iface_name(v: str) -> str:
 IfaceName = Annotated[str, AfterValidator(iface_name)]
 
 
+def domain_name(v: str) -> str:
+    """A DNS search domain as resolv.conf takes it: labels of letters, digits and '-'."""
+    if not HOSTNAME_RE.match(v):
+        raise ValueError(f"{v!r} is not a domain name (labels of letters, digits and '-', e.g. lab.example)")
+    return v
+
+
+def switch_port(v: Any) -> str | int:
+    """A switch port as the switch's console names it: a number, or a name such as gi1/0/1."""
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        what = "a yes/no value" if isinstance(v, bool) else repr(v)
+        raise ValueError(f"{what} is not a switch port; write a number or a name, e.g. 1 or gi1/0/1")
+    if isinstance(v, int) and v < 0:
+        raise ValueError(f"switch port {v} is negative")
+    if isinstance(v, str) and not re.fullmatch(r"[A-Za-z0-9_./:-]{1,64}", v):
+        raise ValueError(f"{v!r} is not a switch port name (letters, digits, '/', '.', ':', '-', '_')")
+    return v
+
+
+DomainName = Annotated[str, AfterValidator(domain_name)]
+SwitchPort = Annotated[int | str, BeforeValidator(switch_port)]
+
+
 class NIC(Strict):
     name: IfaceName = Field(description="interface name, e.g. name: eno1")
     speed_mbps: Optional[int] = Field(None, gt=0, description="link speed in Mbit/s, e.g. speed_mbps: 1000")
@@ -166,6 +198,34 @@ class Bond(Strict):
     )
     miimon: int = Field(100, ge=0, description="link check interval in ms, e.g. miimon: 100")
     lacp_rate: Literal["slow", "fast"] = Field("fast", description="lacp_rate: fast or slow")
+    dns: list[ipaddress.IPv4Address] = Field(
+        default_factory=list, description="nameservers, e.g. dns: [192.168.1.1, 1.1.1.1]"
+    )
+    search: list[DomainName] = Field(
+        default_factory=list, description="DNS search domains, e.g. search: [lab]"
+    )
+    switch_ports: list[SwitchPort] = Field(
+        default_factory=list,
+        description='the switch ports the members plug into, e.g. switch_ports: [1, 2] or ["gi1/0/1", "gi1/0/2"]',
+    )
+
+    @model_validator(mode="after")
+    def _routable(self) -> Bond:
+        # A gateway outside the bond's own subnet gives a default route the kernel cannot
+        # reach: the host would answer its LAN only, which over SSH looks like a lockout.
+        if self.gateway is not None:
+            if self.address is None:
+                raise ValueError("gateway needs an address on the bond, e.g. address: 192.168.1.10/24")
+            if self.gateway not in self.address.network:
+                raise ValueError(
+                    f"gateway {self.gateway} is outside the bond's subnet {self.address.network}; "
+                    "give a gateway inside it or widen the prefix of address"
+                )
+        if len(set(self.interfaces)) != len(self.interfaces):
+            raise ValueError(f"interfaces lists a NIC twice: {self.interfaces}")
+        if self.name in self.interfaces:
+            raise ValueError(f"the bond {self.name} cannot be one of its own interfaces")
+        return self
 
 
 class ModelCache(Strict):

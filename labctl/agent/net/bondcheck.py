@@ -1,0 +1,137 @@
+"""What a host offers for a bond, read before labctl changes anything: the bonding driver, the
+NICs and their addresses, netplan, the bond's current state and file, and netplan's verdict on
+the file labctl would write (the `bond` probe of `labctl provision`).
+
+Standard library only, Python 3.8.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any, Dict, List, Optional
+
+from ..nics import SYS_NET, addresses_fallback, addresses_from_ip
+from ..parsers import parse_bonding
+from .netplan import netplan_binary, netplan_problems
+
+PROC_BONDING = "/proc/net/bonding"
+SYS_MODULE = "/sys/module"
+MODULES_DIRS = ("/lib/modules", "/usr/lib/modules")
+
+
+def bonding_driver(
+    sys_module: str = SYS_MODULE,
+    proc_dir: str = PROC_BONDING,
+    modules_dirs: Any = MODULES_DIRS,
+    release: Optional[str] = None,
+) -> Dict[str, Any]:
+    """{"present": bool, "how": str}: loaded now, loadable with modprobe, built into the
+    kernel, or none (how says where labctl looked)."""
+    if os.path.isdir(os.path.join(sys_module, "bonding")) or os.path.isdir(proc_dir):
+        return {"present": True, "how": "loaded"}
+    release = release or os.uname().release
+    for base in modules_dirs:
+        root = os.path.join(base, release)
+        found = glob.glob(os.path.join(root, "kernel", "drivers", "net", "bonding", "bonding.ko*"))
+        found = found or glob.glob(os.path.join(root, "**", "bonding.ko*"), recursive=True)
+        if found:
+            return {"present": True, "how": f"loadable ({found[0]})"}
+        try:
+            with open(os.path.join(root, "modules.builtin")) as f:
+                if any(line.strip().endswith("/bonding.ko") for line in f):
+                    return {"present": True, "how": "built into kernel " + release}
+        except OSError:
+            pass
+    return {
+        "present": False,
+        "how": "kernel {}: not loaded ({}/bonding), no bonding.ko under {}, not in modules.builtin".format(
+            release, sys_module, " or ".join(os.path.join(b, release) for b in modules_dirs)
+        ),
+    }
+
+
+def read_bond(name: str, proc_dir: str = PROC_BONDING) -> Optional[Dict[str, Any]]:
+    """The bond's state as parse_bonding reads it, or None when the kernel has no such bond."""
+    try:
+        with open(os.path.join(proc_dir, name)) as f:
+            return parse_bonding(f.read())
+    except OSError:
+        return None
+
+
+def _nic_names() -> List[str]:
+    try:
+        return sorted(n for n in os.listdir(SYS_NET) if os.path.isdir(os.path.join(SYS_NET, n)))
+    except OSError:
+        return []
+
+
+def _networkd_running() -> bool:
+    if os.path.isdir("/run/systemd/netif"):
+        return True
+    for comm in glob.glob("/proc/[0-9]*/comm"):
+        try:
+            with open(comm) as f:
+                if f.read().strip() == "systemd-network":  # comm is cut at 15 characters
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _file_state(path: Optional[str]) -> Dict[str, Any]:
+    if not path:
+        return {"exists": False, "text": None}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return {"exists": True, "text": f.read()}
+    except FileNotFoundError:
+        return {"exists": False, "text": None}
+
+
+def bond_probe(args: Dict[str, Any]) -> Dict[str, Any]:
+    """args: {"name": bond, "path": its netplan file, "text": the file labctl would write,
+    "members": [nic, ...]} -> everything the preflight and the plan need, in one round trip."""
+    name = args.get("name") or "bond0"
+    members = list(args.get("members") or [])
+    nics = _nic_names()
+    addresses = addresses_from_ip()
+    if addresses is None:
+        addresses = addresses_fallback([n for n in nics if n != "lo"])
+    netplan = netplan_binary()
+    problems: List[str] = []
+    if netplan is not None and args.get("path") and args.get("text") is not None:
+        nic_ids = {
+            m: {
+                "mac": _read(os.path.join(SYS_NET, m, "address")),
+                "driver": _link_target(os.path.join(SYS_NET, m, "device", "driver")),
+            }
+            for m in members
+        }
+        problems = netplan_problems({args["path"]: args["text"]}, members, nic_ids=nic_ids)
+    return {
+        "driver": bonding_driver(),
+        "nics": nics,
+        "addresses": addresses,
+        "netplan": netplan,
+        "bond": read_bond(name),
+        "file": _file_state(args.get("path")),
+        "netplan_problems": problems,
+        "systemd_networkd": _networkd_running(),
+    }
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _link_target(path: str) -> Optional[str]:
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return None

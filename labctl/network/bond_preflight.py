@@ -1,0 +1,87 @@
+"""Before a bond is applied: can this host take it, and will labctl still reach it after?
+
+Pure: it judges the `bond` probe's answer (labctl/agent/net/bondcheck.py) against the
+inventory, so every refusal is unit-tested without a host. Each problem is one sentence that
+names what to fix; an empty list means go ahead.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from labctl.inventory.model import Bond, Host
+
+
+def preflight(host: Host, bond: Bond, probe: dict[str, Any], controller_reach: str | None) -> list[str]:
+    """Problems in this order: no bonding driver, a member NIC missing, the change would cut the
+    controller off, no netplan, netplan's own objections. `controller_reach` is the address the
+    controller's connection reaches the host at (None: host.address)."""
+    problems: list[str] = []
+    driver = probe.get("driver") or {}
+    if not driver.get("present"):
+        how = driver.get("how") or "not found"
+        problems.append(
+            f"{host.name} has no bonding driver ({how}): load it with `modprobe bonding`, or boot a "
+            "kernel built with CONFIG_BONDING (on Ubuntu, install linux-modules-extra-$(uname -r) or "
+            "the generic kernel)."
+        )
+    nics = [n for n in probe.get("nics") or [] if n != "lo"]
+    missing = [m for m in bond.interfaces if m not in nics]
+    if missing:
+        problems.append(
+            f"{host.name} has no NIC {', '.join(missing)} for {bond.name}; its NICs are "
+            f"{', '.join(nics) or 'none'}: fix bond.interfaces in the inventory."
+        )
+    cut = _cuts_controller_off(host, bond, probe.get("addresses") or {}, controller_reach)
+    if cut:
+        problems.append(cut)
+    if not probe.get("netplan"):
+        problems.append(
+            f"{host.name} has no netplan, and labctl writes bonds as netplan files: "
+            "install it (apt-get install netplan.io)."
+        )
+    for message in probe.get("netplan_problems") or []:
+        problems.append(f"netplan on {host.name} refuses the bond: {message}")
+    return problems
+
+
+def _cuts_controller_off(
+    host: Host, bond: Bond, addresses: dict[str, list[str]], controller_reach: str | None
+) -> str | None:
+    reach_text = controller_reach or host.address
+    try:
+        reach = ipaddress.ip_address(reach_text)
+    except ValueError:
+        # A DNS name the controller did not resolve for us: which NIC carries it is unknown here,
+        # and the transaction's revert still covers a change that cuts the host off.
+        return None
+    on = [
+        nic
+        for nic, cidrs in addresses.items()
+        for cidr in cidrs
+        if _ip_of(cidr) == reach and nic in bond.interfaces
+    ]
+    if not on:
+        return None
+    where = f"the controller reaches {host.name} at {reach} on {on[0]}, a member of {bond.name}"
+    if bond.address is None:
+        return (
+            f"{where}, and the bond has no address, so the change would cut the controller off: "
+            f"give the bond that address (bond.address: {reach}/PREFIX) or reach the host over a NIC "
+            "outside the bond."
+        )
+    if bond.address.ip != reach:
+        return (
+            f"{where}, and the bond takes {bond.address}, so the change would cut the controller off: "
+            f"give the bond {reach} (bond.address: {reach}/{bond.address.network.prefixlen}) or set the "
+            f"host's address to {bond.address.ip} first."
+        )
+    return None
+
+
+def _ip_of(cidr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_interface(cidr.split("%")[0]).ip
+    except ValueError:
+        return None

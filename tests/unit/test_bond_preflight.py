@@ -1,0 +1,253 @@
+"""The host side of the bond preflight (labctl/agent/net/bondcheck.py, run here on this
+machine: its real NICs, addresses and netplan) and the pure judgement of its answer
+(labctl/network/bond_preflight.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labctl.agent.net.bondcheck import bond_probe, bonding_driver, read_bond
+from labctl.agent.provision import probe_command
+from labctl.inventory.model import Bond, Host
+from labctl.network.bond_preflight import preflight
+from labctl.network.bond_render import bond_file, render_bond
+
+M5 = Host(name="m5", address="192.168.1.10")
+BOND = Bond(name="bond0", interfaces=["eno1", "eno2"], address="192.168.1.10/24", gateway="192.168.1.1")  # type: ignore[arg-type]
+
+
+def good_probe(**over: Any) -> dict[str, Any]:
+    """A host that can take BOND: the shape bond_probe answers in."""
+    probe: dict[str, Any] = {
+        "driver": {
+            "present": True,
+            "how": "loadable (/lib/modules/6.1.0/kernel/drivers/net/bonding/bonding.ko)",
+        },
+        "nics": ["eno1", "eno2", "lo"],
+        "addresses": {"lo": ["127.0.0.1/8"], "eno1": ["192.168.1.10/24"], "eno2": []},
+        "netplan": "/usr/sbin/netplan",
+        "bond": None,
+        "file": {"exists": False, "text": None},
+        "netplan_problems": [],
+        "systemd_networkd": True,
+    }
+    probe.update(over)
+    return probe
+
+
+def test_a_host_that_can_take_the_bond_has_no_problems() -> None:
+    assert preflight(M5, BOND, good_probe(), None) == []
+    # Re-applying: the address already lives on the bond.
+    on_bond = good_probe(addresses={"bond0": ["192.168.1.10/24"], "eno1": [], "eno2": []})
+    assert preflight(M5, BOND, on_bond, "192.168.1.10") == []
+
+
+def test_every_problem_in_order() -> None:
+    probe = good_probe(
+        driver={"present": False, "how": "kernel 6.1.0: not loaded"},
+        nics=["eno1", "eth5", "lo"],
+        netplan=None,
+        netplan_problems=["/etc/netplan/90-labctl-bond0.yaml:3:1: Error"],
+    )
+    other = Bond(name="bond0", interfaces=["eno1", "eno2"], address="192.168.1.11/24")  # type: ignore[arg-type]
+    problems = preflight(M5, other, probe, None)
+    assert len(problems) == 5
+    assert (
+        "no bonding driver" in problems[0]
+        and "modprobe bonding" in problems[0]
+        and "CONFIG_BONDING" in problems[0]
+    )
+    assert (
+        problems[1]
+        == "m5 has no NIC eno2 for bond0; its NICs are eno1, eth5: fix bond.interfaces in the inventory."
+    )
+    assert "cut the controller off" in problems[2] and "192.168.1.11/24" in problems[2]
+    assert "no netplan" in problems[3] and "netplan.io" in problems[3]
+    assert problems[4] == "netplan on m5 refuses the bond: /etc/netplan/90-labctl-bond0.yaml:3:1: Error"
+
+
+@pytest.mark.parametrize(
+    ("address", "gateway", "reach", "cut"),
+    [
+        ("192.168.1.11/24", None, None, True),  # host.address on eno1 moves away
+        (None, None, None, True),  # the bond takes no address at all
+        ("192.168.1.10/24", None, None, False),
+        ("192.168.1.11/24", None, "10.0.0.7", False),  # the controller comes in elsewhere
+        ("192.168.1.11/24", None, "192.168.1.10", True),
+    ],
+)
+def test_an_address_change_that_would_cut_the_controller_off(
+    address: str | None, gateway: str | None, reach: str | None, cut: bool
+) -> None:
+    bond = Bond(name="bond0", interfaces=["eno1", "eno2"], address=address, gateway=gateway)  # type: ignore[arg-type]
+    probe = good_probe(
+        addresses={"eno1": ["192.168.1.10/24"], "eth0": ["10.0.0.7/24"]}, nics=["eno1", "eno2", "eth0"]
+    )
+    problems = preflight(M5, bond, probe, reach)
+    assert (problems != []) == cut, problems
+    if cut:
+        assert "the controller reaches m5 at 192.168.1.10 on eno1, a member of bond0" in problems[0]
+
+
+def test_a_management_nic_outside_the_bond_keeps_the_host_reachable() -> None:
+    host = Host(name="m5", address="10.0.0.7")
+    bond = Bond(name="bond0", interfaces=["eno1", "eno2"], address="192.168.1.50/24")  # type: ignore[arg-type]
+    probe = good_probe(addresses={"eno1": ["192.168.1.10/24"], "eth0": ["10.0.0.7/24"]})
+    assert preflight(host, bond, probe, None) == []
+
+
+def test_a_host_named_by_dns_is_judged_by_the_address_the_controller_reached() -> None:
+    host = Host(name="m5", address="m5.lab.example")
+    moved = Bond(name="bond0", interfaces=["eno1", "eno2"], address="192.168.1.11/24")  # type: ignore[arg-type]
+    assert preflight(host, moved, good_probe(), None) == []  # unknown: the transaction's revert covers it
+    assert "cut the controller off" in preflight(host, moved, good_probe(), "192.168.1.10")[0]
+
+
+# --- the agent side, on this machine ------------------------------------------------------
+
+
+def test_this_kernel_has_no_bonding_driver() -> None:
+    if os.path.isdir("/sys/module/bonding") or os.path.isdir("/proc/net/bonding"):
+        pytest.skip("this kernel has the bonding driver loaded")
+    found = bonding_driver()
+    assert found["present"] is False
+    assert os.uname().release in found["how"]
+
+
+def test_fake_module_tree_loaded_loadable_builtin_and_none(tmp_path: Path) -> None:
+    # A fake /sys/module and /lib/modules: the real ones here have no bonding driver to find.
+    sysmod, mods = tmp_path / "sys-module", tmp_path / "lib-modules"
+    rel = "6.1.0-test"
+    (mods / rel).mkdir(parents=True)
+    sysmod.mkdir()
+    kw: dict[str, Any] = {
+        "sys_module": str(sysmod),
+        "proc_dir": str(tmp_path / "none"),
+        "modules_dirs": (str(mods),),
+        "release": rel,
+    }
+    none = bonding_driver(**kw)
+    assert none["present"] is False and rel in none["how"]
+    (mods / rel / "modules.builtin").write_text(
+        "kernel/drivers/net/dummy.ko\nkernel/drivers/net/bonding/bonding.ko\n"
+    )
+    assert bonding_driver(**kw) == {"present": True, "how": f"built into kernel {rel}"}
+    ko = mods / rel / "kernel" / "drivers" / "net" / "bonding" / "bonding.ko.zst"
+    ko.parent.mkdir(parents=True)
+    ko.write_bytes(b"")
+    assert bonding_driver(**kw) == {"present": True, "how": f"loadable ({ko})"}
+    (sysmod / "bonding").mkdir()
+    assert bonding_driver(**kw) == {"present": True, "how": "loaded"}
+
+
+def test_fake_proc_net_bonding_read_bond(tmp_path: Path) -> None:
+    # A fake /proc/net/bonding: this kernel has no bonding driver, so it has no real one.
+    (tmp_path / "bond0").write_text(
+        "Bonding Mode: load balancing (round-robin)\nMII Status: up\n\nSlave Interface: eno1\nMII Status: up\n"
+    )
+    parsed = read_bond("bond0", proc_dir=str(tmp_path))
+    assert parsed is not None and parsed["mode"] == "balance-rr" and parsed["slaves"][0]["name"] == "eno1"
+    assert read_bond("bond1", proc_dir=str(tmp_path)) is None
+
+
+def test_bond_probe_on_this_machine_and_its_verdict(tmp_path: Path) -> None:
+    existing = tmp_path / "90-labctl-bond0.yaml"
+    existing.write_text("old\n")
+    args = {
+        "name": "bond0",
+        "path": str(existing),
+        "text": render_bond(BOND, "m5"),
+        "members": BOND.interfaces,
+    }
+    # Through the provision agent's probe table, as the controller calls it.
+    probe = probe_command({"probes": {"b": {"kind": "bond", **args}}})["results"]["b"]
+    assert set(probe) == {
+        "driver",
+        "nics",
+        "addresses",
+        "netplan",
+        "bond",
+        "file",
+        "netplan_problems",
+        "systemd_networkd",
+    }
+    # Other sessions' simulated labs add and remove links here: compare shapes, not the list.
+    assert "lo" in probe["nics"] and probe["nics"] == sorted(probe["nics"])
+    assert "127.0.0.1/8" in probe["addresses"]["lo"]
+    assert probe["netplan"] is not None
+    assert probe["file"] == {"exists": True, "text": "old\n"}
+    assert probe["bond"] is None
+    assert isinstance(probe["systemd_networkd"], bool)
+    # The path is outside /etc/netplan: netplan's check names it rather than guess.
+    assert probe["netplan_problems"] and str(existing) in probe["netplan_problems"][0]
+    if not probe["driver"]["present"]:
+        problems = preflight(M5, BOND, probe, None)
+        assert "no bonding driver" in problems[0]
+        assert any("has no NIC" in p for p in problems)
+
+
+def test_bond_probe_judges_the_file_with_real_netplan() -> None:
+    good = bond_probe(
+        {
+            "name": "bond0",
+            "path": bond_file(BOND),
+            "text": render_bond(BOND, "m5"),
+            "members": BOND.interfaces,
+        }
+    )
+    broken = bond_probe(
+        {
+            "name": "bond0",
+            "path": bond_file(BOND),
+            "text": render_bond(BOND, "m5").replace("mode: 802.3ad", "mode: 802.3ax"),
+            "members": BOND.interfaces,
+        }
+    )
+    # This machine's own /etc/netplan is the base: whatever it holds, ours must not add a refusal.
+    assert not any("802.3ax" in p for p in good["netplan_problems"])
+    assert any("unknown bond mode '802.3ax'" in p for p in broken["netplan_problems"])
+    assert preflight(M5, BOND, {**good_probe(), "netplan_problems": broken["netplan_problems"]}, None)[
+        0
+    ].startswith("netplan on m5 refuses the bond: /etc/netplan/90-labctl-bond0.yaml:")
+
+
+PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3")
+
+
+@pytest.mark.skipif(not PY38.exists(), reason=f"no Python 3.8 interpreter at {PY38}")
+def test_the_bond_probe_runs_in_memory_on_python38(tmp_path: Path) -> None:
+    # As `provision --check` runs it on a host: only the modules the probe command imports travel.
+    import json
+    import subprocess
+
+    from labctl.agent_ship import IN_MEMORY, agent_blob
+
+    args = {
+        "probes": {
+            "b": {
+                "kind": "bond",
+                "name": "bond0",
+                "path": bond_file(BOND),
+                "text": "x: [\n",
+                "members": ["eno1"],
+            }
+        }
+    }
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [str(PY38), "-c", IN_MEMORY, agent_blob("probe"), "probe", json.dumps(args)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)["results"]["b"]
+    assert "error" not in result, result
+    assert result["driver"]["present"] in (True, False)
+    assert result["netplan_problems"] and "/etc/netplan/90-labctl-bond0.yaml" in result["netplan_problems"][0]
