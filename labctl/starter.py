@@ -20,6 +20,7 @@ FILES = [
     ("playbooks/train.yaml", "playbooks/train.yaml"),
     ("playbooks/orchestra.yaml", "playbooks/orchestra.yaml"),
     ("playbooks/sandbox.yaml", "playbooks/sandbox.yaml"),
+    ("playbooks/network.yaml", "playbooks/network.yaml"),
 ]
 HEADER = (
     "# Written by `labctl init`: the seed lab's inventory as a starting point. Make the hosts yours\n"

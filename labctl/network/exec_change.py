@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from labctl.agent.paths import NET_DIR
 from labctl.network.txn import FreshRun, NetChange, TxnReport, keep_connection, transact
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def run_network_command(
         rc = steps[-1].get("rc")  # the command's own exit code, where it is what decided
     hint = None
     if report.outcome == "unknown":
-        hint = f"Check {run.host.name} from its console; its keeper's record is under /var/lib/labctl/net/{report.id}/."
+        hint = f"Check {run.host.name} from its console; its keeper's record is under {NET_DIR}/{report.id}/."
     elif report.outcome == "refused":
         hint = "Wait for that transaction to end (it reverts by itself at its deadline), then run again."
     return HostResult(

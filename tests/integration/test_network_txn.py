@@ -26,9 +26,9 @@ HOST = "pharaoh"
 T = 8  # --revert-after in these tests: short, so a revert is seen within the test's time
 
 
-def live(lab: Any) -> dict[str, Any]:
-    """pharaoh's addresses and routes as `ip` shows them from outside its namespace."""
-    ns = lab.namespace(HOST)
+def live(lab: Any, host: str = HOST) -> dict[str, Any]:
+    """A host's addresses, routes and links as `ip` shows them from outside its namespace."""
+    ns = lab.namespace(host)
 
     def ip(*args: str) -> Any:
         return json.loads(
@@ -250,3 +250,61 @@ def test_verify_without_network_is_an_input_error(lab: Any) -> None:
     proc = labctl("-i", str(lab.inventory_path), "exec", "-l", HOST, "--verify", "true", "--", "true")
     assert proc.returncode == 2
     assert "--verify only goes with --network" in proc.stderr
+
+
+def test_bond_preflight_refuses_on_a_host_without_a_bonding_driver_and_changes_nothing(lab: Any) -> None:
+    """The sim's m5 declares bond0 over eth0+eth1 (as the seed lab's M5 does); this kernel has
+    no bonding driver, so provision must refuse before it writes or applies anything."""
+    inv = str(lab.inventory_path)
+    folder = Path(lab.dir) / "hosts" / "m5" / "root" / "etc" / "netplan"
+    files_before = sorted(folder.iterdir()) if folder.is_dir() else []
+    live_before = live(lab, "m5")
+    book = REPO / "playbooks" / "network.yaml"
+    for check in ([], ["--check", "--diff"]):
+        rc, doc = run_json(inv, "provision", "-p", str(book), "-l", "m5", *check)
+        r = next(x for x in doc["results"] if x["type"] == "bond")
+        assert rc == 1, doc
+        assert r["status"] == "failed"
+        assert "no bonding driver" in r["error"] and "modprobe bonding" in r["error"], r["error"]
+        assert "Nothing on the host was changed" in r["hint"]
+    assert (sorted(folder.iterdir()) if folder.is_dir() else []) == files_before
+    assert live(lab, "m5") == live_before
+    # No transaction was even begun: the preflight runs before the host is touched.
+    rc, doc = run_json(
+        inv, "exec", "-l", "m5", "--", "ls /var/lib/labctl/net 2>/dev/null | grep -v lock || true"
+    )
+    assert doc["results"][0]["stdout"].strip() == ""
+
+
+def test_network_changes_go_one_host_at_a_time(lab: Any) -> None:
+    """Two hosts in one run: the second host's transaction begins only after the first one's
+    was committed (as the hosts' own records say), though exec runs hosts in parallel."""
+    inv = str(lab.inventory_path)
+    hosts = ["pharaoh", "irina"]
+    try:
+        rc, doc = run_json(
+            inv,
+            "exec",
+            "-l",
+            ",".join(hosts),
+            "--network",
+            "--revert-after",
+            "20",
+            "--",
+            "ip addr add 10.83.0.5/24 dev eth1",
+        )
+        assert rc == 0, doc
+        records = []
+        for r in doc["results"]:
+            tid = r["transaction"]["id"]
+            _, d = run_json(inv, "exec", "-l", r["host"], "--", f"cat /var/lib/labctl/net/{tid}/txn.json")
+            records.append(json.loads(d["results"][0]["stdout"]))
+        first, second = sorted(records, key=lambda x: x["created_at"])
+        assert first["state"] == second["state"] == "committed"
+        assert second["created_at"] > first["committed_at"], (first, second)
+    finally:
+        for h in hosts:
+            subprocess.run(
+                ["ip", "-n", lab.namespace(h), "addr", "del", "10.83.0.5/24", "dev", "eth1"],
+                capture_output=True,
+            )

@@ -5,6 +5,7 @@ from labctl.provision.resources import (  # noqa: F401
     cron,
     files,
     model_cache,
+    network,
     package,
     sandbox,
     torch_env,
