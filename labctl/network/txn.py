@@ -244,7 +244,8 @@ class _Transaction:
         # Commit only with room left: a commit that lands after the keeper started reverting
         # loses, and the report would have to say so.
         self.margin = max(2.0, min(10.0, revert_after * 0.15))
-        self.connect_timeout = max(1.0, min(5.0, revert_after / 6))
+        # A slow host gets its own connect_timeout, but every try must leave room for the next.
+        self.connect_timeout = min(self.host.connect_timeout, max(1.0, revert_after / 6))
         self.lost_said = False
 
     def saw(self, what: str) -> None:
