@@ -308,3 +308,28 @@ def test_network_changes_go_one_host_at_a_time(lab: Any) -> None:
                 ["ip", "-n", lab.namespace(h), "addr", "del", "10.83.0.5/24", "dev", "eth1"],
                 capture_output=True,
             )
+
+
+def test_a_slow_change_is_waited_for_and_a_passing_verify_commits_it(lab: Any) -> None:
+    inv = str(lab.inventory_path)
+    try:
+        rc, doc = run_json(
+            inv,
+            "exec",
+            "-l",
+            HOST,
+            "--network",
+            "--revert-after",
+            "20",
+            "--verify",
+            "ip -4 addr show dev eth1 | grep -q 10.84.0.5/24",
+            "--",
+            "sleep 4; ip addr add 10.84.0.5/24 dev eth1; echo done",
+        )
+        r = doc["results"][0]
+        assert rc == 0, r
+        assert r["transaction"]["outcome"] == "committed"
+        assert r["stdout"].strip() == "done"  # the detached command's output comes back
+        assert "10.84.0.5/24" in live(lab)["addrs"]["eth1"]
+    finally:
+        undo(lab, "10.84.0.5/24", "eth1")
