@@ -25,6 +25,8 @@ def verify_command(command: str | None) -> Callable[[FreshRun, float], list[str]
             return []
         if res.timed_out:
             return [f"--verify `{command}` did not finish within {budget:.0f} s"]
+        if res.cancelled:
+            return ["interrupted"]
         tail = " / ".join((res.stdout + res.stderr).strip().splitlines()[-3:])
         return [f"--verify `{command}` exited {res.rc}" + (f" ({tail})" if tail else "")]
 

@@ -303,6 +303,9 @@ class _Transaction:
             problems = self.verify(fresh, max(1.0, self.left())) if self.verify else []
         except LabctlError as e:
             problems = [f"verification could not run: {e.message}"]
+        if self.run.cancel.is_set():
+            _close(conn)
+            return self._await_revert(aborted=False)
         if problems or self.left() <= 0:
             r.problems = problems or ["verification took past the commit margin"]
             self.saw("verification failed: " + "; ".join(r.problems))

@@ -333,3 +333,50 @@ def test_a_slow_change_is_waited_for_and_a_passing_verify_commits_it(lab: Any) -
         assert "10.84.0.5/24" in live(lab)["addrs"]["eth1"]
     finally:
         undo(lab, "10.84.0.5/24", "eth1")
+
+
+def test_ctrl_c_mid_transaction_asks_the_host_to_revert_now(lab: Any) -> None:
+    inv = str(lab.inventory_path)
+    before = live(lab)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "labctl",
+            "-i",
+            inv,
+            "exec",
+            "-l",
+            HOST,
+            "--network",
+            "--revert-after",
+            "120",
+            "--verify",
+            "sleep 60",
+            "--",
+            "ip addr add 10.85.0.5/24 dev eth1",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        while "reconnected over a fresh SSH connection" not in seen:
+            line = proc.stderr.readline()
+            assert line, f"labctl ended before the transaction was verified: {seen}"
+            seen += line
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "asked the host to revert now" in err, err
+        # Back long before the 120 s deadline: labctl asked for the revert on its way out.
+        assert wait_back(lab, before, 30) == before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        undo(lab, "10.85.0.5/24", "eth1")
