@@ -35,7 +35,7 @@ def bond_parameters(bond: Bond) -> dict[str, Any]:
 
 def bond_config(bond: Bond) -> dict[str, Any]:
     """The netplan document as data: members carry no address of their own, the bond does."""
-    spec: dict[str, Any] = {"interfaces": list(bond.interfaces)}
+    spec: dict[str, Any] = {"renderer": "networkd", "interfaces": list(bond.interfaces)}
     if bond.address is not None:
         spec["addresses"] = [str(bond.address)]
     if bond.gateway is not None:
@@ -48,11 +48,13 @@ def bond_config(bond: Bond) -> dict[str, Any]:
             nameservers["search"] = list(bond.search)
         spec["nameservers"] = nameservers
     spec["parameters"] = bond_parameters(bond)
+    # The renderer is set per device: a `network: renderer:` here would move every interface
+    # of the host's other files (say NetworkManager's management NIC) to networkd too.
+    member = {"renderer": "networkd", "dhcp4": False, "dhcp6": False}
     return {
         "network": {
             "version": 2,
-            "renderer": "networkd",
-            "ethernets": {nic: {"dhcp4": False, "dhcp6": False} for nic in bond.interfaces},
+            "ethernets": {nic: dict(member) for nic in bond.interfaces},
             "bonds": {bond.name: spec},
         }
     }
