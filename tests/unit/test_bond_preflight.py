@@ -118,30 +118,63 @@ def test_this_kernel_has_no_bonding_driver() -> None:
     assert os.uname().release in found["how"]
 
 
-def test_fake_module_tree_loaded_loadable_builtin_and_none(tmp_path: Path) -> None:
-    # A fake /sys/module and /lib/modules: the real ones here have no bonding driver to find.
+REL = "6.1.0-test"
+
+
+def fake_tree(tmp_path: Path, files: dict[str, str], disabled: str = "0") -> dict[str, Any]:
+    """A fake /sys/module, /lib/modules and modules_disabled: this machine's real ones have no
+    bonding driver to find."""
     sysmod, mods = tmp_path / "sys-module", tmp_path / "lib-modules"
-    rel = "6.1.0-test"
-    (mods / rel).mkdir(parents=True)
+    (mods / REL).mkdir(parents=True)
     sysmod.mkdir()
-    kw: dict[str, Any] = {
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "modules_disabled").write_text(disabled + "\n")
+    return {
         "sys_module": str(sysmod),
-        "proc_dir": str(tmp_path / "none"),
+        "proc_dir": str(tmp_path / "proc-net-bonding"),
         "modules_dirs": (str(mods),),
-        "release": rel,
+        "release": REL,
+        "modules_disabled": str(tmp_path / "modules_disabled"),
     }
-    none = bonding_driver(**kw)
-    assert none["present"] is False and rel in none["how"]
-    (mods / rel / "modules.builtin").write_text(
-        "kernel/drivers/net/dummy.ko\nkernel/drivers/net/bonding/bonding.ko\n"
-    )
-    assert bonding_driver(**kw) == {"present": True, "how": f"built into kernel {rel}"}
-    ko = mods / rel / "kernel" / "drivers" / "net" / "bonding" / "bonding.ko.zst"
-    ko.parent.mkdir(parents=True)
-    ko.write_bytes(b"")
-    assert bonding_driver(**kw) == {"present": True, "how": f"loadable ({ko})"}
-    (sysmod / "bonding").mkdir()
-    assert bonding_driver(**kw) == {"present": True, "how": "loaded"}
+
+
+KO = f"lib-modules/{REL}/kernel/drivers/net/bonding/bonding.ko.zst"
+
+
+@pytest.mark.parametrize(
+    ("files", "disabled", "present", "how"),
+    [
+        ({}, "0", False, f"kernel {REL}: not loaded"),
+        (
+            {f"lib-modules/{REL}/modules.builtin": "kernel/drivers/net/bonding/bonding.ko\n"},
+            "1",
+            True,
+            "built into",
+        ),
+        ({KO: ""}, "0", True, "loadable ("),
+        ({KO: ""}, "1", False, "refuses to load modules (kernel.modules_disabled=1)"),
+        # Not where Debian puts it: modprobe's index says where it is.
+        (
+            {
+                f"lib-modules/{REL}/updates/bonding.ko.xz": "",
+                f"lib-modules/{REL}/modules.dep": "kernel/net/tls/tls.ko.xz:\nupdates/bonding.ko.xz: kernel/net/tls/tls.ko.xz\n",
+            },
+            "0",
+            True,
+            "updates/bonding.ko.xz",
+        ),
+        ({"sys-module/bonding/refcnt": "0"}, "1", True, "loaded"),
+    ],
+    ids=["none", "built-in", "loadable", "loading-disabled", "modules.dep", "loaded"],
+)
+def test_fake_module_tree_finds_the_bonding_driver(
+    tmp_path: Path, files: dict[str, str], disabled: str, present: bool, how: str
+) -> None:
+    found = bonding_driver(**fake_tree(tmp_path, files, disabled))
+    assert found["present"] is present
+    assert how in found["how"], found
 
 
 def test_fake_proc_net_bonding_read_bond(tmp_path: Path) -> None:
@@ -180,6 +213,8 @@ def test_bond_probe_on_this_machine_and_its_verdict(tmp_path: Path) -> None:
     assert "127.0.0.1/8" in probe["addresses"]["lo"]
     assert probe["netplan"] is not None
     assert probe["file"] == {"exists": True, "text": "old\n"}
+    folder = bond_probe({"name": "bond0", "path": str(tmp_path)})["file"]
+    assert folder["exists"] is True and folder["text"] is None and str(tmp_path) in folder["error"]
     assert probe["bond"] is None
     assert isinstance(probe["systemd_networkd"], bool)
     # The path is outside /etc/netplan: netplan's check names it rather than guess.

@@ -18,6 +18,7 @@ from .netplan import netplan_binary, netplan_problems
 PROC_BONDING = "/proc/net/bonding"
 SYS_MODULE = "/sys/module"
 MODULES_DIRS = ("/lib/modules", "/usr/lib/modules")
+MODULES_DISABLED = "/proc/sys/kernel/modules_disabled"
 
 
 def bonding_driver(
@@ -25,30 +26,57 @@ def bonding_driver(
     proc_dir: str = PROC_BONDING,
     modules_dirs: Any = MODULES_DIRS,
     release: Optional[str] = None,
+    modules_disabled: str = MODULES_DISABLED,
 ) -> Dict[str, Any]:
-    """{"present": bool, "how": str}: loaded now, loadable with modprobe, built into the
-    kernel, or none (how says where labctl looked)."""
+    """{"present": bool, "how": str}: loaded now, built into the kernel, or loadable with
+    modprobe (and module loading not switched off); else how says where labctl looked."""
     if os.path.isdir(os.path.join(sys_module, "bonding")) or os.path.isdir(proc_dir):
         return {"present": True, "how": "loaded"}
     release = release or os.uname().release
+    module = None
     for base in modules_dirs:
         root = os.path.join(base, release)
-        found = glob.glob(os.path.join(root, "kernel", "drivers", "net", "bonding", "bonding.ko*"))
-        found = found or glob.glob(os.path.join(root, "**", "bonding.ko*"), recursive=True)
-        if found:
-            return {"present": True, "how": f"loadable ({found[0]})"}
         try:
             with open(os.path.join(root, "modules.builtin")) as f:
                 if any(line.strip().endswith("/bonding.ko") for line in f):
                     return {"present": True, "how": "built into kernel " + release}
         except OSError:
             pass
-    return {
-        "present": False,
-        "how": "kernel {}: not loaded ({}/bonding), no bonding.ko under {}, not in modules.builtin".format(
-            release, sys_module, " or ".join(os.path.join(b, release) for b in modules_dirs)
-        ),
-    }
+        module = module or _module_file(root)
+    if module is None:
+        return {
+            "present": False,
+            "how": "kernel {}: not loaded ({}), not built in, no bonding.ko under {}".format(
+                release,
+                os.path.join(sys_module, "bonding"),
+                " or ".join(os.path.join(b, release) for b in modules_dirs),
+            ),
+        }
+    if _read(modules_disabled) == "1":
+        return {
+            "present": False,
+            "how": f"kernel {release} has {module} but refuses to load modules (kernel.modules_disabled=1)",
+        }
+    return {"present": True, "how": f"loadable ({module})"}
+
+
+def _module_file(root: str) -> Optional[str]:
+    """bonding.ko(.xz/.zst) of the kernel whose modules live in root: where Debian puts it,
+    else where modules.dep (modprobe's own index) says."""
+    found = sorted(glob.glob(os.path.join(root, "kernel", "drivers", "net", "bonding", "bonding.ko*")))
+    if found:
+        return found[0]
+    try:
+        with open(os.path.join(root, "modules.dep")) as f:
+            for line in f:
+                path = line.partition(":")[0].strip()
+                if os.path.basename(path).split(".ko")[0] == "bonding" and ".ko" in path:
+                    full = os.path.join(root, path)
+                    if os.path.exists(full):
+                        return full
+    except OSError:
+        pass
+    return None
 
 
 def read_bond(name: str, proc_dir: str = PROC_BONDING) -> Optional[Dict[str, Any]]:
@@ -88,6 +116,9 @@ def _file_state(path: Optional[str]) -> Dict[str, Any]:
             return {"exists": True, "text": f.read()}
     except FileNotFoundError:
         return {"exists": False, "text": None}
+    except OSError as e:
+        # A folder or an unreadable file in the bond file's place: the plan must not treat it as absent.
+        return {"exists": True, "text": None, "error": f"{path}: {e.strerror or e}"}
 
 
 def bond_probe(args: Dict[str, Any]) -> Dict[str, Any]:
