@@ -12,7 +12,7 @@ import yaml
 
 from labctl.agent.net.netplan import check_files, netplan_binary
 from labctl.inventory.model import Bond
-from labctl.network.bond_render import bond_file, lacp_reminder, render_bond
+from labctl.network.bond_render import bond_file, lacp_reminder, render_bond, switch_reminder
 
 MODES = ["802.3ad", "balance-rr", "active-backup", "balance-xor", "balance-alb", "balance-tlb"]
 EXTRAS: dict[str, dict[str, Any]] = {
@@ -191,3 +191,36 @@ def test_the_bond_file_leaves_the_hosts_other_nics_with_their_renderer(tmp_path:
         "10-netplan-eno2.network",
     ]
     assert (tmp_path / "run" / "NetworkManager" / "system-connections" / "netplan-eth0.nmconnection").exists()
+
+
+@pytest.mark.parametrize(
+    ("mode", "words"),
+    [
+        ("802.3ad", "one LACP group"),
+        ("balance-rr", "one static group"),
+        ("balance-xor", "one static group"),
+        ("active-backup", None),
+        ("balance-alb", None),
+        ("balance-tlb", None),
+    ],
+)
+def test_switch_reminder_for_every_mode(mode: str, words: str | None) -> None:
+    said = switch_reminder(make(mode, switch_ports=[3, 4]), "irina")
+    if words is None:
+        assert said is None
+    else:
+        assert (
+            said is not None
+            and words in said
+            and "switch ports 3, 4" in said
+            and said.startswith("irina bond0")
+        )
+
+
+@pytest.mark.parametrize("names", [["on", "0123"], ["yes", "1.5"]])
+def test_nic_names_yaml_would_read_as_other_types_stay_names(tmp_path: Path, names: list[str]) -> None:
+    bond = Bond(name="bond0", interfaces=names, address="10.0.0.5/24")  # type: ignore[arg-type]
+    text = render_bond(bond, "m5")
+    network = yaml.safe_load(text)["network"]
+    assert list(network["ethernets"]) == names and network["bonds"]["bond0"]["interfaces"] == names
+    assert generate(tmp_path, text, bond) is None
