@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.net.bondcheck import bond_probe, bonding_driver, read_bond
+from labctl.agent.net.bondcheck import bond_probe, bonding_driver, controller_path, read_bond
 from labctl.agent.provision import probe_command
 from labctl.inventory.model import Bond, Host
 from labctl.network.bond_preflight import preflight
@@ -105,6 +105,53 @@ def test_a_host_named_by_dns_is_judged_by_the_address_the_controller_reached() -
     moved = Bond(name="bond0", interfaces=["eno1", "eno2"], address="192.168.1.11/24")  # type: ignore[arg-type]
     assert preflight(host, moved, good_probe(), None) == []  # unknown: the transaction's revert covers it
     assert "cut the controller off" in preflight(host, moved, good_probe(), "192.168.1.10")[0]
+    # sshd tells the agent which address the connection came in on.
+    ssh = {"client": "192.168.1.5", "server": "192.168.1.10", "dev": "eno1", "via": None}
+    assert "at 192.168.1.10 on eno1" in preflight(host, moved, good_probe(controller=ssh), None)[0]
+
+
+ROUTED = {"client": "10.8.0.5", "server": "192.168.1.10", "dev": "eno1", "via": "192.168.1.1"}
+
+
+@pytest.mark.parametrize(
+    ("controller", "gateway", "words"),
+    [
+        (ROUTED, None, "set bond.gateway: 192.168.1.1 (a router in 192.168.1.0/24)"),
+        (ROUTED, "192.168.1.1", None),
+        ({**ROUTED, "client": "192.168.1.5", "via": None}, None, None),  # on the bond's own subnet
+        ({**ROUTED, "dev": "eth0"}, None, None),  # the way back is not over a member
+        ({**ROUTED, "client": "fd00::5", "via": None}, "192.168.1.1", "reach the host over IPv4"),
+        (None, None, None),  # no SSH session (a local connection): nothing to judge
+    ],
+)
+def test_a_bond_that_loses_the_route_back_to_the_controller(
+    controller: dict[str, Any] | None, gateway: str | None, words: str | None
+) -> None:
+    # The controller sits on another subnet (a laptop over VPN): the bond keeps the address it
+    # reaches, but without a gateway the host could not answer it any more.
+    bond = Bond(name="bond0", interfaces=["eno1", "eno2"], address="192.168.1.10/24", gateway=gateway)  # type: ignore[arg-type]
+    problems = preflight(M5, bond, good_probe(controller=controller), None)
+    if words is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and words in problems[0] and "cut the controller off" in problems[0], (
+            problems
+        )
+
+
+def test_an_ipv6_way_in_over_a_member_is_cut_by_an_ipv4_bond() -> None:
+    host = Host(name="m5", address="fd00::10")
+    probe = good_probe(addresses={"eno1": ["192.168.1.10/24", "fd00::10/64"], "eno2": []})
+    problems = preflight(host, BOND, probe, None)
+    assert len(problems) == 1 and "carries IPv4 only" in problems[0] and "192.168.1.10" in problems[0]
+
+
+def test_controller_path_reads_sshds_environment_and_the_real_route_back() -> None:
+    # The environment sshd gives a session, and this machine's real routing table.
+    found = controller_path({"SSH_CONNECTION": "127.0.0.1 50222 127.0.0.1 22"})
+    assert found == {"client": "127.0.0.1", "server": "127.0.0.1", "dev": "lo", "via": None}
+    assert controller_path({}) is None
+    assert controller_path({"SSH_CONNECTION": "garbage"}) is None
 
 
 # --- the agent side, on this machine ------------------------------------------------------
@@ -207,6 +254,7 @@ def test_bond_probe_on_this_machine_and_its_verdict(tmp_path: Path) -> None:
         "file",
         "netplan_problems",
         "systemd_networkd",
+        "controller",
     }
     # Other sessions' simulated labs add and remove links here: compare shapes, not the list.
     assert "lo" in probe["nics"] and probe["nics"] == sorted(probe["nics"])

@@ -8,10 +8,14 @@ Standard library only, Python 3.8.
 from __future__ import annotations
 
 import glob
+import ipaddress
+import json
 import os
+import shutil
+import subprocess
 from typing import Any, Dict, List, Optional
 
-from ..nics import SYS_NET, addresses_fallback, addresses_from_ip
+from ..nics import IP_TIMEOUT_S, SYS_NET, addresses_fallback, addresses_from_ip
 from ..parsers import parse_bonding
 from .netplan import netplan_binary, netplan_problems
 
@@ -108,6 +112,49 @@ def _networkd_running() -> bool:
     return False
 
 
+def controller_path(environ: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
+    """How the controller's SSH connection reaches this host: {"client", "server": the two ends
+    (sshd's SSH_CONNECTION), "dev", "via": the route back to the client}, or None outside SSH.
+    The server end is the address the controller reached, even when the inventory names a DNS name."""
+    env = os.environ if environ is None else environ
+    parts = (env.get("SSH_CONNECTION") or "").split()
+    if len(parts) != 4:
+        return None
+    try:
+        client = str(ipaddress.ip_address(parts[0].split("%")[0]))
+        server = str(ipaddress.ip_address(parts[2].split("%")[0]))
+    except ValueError:
+        return None
+    out: Dict[str, Any] = {"client": client, "server": server, "dev": None, "via": None}
+    exe = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.path.exists(p)), None)
+    if exe is None:
+        return out
+    route = _route_get(exe, ["-j", "route", "get", client])
+    try:
+        first = (json.loads(route) or [{}])[0] if route else None
+    except (ValueError, IndexError):
+        first = None
+    if isinstance(first, dict):
+        out["dev"], out["via"] = first.get("dev"), first.get("gateway")
+    else:
+        # iproute2 before 4.14 has no -j: "10.8.0.5 via 192.168.1.1 dev eno1 src ..."
+        words = (_route_get(exe, ["route", "get", client]) or "").split()
+        for key, name in (("dev", "dev"), ("via", "via")):
+            if key in words[:-1]:
+                out[name] = words[words.index(key) + 1]
+    return out
+
+
+def _route_get(exe: str, args: List[str]) -> Optional[str]:
+    try:
+        proc = subprocess.run(
+            [exe, *args], capture_output=True, text=True, timeout=IP_TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
 def _file_state(path: Optional[str]) -> Dict[str, Any]:
     if not path:
         return {"exists": False, "text": None}
@@ -150,6 +197,7 @@ def bond_probe(args: Dict[str, Any]) -> Dict[str, Any]:
         "file": _file_state(args.get("path")),
         "netplan_problems": problems,
         "systemd_networkd": _networkd_running(),
+        "controller": controller_path(),
     }
 
 
