@@ -15,7 +15,8 @@ from labctl.inventory.model import Bond, Host
 
 def preflight(host: Host, bond: Bond, probe: dict[str, Any], controller_reach: str | None) -> list[str]:
     """Problems in this order: no bonding driver, a member NIC missing, the change would cut the
-    controller off, no netplan, netplan's own objections. `controller_reach` is the address the
+    controller off, no netplan, netplan's own objections, another network manager (ifupdown)
+    configuring a member. `controller_reach` is the address the
     controller's connection reaches the host at (None: host.address)."""
     problems: list[str] = []
     driver = probe.get("driver") or {}
@@ -43,6 +44,8 @@ def preflight(host: Host, bond: Bond, probe: dict[str, Any], controller_reach: s
         )
     for message in probe.get("netplan_problems") or []:
         problems.append(f"netplan on {host.name} refuses the bond: {message}")
+    for message in probe.get("other_managers") or []:
+        problems.append(f"on {host.name}, {message}.")
     return problems
 
 

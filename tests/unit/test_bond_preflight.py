@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.net.bondcheck import bond_probe, bonding_driver, controller_path, read_bond
+from labctl.agent.net.bondcheck import (
+    bond_probe,
+    bonding_driver,
+    controller_path,
+    ifupdown_conflicts,
+    read_bond,
+)
 from labctl.agent.provision import probe_command
 from labctl.inventory.model import Bond, Host
 from labctl.network.bond_preflight import preflight
@@ -255,6 +261,7 @@ def test_bond_probe_on_this_machine_and_its_verdict(tmp_path: Path) -> None:
         "netplan_problems",
         "systemd_networkd",
         "controller",
+        "other_managers",
     }
     # Other sessions' simulated labs add and remove links here: compare shapes, not the list.
     assert "lo" in probe["nics"] and probe["nics"] == sorted(probe["nics"])
@@ -334,3 +341,29 @@ def test_the_bond_probe_runs_in_memory_on_python38(tmp_path: Path) -> None:
     assert "error" not in result, result
     assert result["driver"]["present"] in (True, False)
     assert result["netplan_problems"] and "/etc/netplan/90-labctl-bond0.yaml" in result["netplan_problems"][0]
+
+
+def test_ifupdown_stanzas_for_a_member_are_named(tmp_path: Path) -> None:
+    # Debian's own /etc/network/interfaces layout; ifupdown is not installed on this machine,
+    # so a file stands in for /sbin/ifup (only its presence is read).
+    etc = tmp_path / "network"
+    (etc / "interfaces.d").mkdir(parents=True)
+    (etc / "interfaces").write_text(
+        "source /etc/network/interfaces.d/*\n".replace("/etc/network", str(etc))
+        + "auto lo\niface lo inet loopback\n\nallow-hotplug eno2  # the second port\n"
+    )
+    (etc / "interfaces.d" / "eno1").write_text(
+        "auto eno1\niface eno1 inet static\n    address 192.168.1.10/24\n"
+    )
+    ifup = tmp_path / "ifup"
+    ifup.write_text("")
+    found = ifupdown_conflicts(["eno1", "eno2"], str(etc / "interfaces"), str(ifup))
+    assert found == [
+        f"eno2 is also configured by ifupdown ({etc}/interfaces: allow-hotplug eno2); networkd and "
+        "ifupdown would fight over it: remove its stanzas there",
+        f"eno1 is also configured by ifupdown ({etc}/interfaces.d/eno1: auto eno1; {etc}/interfaces.d/eno1: "
+        "iface eno1 inet static); networkd and ifupdown would fight over it: remove its stanzas there",
+    ]
+    assert ifupdown_conflicts(["eno1"], str(etc / "interfaces"), str(tmp_path / "no-ifup")) == []
+    problems = preflight(M5, BOND, good_probe(other_managers=found), None)
+    assert len(problems) == 2 and problems[0].startswith("on m5, eno2 is also configured by ifupdown")

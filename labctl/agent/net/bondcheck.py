@@ -155,6 +155,59 @@ def _route_get(exe: str, args: List[str]) -> Optional[str]:
     return proc.stdout if proc.returncode == 0 else None
 
 
+IFUPDOWN = "/etc/network/interfaces"
+IFUP_PATHS = ("/sbin/ifup", "/usr/sbin/ifup")
+
+
+def ifupdown_conflicts(
+    members: List[str], interfaces: str = IFUPDOWN, ifup: Optional[str] = None
+) -> List[str]:
+    """Each member that ifupdown also configures (an `iface`, `auto` or `allow-*` stanza in
+    /etc/network/interfaces or a file it sources): networkd and ifupdown would fight over it.
+    Nothing when ifupdown is not installed (`ifup` absent)."""
+    ifup = ifup if ifup is not None else next((p for p in IFUP_PATHS if os.path.exists(p)), "")
+    if not ifup or not os.path.exists(ifup):
+        return []
+    found: Dict[str, List[str]] = {}
+    todo, seen = [interfaces], set()
+    while todo:
+        path = todo.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            words = line.split("#", 1)[0].split()
+            if not words:
+                continue
+            if words[0] in ("source", "source-directory") and len(words) > 1:
+                pattern = (
+                    words[1] if os.path.isabs(words[1]) else os.path.join(os.path.dirname(path), words[1])
+                )
+                if words[0] == "source-directory":
+                    pattern = os.path.join(pattern, "*")
+                todo += sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+                continue
+            if words[0] == "iface" and len(words) > 1:
+                names = [words[1]]
+            elif words[0] == "auto" or words[0].startswith("allow-"):
+                names = words[1:]
+            else:
+                continue
+            for member in members:
+                if member in names:
+                    found.setdefault(member, []).append(f"{path}: {' '.join(words)}")
+    return [
+        f"{member} is also configured by ifupdown ({'; '.join(where)}); networkd and ifupdown would "
+        "fight over it: remove its stanzas there"
+        for member, where in found.items()
+    ]
+
+
 def _file_state(path: Optional[str]) -> Dict[str, Any]:
     if not path:
         return {"exists": False, "text": None}
@@ -198,6 +251,7 @@ def bond_probe(args: Dict[str, Any]) -> Dict[str, Any]:
         "netplan_problems": problems,
         "systemd_networkd": _networkd_running(),
         "controller": controller_path(),
+        "other_managers": ifupdown_conflicts(members),
     }
 
 
