@@ -34,6 +34,23 @@ def preflight(host: Host, bond: Bond, probe: dict[str, Any], controller_reach: s
             f"{host.name} has no NIC {', '.join(missing)} for {bond.name}; its NICs are "
             f"{', '.join(nics) or 'none'}: fix bond.interfaces in the inventory."
         )
+    taken = {
+        m: master for m, master in (probe.get("masters") or {}).items() if master and master != bond.name
+    }
+    if taken:
+        shown = "; ".join(f"{m} is already enslaved to {master}" for m, master in taken.items())
+        problems.append(
+            f"on {host.name}, {shown}: a NIC belongs to one bond or bridge only, so release it there first."
+        )
+    if (
+        bond.name in nics
+        and probe.get("bond") is None
+        and bond.name not in (probe.get("masters") or {}).values()
+    ):
+        problems.append(
+            f"{host.name} already has an interface {bond.name} that is not a bond: give the bond "
+            "another name (bond.name)."
+        )
     cut = _cuts_controller_off(host, bond, probe, controller_reach)
     if cut:
         problems.append(cut)

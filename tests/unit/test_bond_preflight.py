@@ -262,6 +262,7 @@ def test_bond_probe_on_this_machine_and_its_verdict(tmp_path: Path) -> None:
         "systemd_networkd",
         "controller",
         "other_managers",
+        "masters",
     }
     # Other sessions' simulated labs add and remove links here: compare shapes, not the list.
     assert "lo" in probe["nics"] and probe["nics"] == sorted(probe["nics"])
@@ -367,3 +368,17 @@ def test_ifupdown_stanzas_for_a_member_are_named(tmp_path: Path) -> None:
     assert ifupdown_conflicts(["eno1"], str(etc / "interfaces"), str(tmp_path / "no-ifup")) == []
     problems = preflight(M5, BOND, good_probe(other_managers=found), None)
     assert len(problems) == 2 and problems[0].startswith("on m5, eno2 is also configured by ifupdown")
+
+
+def test_a_member_enslaved_elsewhere_and_a_name_taken_by_a_nic() -> None:
+    probe = good_probe(masters={"eno1": "br0", "eno2": None}, nics=["eno1", "eno2", "bond0", "lo"])
+    problems = preflight(M5, BOND, probe, None)
+    assert problems == [
+        "on m5, eno1 is already enslaved to br0: a NIC belongs to one bond or bridge only, so release it there first.",
+        "m5 already has an interface bond0 that is not a bond: give the bond another name (bond.name).",
+    ]
+    # Re-applying over the bond that is already there: both are ours.
+    again = good_probe(
+        masters={"eno1": "bond0", "eno2": "bond0"}, nics=["eno1", "eno2", "bond0"], bond={"mode": "802.3ad"}
+    )
+    assert preflight(M5, BOND, again, None) == []

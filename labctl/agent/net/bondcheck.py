@@ -252,6 +252,8 @@ def bond_probe(args: Dict[str, Any]) -> Dict[str, Any]:
         "systemd_networkd": _networkd_running(),
         "controller": controller_path(),
         "other_managers": ifupdown_conflicts(members),
+        # A NIC enslaved to a bridge or another bond cannot join this bond.
+        "masters": {m: _link_target(os.path.join(SYS_NET, m, "master")) for m in members},
     }
 
 
