@@ -14,10 +14,11 @@ from labctl.inventory.model import Bond, Host
 
 
 def preflight(host: Host, bond: Bond, probe: dict[str, Any], controller_reach: str | None) -> list[str]:
-    """Problems in this order: no bonding driver, a member NIC missing, the change would cut the
-    controller off, no netplan, netplan's own objections, another network manager (ifupdown)
-    configuring a member. `controller_reach` is the address the
-    controller's connection reaches the host at (None: host.address)."""
+    """Problems in this order: no bonding driver; a member NIC missing, enslaved elsewhere, or
+    the bond's name taken by a NIC; the change would cut the controller off; no netplan;
+    netplan's own objections; ifupdown configuring a member. `controller_reach` is the address
+    the controller's connection reaches the host at (None: the probe's SSH server end, else
+    host.address)."""
     problems: list[str] = []
     driver = probe.get("driver") or {}
     if not driver.get("present"):
