@@ -35,7 +35,7 @@ def bond_parameters(bond: Bond) -> dict[str, Any]:
 
 def bond_config(bond: Bond) -> dict[str, Any]:
     """The netplan document as data: members carry no address of their own, the bond does."""
-    spec: dict[str, Any] = {"interfaces": list(bond.interfaces)}
+    spec: dict[str, Any] = {"renderer": "networkd", "interfaces": list(bond.interfaces)}
     if bond.address is not None:
         spec["addresses"] = [str(bond.address)]
     if bond.gateway is not None:
@@ -48,11 +48,13 @@ def bond_config(bond: Bond) -> dict[str, Any]:
             nameservers["search"] = list(bond.search)
         spec["nameservers"] = nameservers
     spec["parameters"] = bond_parameters(bond)
+    # The renderer is set per device: a `network: renderer:` here would move every interface
+    # of the host's other files (say NetworkManager's management NIC) to networkd too.
+    member = {"renderer": "networkd", "dhcp4": False, "dhcp6": False}
     return {
         "network": {
             "version": 2,
-            "renderer": "networkd",
-            "ethernets": {nic: {"dhcp4": False, "dhcp6": False} for nic in bond.interfaces},
+            "ethernets": {nic: dict(member) for nic in bond.interfaces},
             "bonds": {bond.name: spec},
         }
     }
@@ -70,18 +72,38 @@ def render_bond(bond: Bond, host_name: str) -> str:
     return header + body
 
 
+def switch_ports_phrase(bond: Bond) -> str:
+    """The bond's switch ports as a sentence names them: the inventory's, else by their NICs."""
+    if bond.switch_ports:
+        return "switch ports " + ", ".join(str(p) for p in bond.switch_ports)
+    return f"the switch ports that {', '.join(bond.interfaces)} plug into"
+
+
 def lacp_reminder(bond: Bond, host_name: str) -> str | None:
     """For 802.3ad, what the switch must do for the bond to carry traffic on every member."""
     if bond.mode != "802.3ad":
         return None
-    members = ", ".join(bond.interfaces)
-    if bond.switch_ports:
-        ports = "switch ports " + ", ".join(str(p) for p in bond.switch_ports)
-    else:
-        ports = f"the switch ports that {members} plug into"
+    ports = switch_ports_phrase(bond)
     return (
         f"{host_name} {bond.name} is 802.3ad (LACP): {ports} must form one LACP group "
         "(an LACP port-channel; a static LAG is not enough), or the bond carries traffic on one member only"
         + ("" if bond.switch_ports else "; name them in the inventory with bond.switch_ports")
         + "."
     )
+
+
+def switch_reminder(bond: Bond, host_name: str) -> str | None:
+    """What the switch needs for any mode (Documentation/networking/bonding.rst, "Switch
+    Configuration"): an LACP group for 802.3ad, a static group for balance-rr and balance-xor,
+    which send one MAC address out of several ports; nothing for the others."""
+    if bond.mode == "802.3ad":
+        return lacp_reminder(bond, host_name)
+    if bond.mode in ("balance-rr", "balance-xor"):
+        return (
+            f"{host_name} {bond.name} is {bond.mode}: {switch_ports_phrase(bond)} must form one static group "
+            "(EtherChannel mode on / a static trunk, not LACP), or the switch sees the bond's MAC "
+            "move between ports and drops traffic"
+            + ("" if bond.switch_ports else "; name them in the inventory with bond.switch_ports")
+            + "."
+        )
+    return None

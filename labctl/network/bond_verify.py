@@ -9,15 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from labctl.inventory.model import Bond
-from labctl.network.bond_render import HASH_MODES, LACP_MODES
+from labctl.network.bond_render import HASH_MODES, LACP_MODES, switch_ports_phrase
 
 NO_PARTNER = "00:00:00:00:00:00"
 
 
 def _ports(bond: Bond) -> str:
-    if bond.switch_ports:
-        return "switch ports " + ", ".join(str(p) for p in bond.switch_ports)
-    return f"the switch ports of {', '.join(bond.interfaces)} (name them in bond.switch_ports)"
+    hint = "" if bond.switch_ports else " (name them in bond.switch_ports)"
+    return switch_ports_phrase(bond) + hint
 
 
 def verify_bond(parsed: dict[str, Any] | None, bond: Bond) -> list[str]:

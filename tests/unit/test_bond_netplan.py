@@ -203,3 +203,12 @@ def test_the_agents_reader_on_edge_shapes(text: str, value: Any) -> None:
 def test_the_agents_reader_refuses_what_it_does_not_understand() -> None:
     with pytest.raises(ValueError):
         parse_netplan_yaml("a:\n  b: 1\n    c: 2\n")
+
+
+def test_a_snap_environment_still_checks_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # netplan's front end, when SNAP is set, asks the host's netplan service over D-Bus to
+    # regenerate the live config instead of reading --root-dir: the agent must never inherit it.
+    monkeypatch.setenv("SNAP", "/snap/netplan/current")
+    text = TEXT.replace("mode: 802.3ad", "mode: 802.3ax")
+    message = check_files({FILE: text}, etc_dir=host_dir(tmp_path, {}), other_dirs=())
+    assert message is not None and "unknown bond mode '802.3ax'" in message

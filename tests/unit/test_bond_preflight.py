@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.net.bondcheck import bond_probe, bonding_driver, read_bond
+from labctl.agent.net.bondcheck import (
+    bond_probe,
+    bonding_driver,
+    controller_path,
+    ifupdown_conflicts,
+    read_bond,
+)
 from labctl.agent.provision import probe_command
 from labctl.inventory.model import Bond, Host
 from labctl.network.bond_preflight import preflight
@@ -105,6 +111,53 @@ def test_a_host_named_by_dns_is_judged_by_the_address_the_controller_reached() -
     moved = Bond(name="bond0", interfaces=["eno1", "eno2"], address="192.168.1.11/24")  # type: ignore[arg-type]
     assert preflight(host, moved, good_probe(), None) == []  # unknown: the transaction's revert covers it
     assert "cut the controller off" in preflight(host, moved, good_probe(), "192.168.1.10")[0]
+    # sshd tells the agent which address the connection came in on.
+    ssh = {"client": "192.168.1.5", "server": "192.168.1.10", "dev": "eno1", "via": None}
+    assert "at 192.168.1.10 on eno1" in preflight(host, moved, good_probe(controller=ssh), None)[0]
+
+
+ROUTED = {"client": "10.8.0.5", "server": "192.168.1.10", "dev": "eno1", "via": "192.168.1.1"}
+
+
+@pytest.mark.parametrize(
+    ("controller", "gateway", "words"),
+    [
+        (ROUTED, None, "set bond.gateway: 192.168.1.1 (a router in 192.168.1.0/24)"),
+        (ROUTED, "192.168.1.1", None),
+        ({**ROUTED, "client": "192.168.1.5", "via": None}, None, None),  # on the bond's own subnet
+        ({**ROUTED, "dev": "eth0"}, None, None),  # the way back is not over a member
+        ({**ROUTED, "client": "fd00::5", "via": None}, "192.168.1.1", "reach the host over IPv4"),
+        (None, None, None),  # no SSH session (a local connection): nothing to judge
+    ],
+)
+def test_a_bond_that_loses_the_route_back_to_the_controller(
+    controller: dict[str, Any] | None, gateway: str | None, words: str | None
+) -> None:
+    # The controller sits on another subnet (a laptop over VPN): the bond keeps the address it
+    # reaches, but without a gateway the host could not answer it any more.
+    bond = Bond(name="bond0", interfaces=["eno1", "eno2"], address="192.168.1.10/24", gateway=gateway)  # type: ignore[arg-type]
+    problems = preflight(M5, bond, good_probe(controller=controller), None)
+    if words is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and words in problems[0] and "cut the controller off" in problems[0], (
+            problems
+        )
+
+
+def test_an_ipv6_way_in_over_a_member_is_cut_by_an_ipv4_bond() -> None:
+    host = Host(name="m5", address="fd00::10")
+    probe = good_probe(addresses={"eno1": ["192.168.1.10/24", "fd00::10/64"], "eno2": []})
+    problems = preflight(host, BOND, probe, None)
+    assert len(problems) == 1 and "carries IPv4 only" in problems[0] and "192.168.1.10" in problems[0]
+
+
+def test_controller_path_reads_sshds_environment_and_the_real_route_back() -> None:
+    # The environment sshd gives a session, and this machine's real routing table.
+    found = controller_path({"SSH_CONNECTION": "127.0.0.1 50222 127.0.0.1 22"})
+    assert found == {"client": "127.0.0.1", "server": "127.0.0.1", "dev": "lo", "via": None}
+    assert controller_path({}) is None
+    assert controller_path({"SSH_CONNECTION": "garbage"}) is None
 
 
 # --- the agent side, on this machine ------------------------------------------------------
@@ -118,30 +171,63 @@ def test_this_kernel_has_no_bonding_driver() -> None:
     assert os.uname().release in found["how"]
 
 
-def test_fake_module_tree_loaded_loadable_builtin_and_none(tmp_path: Path) -> None:
-    # A fake /sys/module and /lib/modules: the real ones here have no bonding driver to find.
+REL = "6.1.0-test"
+
+
+def fake_tree(tmp_path: Path, files: dict[str, str], disabled: str = "0") -> dict[str, Any]:
+    """A fake /sys/module, /lib/modules and modules_disabled: this machine's real ones have no
+    bonding driver to find."""
     sysmod, mods = tmp_path / "sys-module", tmp_path / "lib-modules"
-    rel = "6.1.0-test"
-    (mods / rel).mkdir(parents=True)
+    (mods / REL).mkdir(parents=True)
     sysmod.mkdir()
-    kw: dict[str, Any] = {
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "modules_disabled").write_text(disabled + "\n")
+    return {
         "sys_module": str(sysmod),
-        "proc_dir": str(tmp_path / "none"),
+        "proc_dir": str(tmp_path / "proc-net-bonding"),
         "modules_dirs": (str(mods),),
-        "release": rel,
+        "release": REL,
+        "modules_disabled": str(tmp_path / "modules_disabled"),
     }
-    none = bonding_driver(**kw)
-    assert none["present"] is False and rel in none["how"]
-    (mods / rel / "modules.builtin").write_text(
-        "kernel/drivers/net/dummy.ko\nkernel/drivers/net/bonding/bonding.ko\n"
-    )
-    assert bonding_driver(**kw) == {"present": True, "how": f"built into kernel {rel}"}
-    ko = mods / rel / "kernel" / "drivers" / "net" / "bonding" / "bonding.ko.zst"
-    ko.parent.mkdir(parents=True)
-    ko.write_bytes(b"")
-    assert bonding_driver(**kw) == {"present": True, "how": f"loadable ({ko})"}
-    (sysmod / "bonding").mkdir()
-    assert bonding_driver(**kw) == {"present": True, "how": "loaded"}
+
+
+KO = f"lib-modules/{REL}/kernel/drivers/net/bonding/bonding.ko.zst"
+
+
+@pytest.mark.parametrize(
+    ("files", "disabled", "present", "how"),
+    [
+        ({}, "0", False, f"kernel {REL}: not loaded"),
+        (
+            {f"lib-modules/{REL}/modules.builtin": "kernel/drivers/net/bonding/bonding.ko\n"},
+            "1",
+            True,
+            "built into",
+        ),
+        ({KO: ""}, "0", True, "loadable ("),
+        ({KO: ""}, "1", False, "refuses to load modules (kernel.modules_disabled=1)"),
+        # Not where Debian puts it: modprobe's index says where it is.
+        (
+            {
+                f"lib-modules/{REL}/updates/bonding.ko.xz": "",
+                f"lib-modules/{REL}/modules.dep": "kernel/net/tls/tls.ko.xz:\nupdates/bonding.ko.xz: kernel/net/tls/tls.ko.xz\n",
+            },
+            "0",
+            True,
+            "updates/bonding.ko.xz",
+        ),
+        ({"sys-module/bonding/refcnt": "0"}, "1", True, "loaded"),
+    ],
+    ids=["none", "built-in", "loadable", "loading-disabled", "modules.dep", "loaded"],
+)
+def test_fake_module_tree_finds_the_bonding_driver(
+    tmp_path: Path, files: dict[str, str], disabled: str, present: bool, how: str
+) -> None:
+    found = bonding_driver(**fake_tree(tmp_path, files, disabled))
+    assert found["present"] is present
+    assert how in found["how"], found
 
 
 def test_fake_proc_net_bonding_read_bond(tmp_path: Path) -> None:
@@ -174,12 +260,17 @@ def test_bond_probe_on_this_machine_and_its_verdict(tmp_path: Path) -> None:
         "file",
         "netplan_problems",
         "systemd_networkd",
+        "controller",
+        "other_managers",
+        "masters",
     }
     # Other sessions' simulated labs add and remove links here: compare shapes, not the list.
     assert "lo" in probe["nics"] and probe["nics"] == sorted(probe["nics"])
     assert "127.0.0.1/8" in probe["addresses"]["lo"]
     assert probe["netplan"] is not None
     assert probe["file"] == {"exists": True, "text": "old\n"}
+    folder = bond_probe({"name": "bond0", "path": str(tmp_path)})["file"]
+    assert folder["exists"] is True and folder["text"] is None and str(tmp_path) in folder["error"]
     assert probe["bond"] is None
     assert isinstance(probe["systemd_networkd"], bool)
     # The path is outside /etc/netplan: netplan's check names it rather than guess.
@@ -251,3 +342,43 @@ def test_the_bond_probe_runs_in_memory_on_python38(tmp_path: Path) -> None:
     assert "error" not in result, result
     assert result["driver"]["present"] in (True, False)
     assert result["netplan_problems"] and "/etc/netplan/90-labctl-bond0.yaml" in result["netplan_problems"][0]
+
+
+def test_ifupdown_stanzas_for_a_member_are_named(tmp_path: Path) -> None:
+    # Debian's own /etc/network/interfaces layout; ifupdown is not installed on this machine,
+    # so a file stands in for /sbin/ifup (only its presence is read).
+    etc = tmp_path / "network"
+    (etc / "interfaces.d").mkdir(parents=True)
+    (etc / "interfaces").write_text(
+        "source /etc/network/interfaces.d/*\n".replace("/etc/network", str(etc))
+        + "auto lo\niface lo inet loopback\n\nallow-hotplug eno2  # the second port\n"
+    )
+    (etc / "interfaces.d" / "eno1").write_text(
+        "auto eno1\niface eno1 inet static\n    address 192.168.1.10/24\n"
+    )
+    ifup = tmp_path / "ifup"
+    ifup.write_text("")
+    found = ifupdown_conflicts(["eno1", "eno2"], str(etc / "interfaces"), str(ifup))
+    assert found == [
+        f"eno2 is also configured by ifupdown ({etc}/interfaces: allow-hotplug eno2); networkd and "
+        "ifupdown would fight over it: remove its stanzas there",
+        f"eno1 is also configured by ifupdown ({etc}/interfaces.d/eno1: auto eno1; {etc}/interfaces.d/eno1: "
+        "iface eno1 inet static); networkd and ifupdown would fight over it: remove its stanzas there",
+    ]
+    assert ifupdown_conflicts(["eno1"], str(etc / "interfaces"), str(tmp_path / "no-ifup")) == []
+    problems = preflight(M5, BOND, good_probe(other_managers=found), None)
+    assert len(problems) == 2 and problems[0].startswith("on m5, eno2 is also configured by ifupdown")
+
+
+def test_a_member_enslaved_elsewhere_and_a_name_taken_by_a_nic() -> None:
+    probe = good_probe(masters={"eno1": "br0", "eno2": None}, nics=["eno1", "eno2", "bond0", "lo"])
+    problems = preflight(M5, BOND, probe, None)
+    assert problems == [
+        "on m5, eno1 is already enslaved to br0: a NIC belongs to one bond or bridge only, so release it there first.",
+        "m5 already has an interface bond0 that is not a bond: give the bond another name (bond.name).",
+    ]
+    # Re-applying over the bond that is already there: both are ours.
+    again = good_probe(
+        masters={"eno1": "bond0", "eno2": "bond0"}, nics=["eno1", "eno2", "bond0"], bond={"mode": "802.3ad"}
+    )
+    assert preflight(M5, BOND, again, None) == []

@@ -12,7 +12,7 @@ import yaml
 
 from labctl.agent.net.netplan import check_files, netplan_binary
 from labctl.inventory.model import Bond
-from labctl.network.bond_render import bond_file, lacp_reminder, render_bond
+from labctl.network.bond_render import bond_file, lacp_reminder, render_bond, switch_reminder
 
 MODES = ["802.3ad", "balance-rr", "active-backup", "balance-xor", "balance-alb", "balance-tlb"]
 EXTRAS: dict[str, dict[str, Any]] = {
@@ -69,16 +69,18 @@ def test_8023ad_defaults_and_the_file_in_full() -> None:
         "# labctl provision replaces this file: change the inventory, not this file.\n"
         "network:\n"
         "  version: 2\n"
-        "  renderer: networkd\n"
         "  ethernets:\n"
         "    eno1:\n"
+        "      renderer: networkd\n"
         "      dhcp4: false\n"
         "      dhcp6: false\n"
         "    eno2:\n"
+        "      renderer: networkd\n"
         "      dhcp4: false\n"
         "      dhcp6: false\n"
         "  bonds:\n"
         "    bond0:\n"
+        "      renderer: networkd\n"
         "      interfaces:\n"
         "      - eno1\n"
         "      - eno2\n"
@@ -160,3 +162,65 @@ def test_lacp_reminder_names_the_switch_ports() -> None:
 @pytest.mark.parametrize("mode", [m for m in MODES if m != "802.3ad"])
 def test_no_lacp_reminder_outside_8023ad(mode: str) -> None:
     assert lacp_reminder(make(mode, switch_ports=[1, 2]), "m5") is None
+
+
+def test_the_bond_file_leaves_the_hosts_other_nics_with_their_renderer(tmp_path: Path) -> None:
+    # Ubuntu desktops ship 01-network-manager-all.yaml: NetworkManager runs the management NIC.
+    # A network-wide `renderer: networkd` in our later file would hand eth0 to networkd as well.
+    import subprocess
+
+    etc = tmp_path / "etc" / "netplan"
+    etc.mkdir(parents=True)
+    bond = make(address="192.168.1.10/24")
+    files = {
+        "01-network-manager-all.yaml": "network:\n  version: 2\n  renderer: NetworkManager\n"
+        "  ethernets:\n    eth0: {dhcp4: true}\n",
+        Path(bond_file(bond)).name: render_bond(bond, "m5"),
+    }
+    for name, text in files.items():
+        (etc / name).write_text(text)
+        (etc / name).chmod(0o600)
+    netplan = netplan_binary()
+    assert netplan is not None
+    subprocess.run([netplan, "generate", "--root-dir", str(tmp_path)], check=True, capture_output=True)
+    networkd = sorted(p.name for p in (tmp_path / "run" / "systemd" / "network").iterdir())
+    assert networkd == [
+        "10-netplan-bond0.netdev",
+        "10-netplan-bond0.network",
+        "10-netplan-eno1.network",
+        "10-netplan-eno2.network",
+    ]
+    assert (tmp_path / "run" / "NetworkManager" / "system-connections" / "netplan-eth0.nmconnection").exists()
+
+
+@pytest.mark.parametrize(
+    ("mode", "words"),
+    [
+        ("802.3ad", "one LACP group"),
+        ("balance-rr", "one static group"),
+        ("balance-xor", "one static group"),
+        ("active-backup", None),
+        ("balance-alb", None),
+        ("balance-tlb", None),
+    ],
+)
+def test_switch_reminder_for_every_mode(mode: str, words: str | None) -> None:
+    said = switch_reminder(make(mode, switch_ports=[3, 4]), "irina")
+    if words is None:
+        assert said is None
+    else:
+        assert (
+            said is not None
+            and words in said
+            and "switch ports 3, 4" in said
+            and said.startswith("irina bond0")
+        )
+
+
+@pytest.mark.parametrize("names", [["on", "0123"], ["yes", "1.5"]])
+def test_nic_names_yaml_would_read_as_other_types_stay_names(tmp_path: Path, names: list[str]) -> None:
+    bond = Bond(name="bond0", interfaces=names, address="10.0.0.5/24")  # type: ignore[arg-type]
+    text = render_bond(bond, "m5")
+    network = yaml.safe_load(text)["network"]
+    assert list(network["ethernets"]) == names and network["bonds"]["bond0"]["interfaces"] == names
+    assert generate(tmp_path, text, bond) is None

@@ -89,6 +89,9 @@ class _Root:
         os.chmod(path, 0o600)
 
     def run(self, netplan: str, *args: str) -> Tuple[int, str, str]:
+        # With SNAP set, netplan's front end ignores --root-dir and has the host's netplan service
+        # regenerate the live config over D-Bus: a check must never inherit it.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SNAP")}
         try:
             proc = subprocess.run(
                 [netplan, *args, "--root-dir", self.path],
@@ -96,6 +99,7 @@ class _Root:
                 text=True,
                 timeout=NETPLAN_TIMEOUT_S,
                 stdin=subprocess.DEVNULL,
+                env=env,
             )
         except subprocess.TimeoutExpired:
             return 124, "", f"netplan {args[0]} did not finish in {NETPLAN_TIMEOUT_S:.0f} s"
