@@ -85,9 +85,11 @@ def test_the_file_in_place_but_the_kernel_bond_wrong_is_applied_again() -> None:
     assert change.changed and change.summary[0].startswith("re-apply")
 
 
-def test_balance_rr_needs_no_switch_reminder() -> None:
-    change = resource(host(mode="balance-rr")).plan(state())
-    assert "LACP" not in change.summary[0]
+def test_each_mode_gets_the_switch_reminder_it_needs() -> None:
+    rr = resource(host(mode="balance-rr")).plan(state()).summary[0]
+    assert "static group" in rr and "LACP group" not in rr
+    backup = resource(host(mode="active-backup")).plan(state()).summary[0]
+    assert "Note:" not in backup
 
 
 @pytest.mark.parametrize(
@@ -130,3 +132,13 @@ def test_revert_after_is_bounded() -> None:
 
     with pytest.raises(ValidationError):
         resource(revert_after=3)
+
+
+def test_a_bond_the_kernel_has_is_deleted_before_netplan_makes_it_again() -> None:
+    r = resource()
+    wrong_mode = {**UP, "mode": "balance-rr"}
+    op = r.plan(state(render_bond(r.bond, "m5"), wrong_mode)).ops[0]
+    assert op["commands"] == [["netplan", "generate"], ["ip", "link", "del", "dev", "bond0"], ["netplan", "apply"]]
+    assert op["reapply"] == [["netplan", "generate"], ["netplan", "apply"]]
+    # A first bond has nothing to delete.
+    assert ["ip", "link", "del", "dev", "bond0"] not in r.plan(state()).ops[0]["commands"]

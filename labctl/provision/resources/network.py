@@ -19,7 +19,7 @@ from pydantic import Field
 
 from labctl.agent.paths import NET_DIR
 from labctl.network.bond_preflight import preflight
-from labctl.network.bond_render import bond_file, lacp_reminder, render_bond
+from labctl.network.bond_render import bond_file, render_bond, switch_reminder
 from labctl.network.bond_verify import verify_bond
 from labctl.provision.resource import (
     Change,
@@ -120,7 +120,7 @@ class BondResource(Resource):
         summary = f"{what} {path} and apply it ({self.bond.mode} over {', '.join(self.bond.interfaces)})"
         if current == text:
             summary = f"re-apply {path}: the kernel's {self.bond.name} is not as the file says"
-        reminder = lacp_reminder(self.bond, self.host.name)
+        reminder = switch_reminder(self.bond, self.host.name)
         change.add(
             summary
             + f"; reverts by itself after {self.params.revert_after:g} s unless confirmed"
@@ -129,12 +129,20 @@ class BondResource(Resource):
                 "op": "net_transaction",
                 "label": self.label(),
                 "files": {path: text},
-                "commands": NETPLAN_APPLY,
+                "commands": self.commands(probe.get("bond") is not None),
                 "reapply": NETPLAN_APPLY,
             },
             diff=unified_diff(path, current, text),
         )
         return change
+
+    def commands(self, bond_exists: bool) -> list[list[str]]:
+        """netplan generate + apply; networkd does not change a bond that exists (mode, hash
+        policy), so one the kernel has is deleted first and made again from the file. A
+        revert's `netplan apply` of the old files makes the old one again."""
+        if not bond_exists:
+            return NETPLAN_APPLY
+        return [NETPLAN_APPLY[0], ["ip", "link", "del", "dev", self.bond.name], *NETPLAN_APPLY[1:]]
 
     def verify(self, fresh: FreshRun, budget: float) -> list[str]:
         """Over the new connection: the kernel's bond as the inventory says, given a few
