@@ -79,6 +79,7 @@ class HostLink:
     hash_policy: str | None = None
     members: int = 0
     declared_bond: str | None = None  # the inventory's bond, when it is not up on the host
+    virtual_mbps: int | None = None  # what a virtual NIC reports (a veth says 10000): no link's speed
 
     def describe(self) -> str:
         where = f"{self.host}: "
@@ -86,12 +87,15 @@ class HostLink:
             return where + f"bond {self.nic} ({self.bond_mode}, {self.members} members) {self.mbps} Mbit/s"
         if self.source == "nic":
             return where + f"{self.nic} reports {self.mbps} Mbit/s"
+        if not self.nic:
+            why = "the NIC with its address is unknown"
+        elif self.virtual_mbps:
+            why = f"{self.nic} is virtual (it reports {self.virtual_mbps} Mbit/s, no link's speed)"
+        else:
+            why = f"{self.nic} reports no speed"
         if self.source == "inventory":
-            why = f"{self.nic} reports no speed" if self.nic else "the NIC with its address is unknown"
             return where + f"{why}; the inventory declares {self.mbps} Mbit/s"
-        return where + (
-            f"{self.nic} reports no speed and the inventory declares none" if self.nic else "no speed known"
-        )
+        return where + f"{why} and the inventory declares none"
 
 
 def _carries(nic: dict[str, Any], address: str) -> bool:
@@ -106,7 +110,8 @@ def _carries(nic: dict[str, Any], address: str) -> bool:
 
 def host_link(host: Host, facts: dict[str, Any] | None) -> HostLink:
     """The rate of the link `host`'s inventory address is on: an up bond's speed, else its NIC's
-    reported speed, else that NIC's speed declared in the inventory."""
+    reported speed, else that NIC's speed declared in the inventory. A virtual NIC's reported
+    speed is a placeholder (a veth says 10000 whatever shapes it), never taken for the link's."""
     link = HostLink(host.name)
     nics = [n for n in (facts or {}).get("nics") or [] if isinstance(n, dict)]
     carrier = next((n for n in nics if _carries(n, host.address)), None)
@@ -123,9 +128,11 @@ def host_link(host: Host, facts: dict[str, Any] | None) -> HostLink:
             link.members = len(bond.get("slaves") or [])
             if carrier.get("speed_mbps"):
                 link.mbps, link.source = int(carrier["speed_mbps"]), "bond"
-        elif carrier.get("speed_mbps"):
+        elif carrier.get("speed_mbps") and not carrier.get("virtual"):
             link.mbps, link.source = int(carrier["speed_mbps"]), "nic"
-        elif declared.get(link.nic):
+        else:
+            link.virtual_mbps = carrier.get("speed_mbps") or None
+        if link.source == "unknown" and declared.get(link.nic):
             link.mbps, link.source = declared[link.nic], "inventory"
     elif len(declared) == 1:
         link.mbps, link.source = next(iter(declared.values())), "inventory"

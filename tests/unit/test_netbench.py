@@ -116,6 +116,20 @@ def test_a_nic_with_no_speed_falls_back_to_the_inventory_and_a_down_bond_is_name
     assert "declares 1000 Mbit/s" in link.describe()
 
 
+def test_a_virtual_nics_speed_is_not_the_links() -> None:
+    # What the sim's veths report (facts of a sim host): 10000 Mbit/s on a link tc shapes to 1 Gbit.
+    veth = nic("eth0", "10.0.0.1", 10000, virtual=True)
+    link = host_link(M5, {"nics": [veth, nic("eth1", None, 10000, virtual=True)]})
+    assert (link.mbps, link.source, link.nic, link.virtual_mbps) == (1000, "inventory", "eth0", 10000)
+    assert (
+        "eth0 is virtual (it reports 10000 Mbit/s, no link's speed); the inventory declares 1000"
+        in link.describe()
+    )
+    bare = host_link(BARE, {"nics": [nic("eth0", "10.0.0.3", 10000, virtual=True)]})
+    assert (bare.mbps, bare.source) == (None, "unknown")
+    assert "is virtual" in bare.describe() and "declares none" in bare.describe()
+
+
 def test_nothing_known_says_so() -> None:
     link = host_link(BARE, {"nics": [nic("eth0", "10.0.0.3")]})
     assert (link.mbps, link.source) == (None, "unknown")
