@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import ipaddress
 import json
 import os
 import secrets
@@ -53,18 +54,30 @@ def _send_line(sock: socket.socket, obj: Dict[str, Any]) -> None:
     sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
 
 
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _listen(bind: str) -> Tuple[socket.socket, str]:
     """Listen on the host's inventory address, so the bytes take the network that address is
-    on; every address when it is not this host's own (NAT, a name that resolves elsewhere)."""
+    on; every address when it is not this host's own (NAT, a name that resolves elsewhere).
+
+    A host name that resolves to loopback on the host itself (Debian's /etc/hosts maps its own
+    name to 127.0.1.1) would listen where the sender can never connect: every address then."""
     tries: List[Tuple[int, str]] = []
     if bind:
         try:
-            tries = [
-                (fam, str(sa[0]))
-                for fam, _t, _p, _c, sa in socket.getaddrinfo(bind, 0, 0, socket.SOCK_STREAM)
-            ]
+            found = socket.getaddrinfo(bind, 0, 0, socket.SOCK_STREAM)
         except socket.gaierror:
-            pass
+            found = []
+        literal = _is_ip(bind)
+        for family, _t, _p, _c, sa in found:
+            if literal or not ipaddress.ip_address(str(sa[0]).split("%")[0]).is_loopback:
+                tries.append((int(family), str(sa[0])))
     tries.append((socket.AF_INET, "0.0.0.0"))
     last: Optional[OSError] = None
     for fam, addr in tries:

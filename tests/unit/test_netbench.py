@@ -301,6 +301,25 @@ def test_the_sink_ends_by_itself_when_nobody_sends() -> None:
     assert json.loads(out)["reason"] == "idle"
 
 
+def test_a_host_name_that_resolves_to_loopback_listens_on_every_address() -> None:
+    # "localhost" stands for a host whose own name resolves to 127.0.1.1 on itself (Debian's
+    # /etc/hosts): a sink there would listen where no other host can connect.
+    with sink(bind="localhost") as (info, proc):
+        assert info["address"] == "0.0.0.0"
+        send_command(
+            {
+                "address": "127.0.0.1",
+                "port": info["port"],
+                "token": info["token"],
+                "streams": [1],
+                "seconds": 0.1,
+            }
+        )
+        proc.communicate(timeout=30)
+    with sink(bind="127.0.0.1") as (info, proc):  # an address given as such is taken as it is
+        assert info["address"] == "127.0.0.1"
+
+
 def test_a_sender_that_cannot_connect_names_the_address() -> None:
     import socket
 
