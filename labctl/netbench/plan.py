@@ -175,6 +175,13 @@ def explain(links: list[HostLink]) -> str:
             parts.append(
                 f"{x.host}'s {x.nic} is {mode}: traffic to one peer uses one member at a time, one link's speed"
             )
+    slow = [x for x in links if not x.bond_mode and x.mbps]
+    for x in bonds:
+        capped = [y for y in slow if x.mbps and y.mbps is not None and y.mbps < x.mbps]
+        if capped:
+            y = capped[0]
+            parts.append(f"{y.host} has one {y.mbps} Mbit/s link, which caps the path below {x.host}'s bond")
+            break
     if not bonds:
         parts.append(
             "no bond at either end: one link carries every stream, so more streams cannot add bandwidth"

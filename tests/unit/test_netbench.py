@@ -157,6 +157,13 @@ def test_the_explanation_follows_the_bond_mode() -> None:
     )
 
 
+def test_a_bond_at_one_end_only_is_capped_by_the_other_ends_link() -> None:
+    bonded = HostLink("m5", 2000, "bond0", "bond", "802.3ad", "layer3+4", 2)
+    why = explain([HostLink("irina", 1000, "eth0", "nic"), bonded])
+    assert "irina has one 1000 Mbit/s link, which caps the path below m5's bond" in why
+    assert "caps" not in explain([HostLink("irina", 2000, "bond0", "bond", "balance-rr", None, 2), bonded])
+
+
 def test_seed_transfer_reuses_the_seeds_figures() -> None:
     # 48 GB at 1 Gbit/s is the seed's own 384 s; at 2 Gbit/s its bonded 192 s.
     assert seed_transfer(1e9)["seconds_at_best"] == pytest.approx(SEED_SECONDS["network_1g"])
