@@ -72,6 +72,8 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "sandbox_run": ".sandbox.runner:run_command",
     "sandbox_bench": ".sandbox.runner:bench_command",
     "sandbox_hostcheck": ".sandbox.hostcheck:hostcheck_command",
+    "net_sink": ".netbench:sink_command",
+    "net_send": ".netbench:send_command",
 }
 
 

@@ -1,0 +1,178 @@
+"""Running `bench network`: the receiver's sink in a thread, the sender's streams, both ends' facts.
+
+Like `cache sync` (labctl/cache/sync.py): the receiving host's agent listens (`net_sink`, kept
+running in a thread for as long as the sender needs it), the sending host's agent connects to
+it (`net_send`); this process only starts both and passes the one-time token along.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from labctl.errors import HostError, LabctlError
+from labctl.netbench.plan import HostLink, build_report, host_link
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.fanout import HostRun
+    from labctl.inventory.model import Host
+
+READY_TIMEOUT = 60.0
+SINK_IDLE = 60.0  # the sink ends by itself when nobody sends: a lost controller leaves nothing behind
+REPORT_ALLOWANCE = 90.0  # per stream count, beyond its seconds: connects, drains, the sink's report
+
+
+class Sink:
+    """`net_sink` on the receiving host, in a thread, for as long as the sender needs it."""
+
+    def __init__(self, ctx: Context, host: Host) -> None:
+        self.ctx = ctx
+        self.host = host
+        self.cancel = threading.Event()
+        self.ready = threading.Event()
+        self.info: dict[str, Any] | None = None
+        self.result: dict[str, Any] | None = None
+        self.error: LabctlError | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"sink-{host.name}")
+
+    def _run(self) -> None:
+        from labctl.agent_ship import ask_agent
+
+        try:
+            self.result = ask_agent(
+                self.ctx,
+                self.host,
+                "net_sink",
+                {"bind": self.host.address, "idle_timeout": SINK_IDLE},
+                cancel=self.cancel,
+                timeout=24 * 3600.0,  # it ends on the sender's word, when idle, or when cancelled
+                on_line=self._line,
+            )
+        except LabctlError as e:
+            self.error = e
+        finally:
+            self.ready.set()
+
+    def _line(self, stream: str, line: str) -> None:
+        from labctl.agent_ship import agent_event
+
+        event = None if self.info is not None else agent_event(stream, line, "listening")
+        if event is not None:
+            self.info = event
+            self.ready.set()
+
+    def begin(self) -> Sink:
+        self.thread.start()
+        return self
+
+    def wait_ready(self) -> dict[str, Any]:
+        """The sink's announcement (port, token); raises when it could not start."""
+        if not self.ready.wait(READY_TIMEOUT):
+            self.stop(0)
+            raise HostError(
+                f"{self.host.name}: the benchmark's receiver did not start listening within {READY_TIMEOUT:g} s.",
+                "Check the host's load and run the benchmark again.",
+            )
+        if self.info is None:
+            if self.error is not None:
+                raise self.error
+            raise HostError(f"{self.host.name}: the benchmark's receiver ended before it listened.")
+        return self.info
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Wait for the sink's own exit (the sender tells it to stop), else close its channel."""
+        if self.thread.is_alive():
+            self.thread.join(grace)
+        if self.thread.is_alive():
+            self.cancel.set()  # the channel closes and the host's watchdog ends the agent
+            self.thread.join(10)
+
+
+def read_links(ctx: Context, hosts: Sequence[Host]) -> list[HostLink]:
+    """Both ends' NIC facts at once; a host that cannot answer fails the benchmark (exit 1)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from labctl.agent_ship import ask_agent
+
+    def facts_of(h: Host) -> dict[str, Any] | LabctlError:
+        try:
+            return dict(ask_agent(ctx, h, "facts", {"sections": ["nics"], "torch": False}))
+        except LabctlError as e:
+            return e
+
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        answers = list(pool.map(facts_of, hosts))
+    for a in answers:
+        if isinstance(a, LabctlError):
+            raise a
+    return [host_link(h, a) for h, a in zip(hosts, answers, strict=True)]  # type: ignore[arg-type]
+
+
+def measure_network(
+    ctx: Context,
+    sender: Host,
+    receiver: Host,
+    streams: Sequence[int],
+    seconds: float,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Throughput from `sender` to `receiver` for each stream count: the report `--json` prints."""
+    from labctl.fanout import on_host
+
+    sink = Sink(ctx, receiver).begin()
+    sent: dict[str, Any] | None = None
+    try:
+        links = read_links(ctx, [sender, receiver])
+        info = sink.wait_ready()
+
+        def send(run: HostRun) -> dict[str, Any]:
+            from labctl.agent_ship import AgentFailed, agent_dir, agent_event, call_agent
+
+            def on_line(stream: str, line: str) -> None:
+                event = agent_event(stream, line, "measured")
+                if event is not None and say is not None:
+                    say(f"{event['streams']} stream(s): {event['bits_per_s'] / 1e6:.0f} Mbit/s")
+
+            # The token goes in a 0600 file, never on a command line other users can read.
+            token_file = f"{agent_dir(run.host)}/netbench-token-{uuid.uuid4().hex}"
+            run.conn.put_bytes(str(info["token"]).encode(), token_file, mode=0o600, dir_mode=0o700)
+            args = {
+                "address": receiver.address,
+                "port": info["port"],
+                "token_file": token_file,
+                "streams": list(streams),
+                "seconds": seconds,
+            }
+            try:
+                return dict(
+                    call_agent(
+                        run,
+                        "net_send",
+                        args,
+                        timeout=len(streams) * (seconds + REPORT_ALLOWANCE) + 60,
+                        on_line=on_line,
+                    )
+                )
+            except AgentFailed as e:
+                if e.kind in ("connect_failed", "refused", "stream_failed", "no_data"):
+                    raise HostError(
+                        f"{sender.name} could not send to {receiver.name} ({receiver.address}): {e.message}",
+                        f"Check the network between them: {receiver.name} listened on port {info['port']}; a "
+                        f"firewall on {receiver.name} must let {sender.name} connect to it.",
+                    ) from None
+                raise
+
+        if say is not None:
+            say(f"{receiver.name} listening on {info.get('address')}:{info['port']}; {sender.name} sends")
+        start = time.monotonic()
+        sent = on_host(ctx, sender, send)
+        if say is not None:
+            say(f"measured in {time.monotonic() - start:.1f} s")
+    finally:
+        # A sender that finished told the sink to stop; otherwise close its channel now.
+        sink.stop(5.0 if sent is not None else 0.0)
+    return build_report(sender, receiver, seconds, sent, links, sink.result)
