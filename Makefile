@@ -82,6 +82,8 @@ bench: install deps
 	$(BIN)/python bench/cache_sync.py --out docs/benchmarks.md
 	$(BIN)/python bench/train_overhead.py
 	$(BIN)/python bench/train_launch.py --out docs/benchmarks.md
+	$(BIN)/python bench/network.py --out docs/benchmarks.md
+	$(BIN)/python bench/network_txn.py --out docs/benchmarks.md
 
 sim-down: install
 	$(BIN)/labctl sim down

@@ -11,7 +11,7 @@ from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context, p
 from labctl.cli.orchestra_cmd import bench_rotation
 
 app = typer.Typer(
-    help="Measure model loading and the orchestra's rotation (and make models to measure with).",
+    help="Measure model loading, the network between hosts and the orchestra's rotation (and make models to measure with).",
     no_args_is_help=True,
 )
 app.command("rotation")(bench_rotation)

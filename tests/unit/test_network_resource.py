@@ -138,7 +138,11 @@ def test_a_bond_the_kernel_has_is_deleted_before_netplan_makes_it_again() -> Non
     r = resource()
     wrong_mode = {**UP, "mode": "balance-rr"}
     op = r.plan(state(render_bond(r.bond, "m5"), wrong_mode)).ops[0]
-    assert op["commands"] == [["netplan", "generate"], ["ip", "link", "del", "dev", "bond0"], ["netplan", "apply"]]
+    assert op["commands"] == [
+        ["netplan", "generate"],
+        ["ip", "link", "del", "dev", "bond0"],
+        ["netplan", "apply"],
+    ]
     assert op["reapply"] == [["netplan", "generate"], ["netplan", "apply"]]
     # A first bond has nothing to delete.
     assert ["ip", "link", "del", "dev", "bond0"] not in r.plan(state()).ops[0]["commands"]
