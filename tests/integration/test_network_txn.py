@@ -62,6 +62,41 @@ def undo(lab: Any, cidr: str, dev: str) -> None:
     subprocess.run(["ip", "-n", lab.namespace(HOST), "addr", "del", cidr, "dev", dev], capture_output=True)
 
 
+def start_verifying(inv: str, revert_after: float, change: str) -> subprocess.Popen[str]:
+    """`labctl exec --network` held inside its transaction (a --verify that sleeps on the
+    host keeps it there); returns once labctl has reconnected and is verifying."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [
+        "exec",
+        "-l",
+        HOST,
+        "--network",
+        "--revert-after",
+        f"{revert_after:g}",
+        "--verify",
+        "sleep 60",
+        "--",
+        change,
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "labctl", "-i", inv, *argv],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    seen = ""
+    while "reconnected over a fresh SSH connection" not in seen:
+        line = proc.stderr.readline()
+        if not line:
+            proc.kill()
+            raise AssertionError(f"labctl ended before the transaction was verified: {seen}")
+        seen += line
+    return proc
+
+
 def test_a_change_that_cuts_labctl_off_is_reverted_by_the_host(lab: Any) -> None:
     inv = str(lab.inventory_path)
     before, files_before = live(lab), netplan_files(lab)
@@ -170,39 +205,8 @@ def test_a_command_that_fails_on_the_host_is_undone(lab: Any) -> None:
 def test_labctl_killed_mid_transaction_the_host_still_reverts_and_refuses_a_second(lab: Any) -> None:
     inv = str(lab.inventory_path)
     before = live(lab)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    # --verify keeps labctl inside the transaction (sleeping on the host) long enough to kill it.
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "labctl",
-            "-i",
-            inv,
-            "exec",
-            "-l",
-            HOST,
-            "--network",
-            "--revert-after",
-            str(T),
-            "--verify",
-            "sleep 60",
-            "--",
-            "ip addr add 10.80.0.5/24 dev eth1",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_verifying(inv, T, "ip addr add 10.80.0.5/24 dev eth1")
     try:
-        assert proc.stderr is not None
-        seen = ""
-        while "reconnected over a fresh SSH connection" not in seen:
-            line = proc.stderr.readline()
-            assert line, f"labctl ended before the transaction was verified: {seen}"
-            seen += line
         assert "10.80.0.5/24" in live(lab)["addrs"]["eth1"]
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -338,38 +342,8 @@ def test_a_slow_change_is_waited_for_and_a_passing_verify_commits_it(lab: Any) -
 def test_ctrl_c_mid_transaction_asks_the_host_to_revert_now(lab: Any) -> None:
     inv = str(lab.inventory_path)
     before = live(lab)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "labctl",
-            "-i",
-            inv,
-            "exec",
-            "-l",
-            HOST,
-            "--network",
-            "--revert-after",
-            "120",
-            "--verify",
-            "sleep 60",
-            "--",
-            "ip addr add 10.85.0.5/24 dev eth1",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_verifying(inv, 120, "ip addr add 10.85.0.5/24 dev eth1")
     try:
-        assert proc.stderr is not None
-        seen = ""
-        while "reconnected over a fresh SSH connection" not in seen:
-            line = proc.stderr.readline()
-            assert line, f"labctl ended before the transaction was verified: {seen}"
-            seen += line
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
