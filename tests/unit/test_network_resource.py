@@ -146,3 +146,24 @@ def test_a_bond_the_kernel_has_is_deleted_before_netplan_makes_it_again() -> Non
     assert op["reapply"] == [["netplan", "generate"], ["netplan", "apply"]]
     # A first bond has nothing to delete.
     assert ["ip", "link", "del", "dev", "bond0"] not in r.plan(state()).ops[0]["commands"]
+
+
+def test_init_writes_the_network_playbook_and_its_bond_plans_for_the_seed_m5(tmp_path: Any) -> None:
+    """`labctl init`'s network playbook loads, and its bond entry builds for the seed lab's M5
+    (802.3ad over eno1+eno2) with the playbook's revert_after."""
+    from pathlib import Path
+
+    from labctl.inventory.load import load_inventory
+    from labctl.provision.playbook import load_playbook
+    from labctl.starter import write_starter
+
+    repo = Path(__file__).resolve().parents[2]
+    written = write_starter(tmp_path / "mylab")
+    book = tmp_path / "mylab/playbooks/network.yaml"
+    assert book in written and book.read_bytes() == (repo / "playbooks/network.yaml").read_bytes()
+    entry = load_playbook(book).plays[0].entries[0]
+    assert entry.type_name == "bond"
+    m5 = load_inventory(tmp_path / "mylab/lab.yaml").hosts["m5"]
+    r = BondResource.from_playbook(m5, entry.params)
+    assert isinstance(r, BondResource) and r.params.revert_after == 90
+    assert r.plan(state()).ops[0]["files"]["/etc/netplan/90-labctl-bond0.yaml"].count("802.3ad") == 1
