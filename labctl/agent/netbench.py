@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from .accepting import Accepting
 from .cache.manifest import emit
 from .commands import AgentError
 
@@ -92,52 +93,40 @@ def _listen(bind: str) -> Tuple[socket.socket, str]:
     raise AgentError(f"cannot listen for the benchmark's streams: {last}", "listen_failed")
 
 
-class _Sink:
+class _Sink(Accepting):
     def __init__(self, token: str, idle_timeout: float) -> None:
+        super().__init__(idle_timeout)
         self.token = token
-        self.idle_timeout = idle_timeout
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.active = 0
-        self.last = time.monotonic()
         self.bytes = 0
         self.streams = 0
         self.refused = 0
         self.peers: List[str] = []
-        self.listener: Optional[socket.socket] = None
 
     def handle(self, conn: socket.socket, peer: str) -> None:
-        with self.lock:
-            self.active += 1
-        try:
-            conn.settimeout(HELLO_TIMEOUT)
-            hello, rest = _read_line(conn)
-            if hello is None or not hmac.compare_digest(str(hello.get("token", "")), self.token):
+        with self.in_use():
+            try:
+                conn.settimeout(HELLO_TIMEOUT)
+                hello, rest = _read_line(conn)
+                if hello is None or not hmac.compare_digest(str(hello.get("token", "")), self.token):
+                    with self.lock:
+                        self.refused += 1
+                    _send_line(conn, {"ok": False, "error": "bad token"})
+                    return
+                if hello.get("op") == "shutdown":
+                    _send_line(conn, {"ok": True})
+                    self.shutdown()
+                    return
                 with self.lock:
-                    self.refused += 1
-                _send_line(conn, {"ok": False, "error": "bad token"})
-                return
-            if hello.get("op") == "shutdown":
+                    self.streams += 1
+                    if peer not in self.peers:
+                        self.peers.append(peer)
                 _send_line(conn, {"ok": True})
-                self.stop.set()
-                if self.listener is not None:
-                    with contextlib.suppress(OSError):
-                        self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept() at once
-                return
-            with self.lock:
-                self.streams += 1
-                if peer not in self.peers:
-                    self.peers.append(peer)
-            _send_line(conn, {"ok": True})
-            conn.settimeout(max(HELLO_TIMEOUT, self.idle_timeout))
-            self._count(conn, len(rest))
-        except (OSError, ValueError):
-            return  # the sender went away: it reports the stream as failed on its side
-        finally:
-            conn.close()
-            with self.lock:
-                self.active -= 1
-                self.last = time.monotonic()
+                conn.settimeout(max(HELLO_TIMEOUT, self.idle_timeout))
+                self._count(conn, len(rest))
+            except (OSError, ValueError):
+                return  # the sender went away: it reports the stream as failed on its side
+            finally:
+                conn.close()
 
     def _count(self, conn: socket.socket, early: int) -> None:
         """Read to EOF; the rate counts bytes after the first read, between it and the last."""
@@ -169,31 +158,10 @@ def sink_command(args: Dict[str, Any]) -> Dict[str, Any]:
     sock, bound = _listen(str(args.get("bind") or ""))
     token = secrets.token_urlsafe(24)
     sink = _Sink(token, idle)
-    sink.listener = sock
     port = sock.getsockname()[1]
     start = time.monotonic()
     emit({"event": "listening", "address": bound, "port": port, "token": token, "pid": os.getpid()})
-    sock.settimeout(0.5)
-    reason = "shutdown"
-    try:
-        while not sink.stop.is_set():
-            try:
-                conn, addr = sock.accept()
-            except socket.timeout:  # noqa: UP041 (on Python < 3.10 it is not TimeoutError)
-                if sink.active == 0 and time.monotonic() - sink.last > idle:
-                    reason = "idle"
-                    break
-                continue
-            except OSError:
-                if sink.stop.is_set():
-                    break
-                raise
-            threading.Thread(target=sink.handle, args=(conn, str(addr[0])), daemon=True).start()
-    finally:
-        sock.close()
-    deadline = time.monotonic() + 10
-    while sink.active and time.monotonic() < deadline:
-        time.sleep(0.05)
+    reason = sink.serve(sock, sink.handle)
     return {
         "reason": reason,
         "address": bound,

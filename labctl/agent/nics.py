@@ -15,7 +15,7 @@ SYS_NET = "/sys/class/net"
 IP_TIMEOUT_S = 3.0
 
 
-def _read(path: str) -> Optional[str]:
+def read_sysfs(path: str) -> Optional[str]:
     """A sysfs attribute, or None: reading speed or duplex of a link that is down or virtual
     fails with EINVAL, which means "unknown", not an error."""
     try:
@@ -32,7 +32,8 @@ def _int(text: Optional[str]) -> Optional[int]:
         return None
 
 
-def _link_name(path: str) -> Optional[str]:
+def link_name(path: str) -> Optional[str]:
+    """Where a sysfs link points, by name (a NIC's master, its driver), or None when it has none."""
     try:
         return os.path.basename(os.readlink(path))
     except OSError:
@@ -97,31 +98,31 @@ def bond_info(name: str) -> Dict[str, Any]:
     except OSError:
         # /proc/net/bonding can be hidden in a container; sysfs still has the basics.
         base = os.path.join(SYS_NET, name, "bonding")
-        mode = _read(os.path.join(base, "mode"))
-        slaves = _read(os.path.join(base, "slaves"))
+        mode = read_sysfs(os.path.join(base, "mode"))
+        slaves = read_sysfs(os.path.join(base, "slaves"))
         return {
             "mode": mode.split()[0] if mode else None,
-            "mii_status": _read(os.path.join(base, "mii_status")),
+            "mii_status": read_sysfs(os.path.join(base, "mii_status")),
             "slaves": [{"name": s} for s in (slaves or "").split()],
         }
 
 
 def nic_facts(name: str, addresses: Dict[str, List[str]]) -> Dict[str, Any]:
     base = os.path.join(SYS_NET, name)
-    speed = _int(_read(os.path.join(base, "speed")))
+    speed = _int(read_sysfs(os.path.join(base, "speed")))
     is_bond = os.path.isdir(os.path.join(base, "bonding"))
     nic: Dict[str, Any] = {
         "name": name,
-        "mac": _read(os.path.join(base, "address")),
-        "operstate": _read(os.path.join(base, "operstate")),
+        "mac": read_sysfs(os.path.join(base, "address")),
+        "operstate": read_sysfs(os.path.join(base, "operstate")),
         # Drivers report -1 (or 0) when the speed is unknown.
         "speed_mbps": speed if speed is not None and speed > 0 else None,
-        "duplex": _read(os.path.join(base, "duplex")),
-        "mtu": _int(_read(os.path.join(base, "mtu"))),
+        "duplex": read_sysfs(os.path.join(base, "duplex")),
+        "mtu": _int(read_sysfs(os.path.join(base, "mtu"))),
         "addresses": addresses.get(name, []),
         "is_bond": is_bond,
-        "master": _link_name(os.path.join(base, "master")),
-        "driver": _link_name(os.path.join(base, "device", "driver")),
+        "master": link_name(os.path.join(base, "master")),
+        "driver": link_name(os.path.join(base, "device", "driver")),
         "virtual": not os.path.exists(os.path.join(base, "device")),
     }
     if is_bond:

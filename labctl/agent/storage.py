@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
+from .nics import read_sysfs
 from .parsers import parse_mounts
 
 # Kernel and container plumbing: never where models, caches or datasets live.
@@ -103,23 +104,15 @@ def gather_mounts() -> List[Dict[str, Any]]:
     return out
 
 
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-
-
 def gather_disks() -> List[Dict[str, Any]]:
     disks = []
     for name in sorted(os.listdir("/sys/block")):
         if name.startswith(SKIP_BLOCK_PREFIXES):
             continue
         base = os.path.join("/sys/block", name)
-        sectors = _read(os.path.join(base, "size"))
-        rotational = _read(os.path.join(base, "queue", "rotational"))
-        removable = _read(os.path.join(base, "removable"))
+        sectors = read_sysfs(os.path.join(base, "size"))
+        rotational = read_sysfs(os.path.join(base, "queue", "rotational"))
+        removable = read_sysfs(os.path.join(base, "removable"))
         disks.append(
             {
                 "name": name,
@@ -127,7 +120,7 @@ def gather_disks() -> List[Dict[str, Any]]:
                 "size_bytes": int(sectors) * 512 if sectors and sectors.isdigit() else None,
                 "rotational": rotational == "1" if rotational is not None else None,
                 "removable": removable == "1" if removable is not None else None,
-                "model": _read(os.path.join(base, "device", "model")) or None,
+                "model": read_sysfs(os.path.join(base, "device", "model")) or None,
             }
         )
     return disks

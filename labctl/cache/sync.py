@@ -12,8 +12,6 @@ one (`cache verify`'s repair, the model-load bench's network stage).
 from __future__ import annotations
 
 import os
-import threading
-import time
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from labctl.cache.plan import plan_sync
 from labctl.cache.targets import Target, cache_of, resolve_target
 from labctl.errors import HostError, InputError, LabctlError
 from labctl.fmt import fmt_bytes
+from labctl.listening import Listener
 
 if TYPE_CHECKING:
     from labctl.context import Context
@@ -42,7 +41,7 @@ STOP_AFTER_ENV = "LABCTL_CACHE_TEST_STOP_AFTER"
 ProgressFn = Callable[[str, dict[str, Any]], None]
 
 
-class SourceServer:
+class SourceServer(Listener):
     """`cache_serve` on the storage host, in a thread, for as long as one pull needs it.
 
     It is started before planning, in parallel with reading the cache's state: its
@@ -53,12 +52,7 @@ class SourceServer:
     def __init__(
         self, ctx: Context, target: Target, models: Sequence[str], chunk_size: int, port: int = 0
     ) -> None:
-        self.cancel = threading.Event()
-        self.ready = threading.Event()
-        self.info: dict[str, Any] | None = None
-        self.result: dict[str, Any] | None = None
-        self.error: LabctlError | None = None
-        self.args = {
+        args = {
             "root": target.root,
             "models": list(models),
             "chunk_size": chunk_size,
@@ -67,65 +61,17 @@ class SourceServer:
             "idle_timeout": 120,
             "allow_missing": True,
         }
-        self.ctx = ctx
+        super().__init__(
+            ctx,
+            target.source,
+            "cache_serve",
+            args,
+            what="cache_serve",
+            timeout=LONG,
+            ready_timeout=READY_TIMEOUT,
+            thread_name=f"serve-{target.source.name}",
+        )
         self.source = target.source
-        self.thread = threading.Thread(target=self._serve, daemon=True, name=f"serve-{target.source.name}")
-
-    def _serve(self) -> None:
-        from labctl.agent_ship import ask_agent
-
-        try:
-            self.result = ask_agent(
-                self.ctx,
-                self.source,
-                "cache_serve",
-                self.args,
-                cancel=self.cancel,
-                timeout=LONG,
-                on_line=self._line,
-            )
-        except LabctlError as e:
-            self.error = e
-        finally:
-            self.ready.set()
-
-    def _line(self, stream: str, line: str) -> None:
-        event = None if self.info is not None else agent_event(stream, line, "listening")
-        if event is not None:
-            self.info = event
-            self.ready.set()
-
-    def begin(self) -> SourceServer:
-        self.thread.start()
-        return self
-
-    def wait_ready(self, cancel: threading.Event | None = None) -> dict[str, Any]:
-        """The server's announcement (port, token, listing); raises if it could not start."""
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not self.ready.wait(0.05):
-            if (cancel is not None and cancel.is_set()) or time.monotonic() > deadline:
-                self.stop(0)
-                raise HostError(
-                    f"{self.source.name}: cache_serve did not start listening "
-                    + (
-                        "(cancelled)."
-                        if cancel is not None and cancel.is_set()
-                        else f"within {READY_TIMEOUT:g} s."
-                    )
-                )
-        if self.info is None:
-            if self.error is not None:
-                raise self.error
-            raise HostError(f"{self.source.name}: cache_serve ended before it listened.")
-        return self.info
-
-    def stop(self, grace: float = 5.0) -> None:
-        """Wait for the server's own exit (the pull asks it to stop), else close its channel."""
-        if self.thread.is_alive():
-            self.thread.join(grace)
-        if self.thread.is_alive():
-            self.cancel.set()  # the channel closes and the watchdog kills the server
-            self.thread.join(10)
 
 
 @dataclass

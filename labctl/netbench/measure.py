@@ -7,13 +7,13 @@ it (`net_send`); this process only starts both and passes the one-time token alo
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from labctl.errors import HostError, LabctlError
+from labctl.listening import Listener
 from labctl.netbench.plan import HostLink, build_report, host_link
 
 if TYPE_CHECKING:
@@ -26,70 +26,21 @@ SINK_IDLE = 60.0  # the sink ends by itself when nobody sends: a lost controller
 REPORT_ALLOWANCE = 90.0  # per stream count, beyond its seconds: connects, drains, the sink's report
 
 
-class Sink:
+class Sink(Listener):
     """`net_sink` on the receiving host, in a thread, for as long as the sender needs it."""
 
     def __init__(self, ctx: Context, host: Host) -> None:
-        self.ctx = ctx
-        self.host = host
-        self.cancel = threading.Event()
-        self.ready = threading.Event()
-        self.info: dict[str, Any] | None = None
-        self.result: dict[str, Any] | None = None
-        self.error: LabctlError | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True, name=f"sink-{host.name}")
-
-    def _run(self) -> None:
-        from labctl.agent_ship import ask_agent
-
-        try:
-            self.result = ask_agent(
-                self.ctx,
-                self.host,
-                "net_sink",
-                {"bind": self.host.address, "idle_timeout": SINK_IDLE},
-                cancel=self.cancel,
-                timeout=24 * 3600.0,  # it ends on the sender's word, when idle, or when cancelled
-                on_line=self._line,
-            )
-        except LabctlError as e:
-            self.error = e
-        finally:
-            self.ready.set()
-
-    def _line(self, stream: str, line: str) -> None:
-        from labctl.agent_ship import agent_event
-
-        event = None if self.info is not None else agent_event(stream, line, "listening")
-        if event is not None:
-            self.info = event
-            self.ready.set()
-
-    def begin(self) -> Sink:
-        self.thread.start()
-        return self
-
-    def wait_ready(self) -> dict[str, Any]:
-        """The sink's announcement (port, token); raises when it could not start."""
-        if not self.ready.wait(READY_TIMEOUT):
-            self.stop(0)
-            raise HostError(
-                f"{self.host.name}: the benchmark's receiver did not start listening within {READY_TIMEOUT:g} s.",
-                "Check the host's load and run the benchmark again.",
-            )
-        if self.info is None:
-            if self.error is not None:
-                raise self.error
-            raise HostError(f"{self.host.name}: the benchmark's receiver ended before it listened.")
-        return self.info
-
-    def stop(self, grace: float = 5.0) -> None:
-        """Wait for the sink's own exit (the sender tells it to stop), else close its channel."""
-        if self.thread.is_alive():
-            self.thread.join(grace)
-        if self.thread.is_alive():
-            self.cancel.set()  # the channel closes and the host's watchdog ends the agent
-            self.thread.join(10)
+        super().__init__(
+            ctx,
+            host,
+            "net_sink",
+            {"bind": host.address, "idle_timeout": SINK_IDLE},
+            what="the benchmark's receiver",
+            timeout=24 * 3600.0,  # it ends on the sender's word, when idle, or when cancelled
+            ready_timeout=READY_TIMEOUT,
+            timeout_hint="Check the host's load and run the benchmark again.",
+            thread_name=f"sink-{host.name}",
+        )
 
 
 def read_links(ctx: Context, hosts: Sequence[Host]) -> list[HostLink]:

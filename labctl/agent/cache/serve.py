@@ -14,10 +14,10 @@ import json
 import os
 import secrets
 import socket
-import threading
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from ..accepting import Accepting
 from ..commands import AgentError
 from ..fsutil import write_json
 from .manifest import (
@@ -147,7 +147,7 @@ def list_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return {"root": root, "models": models, "missing": missing, "available": _available(root)}
 
 
-class _Served:
+class _Served(Accepting):
     """The serving state shared by the connection threads."""
 
     def __init__(
@@ -159,17 +159,13 @@ class _Served:
         chunk_size: int,
         idle_timeout: float,
     ) -> None:
+        super().__init__(idle_timeout)
         self.root = root
         self.models = models
         self.files = {f["path"]: f for m in models.values() for f in m["files"]}
         self.real = real_paths
         self.token = token
         self.chunk_size = chunk_size
-        self.idle_timeout = idle_timeout
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.active = 0
-        self.last = time.monotonic()
         self.bytes_sent = 0
         self.ranges = 0
         self.connections = 0
@@ -177,14 +173,13 @@ class _Served:
         self.peers: Set[str] = set()
         self.hashes: Dict[str, Dict[int, str]] = {}
         self.cached_files = 0
-        self.listener: Optional[socket.socket] = None
-
-    def touch(self) -> None:
-        self.last = time.monotonic()
 
     def handle(self, conn: socket.socket, peer: str) -> None:
+        with self.in_use():
+            self._handle(conn, peer)
+
+    def _handle(self, conn: socket.socket, peer: str) -> None:
         with self.lock:
-            self.active += 1
             self.connections += 1
         files: Dict[str, Any] = {}
         try:
@@ -209,11 +204,7 @@ class _Served:
                 op = req.get("op")
                 if op == "shutdown":
                     send_line(conn, {"ok": True})
-                    self.stop.set()
-                    if self.listener is not None:
-                        # Wakes the accept() in serve_command at once instead of at its timeout.
-                        with contextlib.suppress(OSError):
-                            self.listener.shutdown(socket.SHUT_RDWR)
+                    self.shutdown()
                     return
                 if op != "get":
                     send_line(conn, {"ok": False, "error": f"unknown op {op!r}"})
@@ -226,9 +217,6 @@ class _Served:
             for f in files.values():
                 f.close()
             conn.close()
-            with self.lock:
-                self.active -= 1
-            self.touch()
 
     def _send_range(
         self, conn: socket.socket, req: Dict[str, Any], files: Dict[str, Any], buf: memoryview
@@ -371,7 +359,6 @@ def serve_command(args: Dict[str, Any]) -> Dict[str, Any]:
     port = sock.getsockname()[1]
     token = secrets.token_urlsafe(24)
     served = _Served(root, models, real_paths, token, chunk_size, idle)
-    served.listener = sock
     start = time.monotonic()
     # With allow_missing, the controller starts this server while it plans (saving a round
     # trip) and turns a missing model into its own error; nothing is served for those.
@@ -387,28 +374,7 @@ def serve_command(args: Dict[str, Any]) -> Dict[str, Any]:
             "available": _available(root) if missing else [],
         }
     )
-    sock.settimeout(0.5)
-    reason = "shutdown"
-    try:
-        while not served.stop.is_set():
-            try:
-                conn, addr = sock.accept()
-            except socket.timeout:  # noqa: UP041 (on Python < 3.10 it is not TimeoutError)
-                if served.active == 0 and time.monotonic() - served.last > idle:
-                    reason = "idle"
-                    break
-                continue
-            except OSError:
-                if served.stop.is_set():
-                    break  # shut down by a client's "shutdown" (see _Served.handle)
-                raise
-            served.touch()
-            threading.Thread(target=served.handle, args=(conn, str(addr[0])), daemon=True).start()
-    finally:
-        sock.close()
-    deadline = time.monotonic() + 10
-    while served.active and time.monotonic() < deadline:
-        time.sleep(0.05)
+    reason = served.serve(sock, served.handle)
     return {
         "reason": reason,
         "address": bound,

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional
 
-from ..nics import IP_TIMEOUT_S, SYS_NET, addresses_fallback, addresses_from_ip
+from ..nics import IP_TIMEOUT_S, SYS_NET, addresses_fallback, addresses_from_ip, link_name, read_sysfs
 from ..parsers import parse_bonding
 from .netplan import netplan_binary, netplan_problems
 
@@ -56,7 +56,7 @@ def bonding_driver(
                 " or ".join(os.path.join(b, release) for b in modules_dirs),
             ),
         }
-    if _read(modules_disabled) == "1":
+    if read_sysfs(modules_disabled) == "1":
         return {
             "present": False,
             "how": f"kernel {release} has {module} but refuses to load modules (kernel.modules_disabled=1)",
@@ -235,8 +235,8 @@ def bond_probe(args: Dict[str, Any]) -> Dict[str, Any]:
     if netplan is not None and args.get("path") and args.get("text") is not None:
         nic_ids = {
             m: {
-                "mac": _read(os.path.join(SYS_NET, m, "address")),
-                "driver": _link_target(os.path.join(SYS_NET, m, "device", "driver")),
+                "mac": read_sysfs(os.path.join(SYS_NET, m, "address")),
+                "driver": link_name(os.path.join(SYS_NET, m, "device", "driver")),
             }
             for m in members
         }
@@ -253,20 +253,5 @@ def bond_probe(args: Dict[str, Any]) -> Dict[str, Any]:
         "controller": controller_path(),
         "other_managers": ifupdown_conflicts(members),
         # A NIC enslaved to a bridge or another bond cannot join this bond.
-        "masters": {m: _link_target(os.path.join(SYS_NET, m, "master")) for m in members},
+        "masters": {m: link_name(os.path.join(SYS_NET, m, "master")) for m in members},
     }
-
-
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _link_target(path: str) -> Optional[str]:
-    try:
-        return os.path.basename(os.readlink(path))
-    except OSError:
-        return None

@@ -18,7 +18,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 ETC_DIR = "/etc/netplan"
 # netplan reads all three; a file in /run hides one of the same name in /etc, which hides /lib.
@@ -129,15 +129,31 @@ def _trim(message: str) -> str:
     return message
 
 
-def _copy_failed(e: Exception) -> str:
-    return f"could not copy the host's netplan files to check them: {e}"
-
-
-def _generate(root: _Root, netplan: str) -> Optional[str]:
+def _generate(root: _Root, netplan: str) -> List[str]:
+    """netplan's refusal of the copy's config, as the one problem; [] when it accepts it."""
     rc, _out, err = root.run(netplan, "generate")
     if rc == 0:
-        return None
-    return _trim(err) or f"netplan generate failed (exit {rc}) without a message"
+        return []
+    return [_trim(err) or f"netplan generate failed (exit {rc}) without a message"]
+
+
+def _on_copy(
+    new_files: Dict[str, Optional[str]],
+    etc_dir: str,
+    other_dirs: Sequence[str],
+    check: Callable[[_Root, str], List[str]],
+) -> List[str]:
+    """`check(root, netplan)` on a copy of the host's netplan files with `new_files` applied;
+    its problems, or why it could not run (no netplan, the copy failed)."""
+    netplan = netplan_binary()
+    if netplan is None:
+        return ["netplan is not installed (apt-get install netplan.io)"]
+    try:
+        root = _Root(new_files, etc_dir, other_dirs)
+    except (OSError, ValueError) as e:
+        return [f"could not copy the host's netplan files to check them: {e}"]
+    with root:
+        return check(root, netplan)
 
 
 def check_files(
@@ -147,15 +163,8 @@ def check_files(
 ) -> Optional[str]:
     """None when netplan accepts the host's config with `new_files` applied (path -> text,
     None removes the file), else netplan's message, naming the host's paths."""
-    netplan = netplan_binary()
-    if netplan is None:
-        return "netplan is not installed (apt-get install netplan.io)"
-    try:
-        root = _Root(new_files, etc_dir, other_dirs)
-    except (OSError, ValueError) as e:
-        return _copy_failed(e)
-    with root:
-        return _generate(root, netplan)
+    problems = _on_copy(new_files, etc_dir, other_dirs, _generate)
+    return problems[0] if problems else None
 
 
 def member_conflicts(
@@ -169,15 +178,12 @@ def member_conflicts(
     of its own, from another file: netplan accepts that silently, but a bond member must carry
     nothing of its own. `nic_ids` ({nic: {"mac", "driver"}}) resolves definitions that match
     a NIC by MAC address or driver."""
-    netplan = netplan_binary()
-    if netplan is None:
-        return ["netplan is not installed (apt-get install netplan.io)"]
-    try:
-        root = _Root(new_files, etc_dir, other_dirs)
-    except (OSError, ValueError) as e:
-        return [_copy_failed(e)]
-    with root:
-        return _conflicts(root, netplan, members, nic_ids or {})
+    return _on_copy(
+        new_files,
+        etc_dir,
+        other_dirs,
+        lambda root, netplan: _conflicts(root, netplan, members, nic_ids or {}),
+    )
 
 
 def netplan_problems(
@@ -188,18 +194,12 @@ def netplan_problems(
     nic_ids: Optional[Dict[str, Dict[str, Optional[str]]]] = None,
 ) -> List[str]:
     """check_files and member_conflicts on one copy: netplan's refusal, else the conflicts."""
-    netplan = netplan_binary()
-    if netplan is None:
-        return ["netplan is not installed (apt-get install netplan.io)"]
-    try:
-        root = _Root(new_files, etc_dir, other_dirs)
-    except (OSError, ValueError) as e:
-        return [_copy_failed(e)]
-    with root:
-        message = _generate(root, netplan)
-        if message is not None:
-            return [message]
-        return _conflicts(root, netplan, members, nic_ids or {})
+    return _on_copy(
+        new_files,
+        etc_dir,
+        other_dirs,
+        lambda root, netplan: _generate(root, netplan) or _conflicts(root, netplan, members, nic_ids or {}),
+    )
 
 
 def _conflicts(
