@@ -57,6 +57,13 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) cache status
 	@# The sim's hosts share this machine's disk: the controller's venv stands in for m5's torch_env.
 	$(BIN)/labctl -i $(SIM_INV) bench model-load --host m5 --model tinylm-demo --python $(CURDIR)/$(BIN)/python --plot $(SIM_DIR)/model-load.png
+	@echo "== the network: TCP host to host over the sim's 1 Gbit links, one and two streams =="
+	$(BIN)/labctl -i $(SIM_INV) bench network --from irina --to m5 --streams 1,2 --seconds 3
+	@echo "== bonding m5: the preflight refuses (this kernel has no bonding driver) and changes nothing =="
+	-$(BIN)/labctl -i $(SIM_INV) provision -p playbooks/network.yaml --check --diff --limit m5
+	@echo "== a change that cuts labctl off (pharaoh's eth0 to another subnet): the host undoes it by itself =="
+	-$(BIN)/labctl -i $(SIM_INV) exec -l pharaoh --network --revert-after 10 -- 'ip addr flush dev eth0 && ip addr add 10.99.0.5/24 dev eth0'
+	$(BIN)/labctl -i $(SIM_INV) exec -l pharaoh -- 'ip -br addr show dev eth0'
 	@echo "== training, phase 1: the preflight refuses m5 (it declares a V100; the sim has no GPU and a CPU torch) =="
 	-$(BIN)/labctl -i $(SIM_INV) train --phase 1 --dry-run --python $(CURDIR)/$(BIN)/python
 	@echo "== training, phase 1 on m5 + irina as CPU processes (gloo), a small model, checkpoints every 20 steps =="
