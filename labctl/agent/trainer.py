@@ -10,8 +10,9 @@ LABCTL_TRAIN_DEVICE=cpu) and trains a DDP-wrapped model.
 
 Rank 0 prints one JSON object per line on stdout, each with an "event" key: "start", "step"
 (every `log_every` steps and on the last), "checkpoint", "batch_resize" and "done", and
-appends the same lines to `metrics_path`. Other ranks print nothing on stdout. A failure is
-one line on stderr ("labctl trainer: error: ...") and a non-zero exit.
+appends the same lines to `metrics_path`; where TensorBoard is installed it also writes the
+step events' scalars to event files beside it (trainer_events.py). Other ranks print nothing
+on stdout. A failure is one line on stderr ("labctl trainer: error: ...") and a non-zero exit.
 The settings and their checks live in trainer_settings.py.
 
 Like the rest of the agent package this module imports without torch (torch is imported
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import socket
@@ -33,6 +33,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
 from .ckpt import FORMAT, CheckpointDir, choose_common, config_mismatch, pt_name
 from .corpus import Corpus
+from .trainer_events import EventLog
 from .trainer_settings import (
     DEFAULTS,
     MIN_LR_RATIO,
@@ -100,6 +101,7 @@ class Trainer:
         self.env = DistEnv(os.environ if environ is None else environ)
         self.out = sys.stdout if out is None else out
         self.is_rank0 = self.env.rank == 0
+        self.events = EventLog(self.out, active=self.is_rank0)
         self.steps: int = self.s["steps"]
         self.batch_size: int = self.s["batch_size"]
         self.acc: int = self.s["accumulation_steps"]
@@ -108,7 +110,6 @@ class Trainer:
         self.ckpt_every: int = self.s["checkpoint_every"]
         self.model_config: Dict[str, Any] = self.s["model_config"]
         self.restart = self.env.restart
-        self.metrics: Optional[IO[str]] = None
         self.ckdir: Optional[CheckpointDir] = (
             CheckpointDir(self.s["checkpoint_dir"]) if self.s["checkpoint_dir"] else None
         )
@@ -125,23 +126,8 @@ class Trainer:
     # -- output ---------------------------------------------------------------------------
 
     def emit(self, event: Dict[str, Any]) -> None:
-        """A JSON line on stdout and in metrics_path, from rank 0 only."""
-        if not self.is_rank0:
-            return
-        line = json.dumps(event) + "\n"
-        self.out.write(line)
-        self.out.flush()
-        if self.metrics is not None:
-            self.metrics.write(line)
-            self.metrics.flush()
-
-    def _open_metrics(self) -> None:
-        path = self.s["metrics_path"]
-        if not path or not self.is_rank0:
-            return
-        parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
-        self.metrics = open(path, "a")  # noqa: SIM115 (open for the whole run, closed by close())
+        """A JSON line on stdout and in metrics_path (and TensorBoard scalars), from rank 0 only."""
+        self.events.write(event)
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -231,7 +217,9 @@ class Trainer:
         infos = self.gather({"local_rank": self.env.local_rank, "capability": cap})
         self.hosts = sum(1 for i in infos if i["local_rank"] == 0)
         self._precision(infos)
-        self._open_metrics()
+        self.events.open(self.s["metrics_path"])
+        if self.events.note:
+            self.notes.append(self.events.note)
 
         torch.manual_seed(self.s["seed"])
         self.module = build_model(self.model_config, device=self.device)
@@ -266,6 +254,7 @@ class Trainer:
                 bucket_cap_mb=self.s["bucket_cap_mb"],
             )
         self._loss_sum = torch.zeros((), device=self.device)
+        self._grad_norm: Any = None
         self._param_data = [p.detach() for p in self.params]
         self._vocab = self.model_config["vocab"]
         self._tokens_per_step = self.batch_size * self.acc * self.env.world_size * self.seq_len
@@ -430,10 +419,13 @@ class Trainer:
                     scaled.backward()
             loss_sum += loss.detach()
         clip = self.s["grad_clip"]
-        if clip:
+        # The norm is measured where clipping computes it anyway, else only on the steps that log it.
+        self._grad_norm = None
+        if clip or step % self.log_every == 0 or step == self.steps:
             if scaler is not None:
                 scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(self.params, clip)
+            # The total norm before clipping (max_norm inf clips nothing); a device tensor, read when logged.
+            self._grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip else math.inf)
         if scaler is not None:
             scaler.step(opt)
             scaler.update()
@@ -492,6 +484,11 @@ class Trainer:
         rate = (step - last_step) * self._tokens_per_step / max(now - last_time, 1e-9)
         self._last_log = (step, now)
         self.last_loss = loss
+        grad_norm = None
+        if self._grad_norm is not None:
+            norm = self._grad_norm.item()
+            # An fp16 overflow step (skipped by the scaler) has an inf norm, which JSON cannot carry.
+            grad_norm = round(norm, 6) if math.isfinite(norm) else None
         self.emit(
             {
                 "event": "step",
@@ -499,6 +496,7 @@ class Trainer:
                 "steps": self.steps,
                 "loss": loss,
                 "lr": self.lr_at(step),
+                "grad_norm": grad_norm,
                 "tokens_per_s": round(rate, 1),
                 "seconds": round(now - self.t0, 3),
                 "restart": self.restart,
@@ -606,6 +604,8 @@ class Trainer:
             "global_batch": self.batch_size * self.acc * self.env.world_size,
             "seq_len": self.seq_len,
         }
+        if self.events.tensorboard_dir is not None:
+            event["tensorboard"] = self.events.tensorboard_dir
         if self.notes:
             event["notes"] = self.notes
         return event
@@ -638,9 +638,7 @@ class Trainer:
         return done
 
     def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
+        self.events.close()
         if self.pg_initialized:
             import gc
 
