@@ -10,8 +10,10 @@ LABCTL_TRAIN_DEVICE=cpu) and trains a DDP-wrapped model.
 
 Rank 0 prints one JSON object per line on stdout, each with an "event" key: "start", "step"
 (every `log_every` steps and on the last), "checkpoint", "batch_resize" and "done", and
-appends the same lines to `metrics_path`. Other ranks print nothing on stdout. A failure is
-one line on stderr ("labctl trainer: error: ...") and a non-zero exit.
+appends the same lines to `metrics_path`; where TensorBoard is installed it also writes the
+step events' scalars to event files beside it (trainer_events.py). Other ranks print nothing
+on stdout. A failure is one line on stderr ("labctl trainer: error: ...") and a non-zero exit.
+The settings and their checks live in trainer_settings.py.
 
 Like the rest of the agent package this module imports without torch (torch is imported
 inside functions) and keeps to Python 3.8 syntax.
@@ -21,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
-import json
 import math
 import os
 import socket
@@ -33,155 +33,31 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
 from .ckpt import FORMAT, CheckpointDir, choose_common, config_mismatch, pt_name
 from .corpus import Corpus
-from .tinylm import make_config
+from .trainer_events import EventLog
+from .trainer_settings import (
+    DEFAULTS,
+    MIN_LR_RATIO,
+    TrainerError,
+    load_settings,
+    lr_factor,
+    resolve_settings,
+)
 
-# What a run gets for each setting the controller leaves out (standalone use).
-DEFAULTS: Dict[str, Any] = {
-    "phase": 0,
-    "run_id": "local",
-    "steps": 100,
-    "batch_size": 16,
-    "accumulation_steps": 1,
-    "seq_len": 64,
-    "model": {"vocab": 256, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 256},
-    "lr": 3e-3,
-    "warmup_steps": 10,
-    "weight_decay": 0.01,
-    "grad_clip": 1.0,
-    "mixed_precision": True,
-    "gradient_scaling": {
-        "enabled": True,
-        "initial_scale": 65536.0,
-        "growth_factor": 2.0,
-        "backoff_factor": 0.5,
-        "growth_interval": 2000,
-    },
-    "ema": False,
-    "ema_decay": 0.999,
-    "dynamic_batch_sizing": False,
-    "bucket_cap_mb": 25,
-    "checkpoint_dir": "checkpoints",
-    "checkpoint_every": 100,
-    "keep_checkpoints": 3,
-    "metrics_path": None,
-    "log_every": 10,
-    "seed": 0,
-}
-MIN_LR_RATIO = 0.1  # the cosine decays to 10% of lr
+# What other code imports from here; the settings moved to trainer_settings.py.
+__all__ = [
+    "DEFAULTS",
+    "DEVICE_ENV",
+    "MIN_LR_RATIO",
+    "DistEnv",
+    "Trainer",
+    "TrainerError",
+    "load_settings",
+    "lr_factor",
+    "main",
+    "resolve_settings",
+]
+
 DEVICE_ENV = "LABCTL_TRAIN_DEVICE"  # "cpu" forces the CPU (and gloo) where CUDA exists
-
-
-class TrainerError(Exception):
-    """A failure with a message that says it all: reported as one line, no traceback."""
-
-
-def _fail(key: str, want: str, value: Any) -> TrainerError:
-    return TrainerError(f"settings: {key} must be {want}, got {value!r}")
-
-
-def _int(s: Mapping[str, Any], key: str, minimum: int, label: Optional[str] = None) -> int:
-    value = s[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise _fail(label or key, f"an integer >= {minimum}", value)
-    return value
-
-
-def _float(s: Mapping[str, Any], key: str, minimum: float, label: Optional[str] = None) -> float:
-    value = s[key]
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= minimum:
-        raise _fail(label or key, f"a number >= {minimum}", value)
-    return float(value)
-
-
-def _bool(s: Mapping[str, Any], key: str) -> bool:
-    value = s[key]
-    if not isinstance(value, bool):
-        raise _fail(key, "true or false", value)
-    return value
-
-
-def resolve_settings(raw: Mapping[str, Any]) -> Dict[str, Any]:
-    """The settings with defaults filled in (nested objects key by key), checked and typed."""
-    if not isinstance(raw, Mapping):
-        raise TrainerError(f"settings must be a JSON object, got {type(raw).__name__}")
-    s = copy.deepcopy(DEFAULTS)
-    for key, value in raw.items():
-        if key in ("model", "gradient_scaling") and isinstance(value, Mapping):
-            merged = dict(s[key])
-            merged.update(value)
-            s[key] = merged
-        else:
-            s[key] = value
-    for key in ("model", "gradient_scaling"):
-        if not isinstance(s[key], dict):
-            raise _fail(key, "an object", s[key])
-    _int(s, "phase", 0)
-    if not isinstance(s["run_id"], str):
-        raise _fail("run_id", "a string", s["run_id"])
-    for key in ("steps", "batch_size", "accumulation_steps", "seq_len", "log_every", "keep_checkpoints"):
-        _int(s, key, 1)
-    for key in ("warmup_steps", "checkpoint_every", "bucket_cap_mb", "seed"):
-        _int(s, key, 0)
-    s["lr"] = _float(s, "lr", 0.0)
-    s["weight_decay"] = _float(s, "weight_decay", 0.0)
-    if s["grad_clip"] is not None:
-        s["grad_clip"] = _float(s, "grad_clip", 0.0)
-    s["ema_decay"] = _float(s, "ema_decay", 0.0)
-    if s["ema_decay"] >= 1.0:
-        raise _fail("ema_decay", "below 1", s["ema_decay"])
-    for key in ("mixed_precision", "ema", "dynamic_batch_sizing"):
-        _bool(s, key)
-    for key in ("checkpoint_dir", "metrics_path"):
-        if s[key] is not None and not isinstance(s[key], str):
-            raise _fail(key, "a path or null", s[key])
-    gs = s["gradient_scaling"]
-    _bool(gs, "enabled")
-    gs["initial_scale"] = _float(gs, "initial_scale", 1e-30, "gradient_scaling.initial_scale")
-    gs["growth_factor"] = _float(gs, "growth_factor", 1.0, "gradient_scaling.growth_factor")
-    gs["backoff_factor"] = _float(gs, "backoff_factor", 0.0, "gradient_scaling.backoff_factor")
-    _int(gs, "growth_interval", 1, "gradient_scaling.growth_interval")
-    m = s["model"]
-    try:
-        s["model_config"] = make_config(
-            vocab=m.get("vocab"),
-            d_model=m.get("d_model"),
-            n_layers=m.get("n_layers"),
-            n_heads=m.get("n_heads"),
-            d_ff=m.get("d_ff"),
-            max_seq=s["seq_len"],
-            tie_embeddings=bool(m.get("tie_embeddings", False)),
-            dtype="fp32",
-        )
-    except ValueError as exc:
-        raise TrainerError(f"settings: model: {exc}") from None
-    return s
-
-
-def load_settings(arg: Optional[str]) -> Dict[str, Any]:
-    """--settings' value: JSON text, or @PATH of a JSON file (left in place: every rank reads it)."""
-    if arg is None:
-        text = "{}"
-    elif arg.startswith("@"):
-        try:
-            with open(arg[1:]) as f:
-                text = f.read()
-        except OSError as exc:
-            raise TrainerError(f"cannot read settings file {arg[1:]}: {exc.strerror}") from None
-    else:
-        text = arg
-    try:
-        raw = json.loads(text) if text.strip() else {}
-    except ValueError as exc:
-        raise TrainerError(f"--settings is not valid JSON: {exc}") from None
-    return resolve_settings(raw)
-
-
-def lr_factor(completed: int, warmup: int, total: int) -> float:
-    """The lr multiplier for the step after `completed` steps: linear warmup, cosine to 10%."""
-    if completed < warmup:
-        return (completed + 1) / warmup
-    progress = min(1.0, (completed - warmup) / max(1, total - warmup))
-    return MIN_LR_RATIO + (1.0 - MIN_LR_RATIO) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class DistEnv:
@@ -225,6 +101,7 @@ class Trainer:
         self.env = DistEnv(os.environ if environ is None else environ)
         self.out = sys.stdout if out is None else out
         self.is_rank0 = self.env.rank == 0
+        self.events = EventLog(self.out, active=self.is_rank0)
         self.steps: int = self.s["steps"]
         self.batch_size: int = self.s["batch_size"]
         self.acc: int = self.s["accumulation_steps"]
@@ -233,7 +110,6 @@ class Trainer:
         self.ckpt_every: int = self.s["checkpoint_every"]
         self.model_config: Dict[str, Any] = self.s["model_config"]
         self.restart = self.env.restart
-        self.metrics: Optional[IO[str]] = None
         self.ckdir: Optional[CheckpointDir] = (
             CheckpointDir(self.s["checkpoint_dir"]) if self.s["checkpoint_dir"] else None
         )
@@ -250,23 +126,8 @@ class Trainer:
     # -- output ---------------------------------------------------------------------------
 
     def emit(self, event: Dict[str, Any]) -> None:
-        """A JSON line on stdout and in metrics_path, from rank 0 only."""
-        if not self.is_rank0:
-            return
-        line = json.dumps(event) + "\n"
-        self.out.write(line)
-        self.out.flush()
-        if self.metrics is not None:
-            self.metrics.write(line)
-            self.metrics.flush()
-
-    def _open_metrics(self) -> None:
-        path = self.s["metrics_path"]
-        if not path or not self.is_rank0:
-            return
-        parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
-        self.metrics = open(path, "a")  # noqa: SIM115 (open for the whole run, closed by close())
+        """A JSON line on stdout and in metrics_path (and TensorBoard scalars), from rank 0 only."""
+        self.events.write(event)
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -356,7 +217,9 @@ class Trainer:
         infos = self.gather({"local_rank": self.env.local_rank, "capability": cap})
         self.hosts = sum(1 for i in infos if i["local_rank"] == 0)
         self._precision(infos)
-        self._open_metrics()
+        self.events.open(self.s["metrics_path"])
+        if self.events.note:
+            self.notes.append(self.events.note)
 
         torch.manual_seed(self.s["seed"])
         self.module = build_model(self.model_config, device=self.device)
@@ -391,6 +254,7 @@ class Trainer:
                 bucket_cap_mb=self.s["bucket_cap_mb"],
             )
         self._loss_sum = torch.zeros((), device=self.device)
+        self._grad_norm: Any = None
         self._param_data = [p.detach() for p in self.params]
         self._vocab = self.model_config["vocab"]
         self._tokens_per_step = self.batch_size * self.acc * self.env.world_size * self.seq_len
@@ -555,10 +419,13 @@ class Trainer:
                     scaled.backward()
             loss_sum += loss.detach()
         clip = self.s["grad_clip"]
-        if clip:
+        # The norm is measured where clipping computes it anyway, else only on the steps that log it.
+        self._grad_norm = None
+        if clip or step % self.log_every == 0 or step == self.steps:
             if scaler is not None:
                 scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(self.params, clip)
+            # The total norm before clipping (max_norm inf clips nothing); a device tensor, read when logged.
+            self._grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip else math.inf)
         if scaler is not None:
             scaler.step(opt)
             scaler.update()
@@ -617,6 +484,11 @@ class Trainer:
         rate = (step - last_step) * self._tokens_per_step / max(now - last_time, 1e-9)
         self._last_log = (step, now)
         self.last_loss = loss
+        grad_norm = None
+        if self._grad_norm is not None:
+            norm = self._grad_norm.item()
+            # An fp16 overflow step (skipped by the scaler) has an inf norm, which JSON cannot carry.
+            grad_norm = round(norm, 6) if math.isfinite(norm) else None
         self.emit(
             {
                 "event": "step",
@@ -624,6 +496,7 @@ class Trainer:
                 "steps": self.steps,
                 "loss": loss,
                 "lr": self.lr_at(step),
+                "grad_norm": grad_norm,
                 "tokens_per_s": round(rate, 1),
                 "seconds": round(now - self.t0, 3),
                 "restart": self.restart,
@@ -731,6 +604,8 @@ class Trainer:
             "global_batch": self.batch_size * self.acc * self.env.world_size,
             "seq_len": self.seq_len,
         }
+        if self.events.tensorboard_dir is not None:
+            event["tensorboard"] = self.events.tensorboard_dir
         if self.notes:
             event["notes"] = self.notes
         return event
@@ -763,9 +638,7 @@ class Trainer:
         return done
 
     def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
+        self.events.close()
         if self.pg_initialized:
             import gc
 
