@@ -14,7 +14,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,torch,plot]'
+	$(BIN)/pip install -q -e '.[dev,torch,plot,tensorboard]'
 	touch $@
 
 # System packages the simulated lab and the Docker sandboxes need (Debian/Ubuntu, as root).
