@@ -72,7 +72,8 @@ def test_doctor_fails_declared_missing_gpus_passes_what_is_there_and_lists_the_d
     (bw,) = _lines(doc, "bandwidth")
     (lat,) = _lines(doc, "latency")
     assert bw["status"] in ("pass", "warn") and "Mbit/s" in bw["found"], bw
-    assert lat["status"] == "pass" and " ms " in lat["found"], lat
+    # Its verdict depends on this machine's load; that it was measured does not.
+    assert lat["status"] in ("pass", "warn") and float(lat["found"].split(": ")[1].split(" ms ")[0]) > 0, lat
 
     tier = {x["check"].split(": ", 1)[1]: x for x in doc["lines"] if x["check"].startswith("tier dev: ")}
     assert set(tier) == {"GPUs", "CPU cores", "RAM", "storage", "network"}
