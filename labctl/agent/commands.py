@@ -11,6 +11,7 @@ import importlib
 import os
 import platform
 import sys
+import time
 from typing import Any, Callable, Dict, Union
 
 from . import AGENT_VERSION
@@ -33,6 +34,8 @@ def ping(args: Dict[str, Any]) -> Dict[str, Any]:
         "python_version": platform.python_version(),
         "python": sys.executable,
         "pid": os.getpid(),
+        # Read against the controller's clock around the call: `labctl doctor`'s clock skew.
+        "time": time.time(),
     }
 
 

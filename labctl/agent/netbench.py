@@ -240,9 +240,12 @@ class _Stream:
 def measure_streams(address: str, port: int, token: str, streams: int, seconds: float) -> Dict[str, Any]:
     """`streams` TCP streams at once for `seconds`; the rate as the receiver counted it."""
     socks = []
+    hellos = []  # each a TCP handshake and one hello round trip: the path's latency, near enough
     try:
         for _ in range(streams):
+            began = time.monotonic()
             socks.append(_connect(address, port, token, {"op": "stream"}))
+            hellos.append(time.monotonic() - began)
     except AgentError:
         for s in socks:
             s.close()
@@ -282,6 +285,7 @@ def measure_streams(address: str, port: int, token: str, streams: int, seconds: 
             for x in reports
         ],
         "sent_bytes": sum(r.sent for r in runs),
+        "connect_ms": round(min(hellos) * 1000, 3),
     }
 
 

@@ -17,6 +17,7 @@ from labctl.cli import (
     bench_cmd,
     cache_cmd,
     cron_cmd,
+    doctor_cmd,
     exec_cmd,
     facts_cmd,
     init_cmd,
@@ -73,6 +74,7 @@ app.add_typer(inventory_cmd.app, name="inventory")
 app.command("trust")(trust_cmd.trust)
 app.command("exec")(exec_cmd.exec_)
 app.command("facts")(facts_cmd.facts)
+app.command("doctor")(doctor_cmd.doctor)
 app.command("provision")(provision_cmd.provision)
 app.add_typer(cache_cmd.app, name="cache")
 app.add_typer(cron_cmd.app, name="cron")

@@ -213,6 +213,7 @@ class Run:
     share: float | None
     per_stream_mbps: list[float] = field(default_factory=list)
     seconds_48gb: float | None = None
+    connect_ms: float | None = None  # the fastest stream's TCP connect and hello: latency, roughly
 
 
 def build_report(
@@ -237,6 +238,7 @@ def build_report(
                 share=bps / 1e6 / link if link else None,
                 per_stream_mbps=[float(x) / 1e6 for x in r.get("per_stream_bits_per_s") or []],
                 seconds_48gb=SEED_BYTES * 8 / bps if bps > 0 else None,
+                connect_ms=float(r["connect_ms"]) if r.get("connect_ms") is not None else None,
             )
         )
     best = max(runs, key=lambda x: x.mbps, default=None)

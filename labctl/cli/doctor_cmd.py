@@ -1,0 +1,64 @@
+"""`labctl doctor`: is this lab fit to train? One pass/warn/fail line per check, each with its fix."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context
+
+
+def doctor(
+    ctx: typer.Context,
+    limit: LimitOpt = None,
+    tier: Annotated[
+        Optional[str],
+        typer.Option("--tier", help="Also check against seed 003's scale tier: dev, research or prod."),
+    ] = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Seed 004's infrastructure validation: one line per check, pass, warn or fail, with its fix.
+
+    Every declared GPU found with its memory; driver and CUDA; the torch build covers each GPU;
+    one torch and NCCL on the training hosts; NICs and bonds; bandwidth and latency between two
+    hosts (a 1-second `bench network`); disk for checkpoints; the model cache's mount; Docker and
+    sandbox images; clock skew; pinned host keys. `--tier` adds seed 003's tier (GPUs and their
+    memory, CPU cores, RAM, storage, network) and says what is missing to reach it. Exit 1 when
+    any line fails.
+
+    Examples:
+
+        labctl doctor
+
+        labctl doctor --tier dev --json | jq '.lines[] | select(.status == "fail")'
+    """
+    from labctl.doctor.checks import check_lab, check_tier
+    from labctl.doctor.gather import gather
+    from labctl.doctor.model import exit_code
+    from labctl.doctor.render import render, to_json
+    from labctl.doctor.tiers import TIERS
+    from labctl.errors import InputError
+    from labctl.inventory.select import select_hosts
+
+    if tier is not None and tier not in TIERS:
+        raise InputError(
+            f"--tier {tier!r} is not one of seed 003's tiers.",
+            f"Give one of {', '.join(TIERS)}, e.g. --tier dev.",
+        )
+    c = make_context(ctx, inventory, json_out, verbose)
+    hosts = select_hosts(c.inventory, limit)
+    try:
+        found = gather(c, hosts)
+    finally:
+        c.close()
+    lines = check_lab(found)
+    if tier is not None:
+        lines += check_tier(found.hosts, TIERS[tier])
+    if c.json_mode:
+        c.emit(to_json(lines, tier))
+    else:
+        render(c.console, lines)
+    raise typer.Exit(exit_code(lines))

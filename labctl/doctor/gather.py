@@ -1,0 +1,137 @@
+"""What doctor asks the hosts, through the agent commands that already exist.
+
+One round per host (fan_out): a clock read (`ping`, timed on this side too), `facts` with
+torch, and `sandbox_images` where the host runs sandboxes. Then one short `bench network`
+between two of the hosts for bandwidth and latency. Nothing here judges what came back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from labctl.errors import LabctlError
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.fanout import HostRun
+    from labctl.inventory.model import Host
+
+PROBE_SECONDS = 1.0  # long enough for a rate on a 1 Gbit link, short enough to run every time
+
+
+@dataclass
+class Clock:
+    """The host's time.time() read between two reads of this machine's clock."""
+
+    before: float
+    host: float
+    after: float
+
+
+@dataclass
+class HostFound:
+    host: Host
+    facts: dict[str, Any] | None = None
+    clock: Clock | None = None
+    images: list[dict[str, Any]] | None = None
+    images_error: str | None = None
+    error: str | None = None  # the host could not be asked at all
+    hint: str | None = None
+    skipped: str | None = None
+
+
+@dataclass
+class NetworkProbe:
+    sender: str
+    receiver: str
+    report: dict[str, Any] | None = None
+    error: str | None = None
+    hint: str | None = None
+
+
+@dataclass
+class Gathered:
+    hosts: list[HostFound]
+    network: NetworkProbe | None = None
+    network_skipped: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def runs_sandboxes(host: Host) -> bool:
+    return host.has_role("sandbox") or host.sandbox is not None
+
+
+def _step(run: HostRun) -> Any:
+    from labctl.agent_ship import call_agent
+    from labctl.fanout import HostResult, Skipped
+
+    host = run.host
+    if host.is_windows:
+        raise Skipped("windows (labctl's agent is Linux-only)")
+    before = time.time()
+    ping = call_agent(run, "ping", {})
+    after = time.time()
+    facts = call_agent(run, "facts", {"torch": True})
+    found: dict[str, Any] = {"facts": facts}
+    if isinstance(ping, dict) and isinstance(ping.get("time"), (int, float)):
+        found["clock"] = Clock(before, float(ping["time"]), after)
+    if runs_sandboxes(host):
+        try:
+            found["images"] = list(call_agent(run, "sandbox_images", {}).get("images") or [])
+        except LabctlError as e:
+            found["images_error"] = e.message
+    return HostResult(host.name, "ok", data=found)
+
+
+def gather_hosts(ctx: Context, hosts: Sequence[Host]) -> list[HostFound]:
+    from labctl.fanout import fan_out
+
+    by_name = {h.name: h for h in hosts}
+    out = []
+    for r in fan_out(ctx, hosts, _step, label="doctor"):
+        f = HostFound(by_name[r.host])
+        if r.status == "skipped":
+            f.skipped = r.error or "skipped"
+        elif not r.ok or not isinstance(r.data, dict):
+            f.error, f.hint = r.error or r.status, r.hint
+        else:
+            f.facts = r.data.get("facts")
+            f.clock = r.data.get("clock")
+            f.images = r.data.get("images")
+            f.images_error = r.data.get("images_error")
+        out.append(f)
+    return out
+
+
+def probe_pair(found: list[HostFound]) -> tuple[Host, Host] | None:
+    """Two hosts that answered, training hosts first: the path training traffic takes."""
+    ready = [f.host for f in found if f.facts is not None]
+    ready.sort(key=lambda h: not h.has_role("train"))
+    return (ready[1], ready[0]) if len(ready) >= 2 else None
+
+
+def probe_network(ctx: Context, sender: Host, receiver: Host) -> NetworkProbe:
+    from labctl.netbench.measure import measure_network
+
+    probe = NetworkProbe(sender.name, receiver.name)
+    try:
+        probe.report = measure_network(ctx, sender, receiver, [1], PROBE_SECONDS)
+    except LabctlError as e:
+        probe.error, probe.hint = e.message, e.hint
+    return probe
+
+
+def gather(ctx: Context, hosts: Sequence[Host], network: bool = True) -> Gathered:
+    found = gather_hosts(ctx, hosts)
+    g = Gathered(found)
+    pair = probe_pair(found)
+    if not network:
+        g.network_skipped = "not asked for"
+    elif pair is None:
+        g.network_skipped = "needs two Linux hosts that answered"
+    else:
+        g.network = probe_network(ctx, *pair)
+    return g
