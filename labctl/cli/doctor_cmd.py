@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -16,6 +17,12 @@ def doctor(
         Optional[str],
         typer.Option("--tier", help="Also check against seed 003's scale tier: dev, research or prod."),
     ] = None,
+    alerts: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--alerts", help="Alert thresholds (default: alerts.yaml beside the inventory, then playbooks/)."
+        ),
+    ] = None,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
@@ -25,7 +32,7 @@ def doctor(
     Every declared GPU found with its memory; driver and CUDA; the torch build covers each GPU;
     one torch and NCCL on the training hosts; NICs and bonds; bandwidth and latency between two
     hosts (a 1-second `bench network`); disk for checkpoints; the model cache's mount; Docker and
-    sandbox images; clock skew; pinned host keys. `--tier` adds seed 003's tier (GPUs and their
+    sandbox images; clock skew; pinned host keys; seed 004's alerts firing now (critical ones fail). `--tier` adds seed 003's tier (GPUs and their
     memory, CPU cores, RAM, storage, network) and says what is missing to reach it. Exit 1 when
     any line fails.
 
@@ -42,6 +49,7 @@ def doctor(
     from labctl.doctor.tiers import TIERS
     from labctl.errors import InputError
     from labctl.inventory.select import select_hosts
+    from labctl.monitor.alerts import rules_for
 
     if tier is not None and tier not in TIERS:
         raise InputError(
@@ -50,8 +58,9 @@ def doctor(
         )
     c = make_context(ctx, inventory, json_out, verbose)
     hosts = select_hosts(c.inventory, limit)
+    rules = rules_for(alerts, c.inventory.path)
     try:
-        found = gather(c, hosts)
+        found = gather(c, hosts, rules=rules)
     finally:
         c.close()
     lines = check_lab(found)

@@ -396,6 +396,35 @@ def check_host_key(f: HostFound) -> list[Line]:
     return [Line(PASS, "host key", h.name, f"pinned: {prints}")]
 
 
+def check_alerts(f: HostFound) -> list[Line]:
+    """Seed 004's alerts firing now: critical ones fail, warnings warn; none is a pass."""
+    name = f.host.name
+    if f.alerts_error:
+        return [
+            Line(
+                WARN,
+                "alerts",
+                name,
+                f"could not sample the host: {f.alerts_error}",
+                "Run `labctl status` to see why.",
+            )
+        ]
+    if f.alerts is None:
+        return []
+    if not f.alerts:
+        return [Line(PASS, "alerts", name, "none firing")]
+    return [
+        Line(
+            FAIL if a.severity == "critical" else WARN,
+            f"alert {a.name}",
+            name,
+            a.message,
+            "See `labctl status` for the trend; the thresholds are in alerts.yaml (--alerts).",
+        )
+        for a in f.alerts
+    ]
+
+
 def check_host(f: HostFound) -> list[Line]:
     name = f.host.name
     if f.skipped:
@@ -407,7 +436,7 @@ def check_host(f: HostFound) -> list[Line]:
         return [*check_host_key(f), Line(FAIL, "reachable", name, f.error or "no facts", f.hint or "")]
     out = [Line(PASS, "reachable", name, "agent answered")]
     for check in (check_host_key, check_gpus, check_driver, check_torch_build, check_nics,
-                  check_checkpoint_disk, check_cache_mount, check_sandbox):  # fmt: skip
+                  check_checkpoint_disk, check_cache_mount, check_sandbox, check_alerts):  # fmt: skip
         out += check(f)
     return out
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from labctl.context import Context
     from labctl.fanout import HostRun
     from labctl.inventory.model import Host
+    from labctl.monitor.alerts import Alert, AlertRules
 
 PROBE_SECONDS = 1.0  # long enough for a rate on a 1 Gbit link, short enough to run every time
 
@@ -38,6 +39,8 @@ class HostFound:
     clock: Clock | None = None
     images: list[dict[str, Any]] | None = None
     images_error: str | None = None
+    alerts: list[Alert] | None = None  # seed 004's alerts firing on this host (None: not sampled)
+    alerts_error: str | None = None
     error: str | None = None  # the host could not be asked at all
     hint: str | None = None
     skipped: str | None = None
@@ -64,7 +67,7 @@ def runs_sandboxes(host: Host) -> bool:
     return host.has_role("sandbox") or host.sandbox is not None
 
 
-def _step(run: HostRun) -> Any:
+def _step(run: HostRun, rules: AlertRules | None) -> Any:
     from labctl.agent_ship import call_agent
     from labctl.fanout import HostResult, Skipped
 
@@ -83,15 +86,24 @@ def _step(run: HostRun) -> Any:
             found["images"] = list(call_agent(run, "sandbox_images", {}).get("images") or [])
         except LabctlError as e:
             found["images_error"] = e.message
+    if rules is not None:
+        from labctl.monitor.alerts import evaluate
+        from labctl.monitor.collect import status_args
+
+        try:
+            sample = call_agent(run, "status", status_args(host))
+            found["alerts"] = evaluate(host.name, sample, rules)
+        except LabctlError as e:
+            found["alerts_error"] = e.message
     return HostResult(host.name, "ok", data=found)
 
 
-def gather_hosts(ctx: Context, hosts: Sequence[Host]) -> list[HostFound]:
+def gather_hosts(ctx: Context, hosts: Sequence[Host], rules: AlertRules | None = None) -> list[HostFound]:
     from labctl.fanout import fan_out
 
     by_name = {h.name: h for h in hosts}
     out = []
-    for r in fan_out(ctx, hosts, _step, label="doctor"):
+    for r in fan_out(ctx, hosts, lambda run: _step(run, rules), label="doctor"):
         f = HostFound(by_name[r.host])
         if r.status == "skipped":
             f.skipped = r.error or "skipped"
@@ -102,6 +114,8 @@ def gather_hosts(ctx: Context, hosts: Sequence[Host]) -> list[HostFound]:
             f.clock = r.data.get("clock")
             f.images = r.data.get("images")
             f.images_error = r.data.get("images_error")
+            f.alerts = r.data.get("alerts")
+            f.alerts_error = r.data.get("alerts_error")
         out.append(f)
     return out
 
@@ -124,8 +138,11 @@ def probe_network(ctx: Context, sender: Host, receiver: Host) -> NetworkProbe:
     return probe
 
 
-def gather(ctx: Context, hosts: Sequence[Host], network: bool = True) -> Gathered:
-    found = gather_hosts(ctx, hosts)
+def gather(
+    ctx: Context, hosts: Sequence[Host], network: bool = True, rules: AlertRules | None = None
+) -> Gathered:
+    """`rules`: also sample each host's status and judge seed 004's alerts (None: no alerts)."""
+    found = gather_hosts(ctx, hosts, rules)
     g = Gathered(found)
     pair = probe_pair(found)
     if not network:

@@ -124,6 +124,20 @@ def default_path(inventory_path: Path | None = None) -> Path:
     return find_default(DEFAULT_ALERTS, resolve_inventory_path(inventory_path), "alerts file", "--alerts")
 
 
+def rules_for(given: Path | None, inventory_path: Path | None) -> AlertRules:
+    """The rules a command uses: the file given (--alerts), else alerts.yaml where the default
+    files are found, else seed 004's thresholds as packaged: alerts need no file to work."""
+    from labctl.errors import InputError
+
+    if given is not None:
+        return load_rules(given)
+    try:
+        found = default_path(inventory_path)
+    except InputError:  # no file anywhere: the defaults; a broken file found is still an error
+        return load_rules(None)
+    return load_rules(found)
+
+
 def load_rules(path: Path | None) -> AlertRules:
     """The alerts file at `path`, validated (every problem at once, exit 2); None: the packaged defaults."""
     path = packaged_path() if path is None else Path(path)

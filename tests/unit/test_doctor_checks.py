@@ -197,3 +197,19 @@ def test_the_probe_pair_puts_a_training_host_at_the_receiving_end() -> None:
     a, b = Host(name="a", address="10.0.0.2"), Host(name="t", address="10.0.0.3", roles=["train"])
     pair = probe_pair([HostFound(a, facts([])), HostFound(b, facts([])), HostFound(M5)])
     assert pair is not None and (pair[0].name, pair[1].name) == ("a", "t")
+
+
+def test_alerts_firing_are_lines_critical_fails_warning_warns_and_none_passes() -> None:
+    from labctl.doctor.checks import check_alerts
+    from labctl.monitor.alerts import Alert
+
+    hot = Alert("gpu_temperature", "m5", "critical", "GPU 1 at 91 °C (above 85 °C)", 91, 85, gpu=1)
+    full = Alert("model_cache_full", "m5", "warning", "model cache 93% full (above 90%)", 93, 90)
+    lines = check_alerts(HostFound(M5, facts([]), alerts=[hot, full]))
+    assert [(x.status, x.check) for x in lines] == [
+        (FAIL, "alert gpu_temperature"),
+        (WARN, "alert model_cache_full"),
+    ]
+    assert "91 °C" in lines[0].found and "alerts.yaml" in lines[0].fix
+    assert statuses(check_alerts(HostFound(M5, facts([]), alerts=[])), "alerts") == [PASS]
+    assert check_alerts(HostFound(M5, facts([]))) == []  # not sampled: no line

@@ -297,3 +297,23 @@ def test_missing_or_non_mapping_alerts_file(tmp_path: Path) -> None:
     (tmp_path / "list.yaml").write_text("- a\n")
     with pytest.raises(DocumentError, match="mapping"):
         load_rules(tmp_path / "list.yaml")
+
+
+def test_rules_for_takes_the_given_file_the_found_one_or_the_packaged_defaults(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    from labctl.errors import InputError
+    from labctl.monitor.alerts import rules_for
+
+    monkeypatch.chdir(tmp_path)
+    inv = tmp_path / "lab" / "lab.yaml"
+    inv.parent.mkdir()
+    inv.write_text("lab: x\nhosts: {}\n")
+    assert rules_for(None, inv) == load_rules(None)  # nothing found: seed 004's thresholds
+    book = tmp_path / "lab" / "playbooks" / "alerts.yaml"
+    book.parent.mkdir()
+    book.write_text("alerts:\n  gpu_temperature: {above_c: 70}\n")
+    assert rules_for(None, inv).gpu_temperature.above_c == 70
+    book.write_text("alerts:\n  gpu_temprature: {above_c: 70}\n")
+    with pytest.raises(InputError):  # a broken file found is an error, never the defaults
+        rules_for(None, inv)
