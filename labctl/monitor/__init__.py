@@ -1,0 +1,1 @@
+"""Monitoring: host status samples, alerts, and the Prometheus metrics made from them."""
