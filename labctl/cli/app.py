@@ -21,6 +21,7 @@ from labctl.cli import (
     facts_cmd,
     init_cmd,
     inventory_cmd,
+    metrics_cmd,
     orchestra_cmd,
     provision_cmd,
     sandbox_cmd,
@@ -82,6 +83,7 @@ app.add_typer(sandbox_cmd.app, name="sandbox")
 app.command("rotate")(orchestra_cmd.rotate_cmd)
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(sim_cmd.app, name="sim")
+app.command("metrics")(metrics_cmd.metrics)
 
 
 def _wants_json(argv: list[str]) -> bool:

@@ -1,1 +1,2 @@
-"""Monitoring: host status samples, alerts, and the Prometheus metrics made from them."""
+"""Watching the lab: one `status` sample per host (collect.py), the alerts judged from it
+(alerts.py), and what shows or exports them (`labctl status`, `labctl metrics`, `labctl doctor`)."""

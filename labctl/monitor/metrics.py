@@ -31,21 +31,33 @@ ALERT_LABELS = ("host", "alert", "severity", "gpu", "run_id")
 
 
 class AlertLike(Protocol):
-    name: str
-    host: str
-    severity: str
-    gpu: Optional[int]
-    run_id: Optional[str]
+    """What this module reads of labctl.monitor.alerts.Alert."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def severity(self) -> str: ...
+    @property
+    def gpu(self) -> Optional[int]: ...
+    @property
+    def run_id(self) -> Optional[str]: ...
 
 
 class StatusLike(Protocol):
-    """What this module reads of labctl.monitor.collect.HostStatus."""
+    """What this module reads of labctl.monitor.collect.HostStatus (read-only, so a list[Alert] fits)."""
 
-    host: str
-    reachable: bool
-    sample: Optional[dict[str, Any]]
-    alerts: Sequence[Any]
-    seconds: float
+    @property
+    def host(self) -> str: ...
+    @property
+    def reachable(self) -> bool: ...
+    @property
+    def sample(self) -> Optional[dict[str, Any]]: ...
+    @property
+    def alerts(self) -> Sequence[AlertLike]: ...
+    @property
+    def seconds(self) -> float: ...
 
 
 def _num(value: Any) -> Optional[float]:
@@ -97,6 +109,8 @@ def families(statuses: Iterable[StatusLike]) -> list[Metric]:
     for st in statuses:
         host = st.host
         sample = st.sample if st.reachable and isinstance(st.sample, dict) else None
+        if st.reachable and sample is None:
+            continue  # skipped, not down: a host labctl does not watch (Windows) gets no series
         up.add_metric([host], 1.0 if sample is not None else 0.0)
         scrape.add_metric([host], float(st.seconds))
         for a in st.alerts:

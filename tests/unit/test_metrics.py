@@ -11,9 +11,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-
-pytest.importorskip("prometheus_client")
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from labctl.errors import InputError
@@ -195,6 +192,13 @@ def test_a_reading_the_host_did_not_report_is_left_out_not_exported_as_zero() ->
     for name, rows in s.items():
         if name not in ("labctl_host_up", "labctl_scrape_seconds"):
             assert all(lab_.get("host") != "down1" for lab_, _ in rows), name
+
+
+def test_a_skipped_host_is_not_exported_as_down() -> None:
+    skipped = FixtureStatus("win1", True, None, error="windows (the status agent is Linux-only)")
+    s = parsed(metrics.exposition([*lab(), skipped]))
+    assert all(lab_["host"] != "win1" for rows in s.values() for lab_, _ in rows)
+    assert value(s, "labctl_host_up", host="down1") == 0
 
 
 def test_textfile_lands_whole_under_a_name_node_exporter_reads(tmp_path: Path) -> None:
