@@ -370,3 +370,27 @@ def test_dashboard_names_only_series_the_exporter_emits() -> None:
         used |= names
     # a series the exporter adds later should get a panel: say which ones have none
     assert emitted - used <= {"labctl_scrape_seconds"}, sorted(emitted - used)
+
+
+def test_exposition_passes_promtool_lint_and_dashboard_promql_parses(tmp_path: Path) -> None:
+    """promtool (Debian package prometheus) lints the exposition and parses every dashboard query
+    as Prometheus itself would, through a rules file of one recording rule per query."""
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    lint = subprocess.run(
+        [promtool, "check", "metrics"], input=metrics.exposition(lab()), capture_output=True, text=True
+    )
+    assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint
+    rules = [
+        {"record": f"labctl:dashboard_query:{i}", "expr": q.replace("$host", ".*")}
+        for i, q in enumerate(dashboard_queries())
+        if not q.lstrip().startswith("label_values(")  # Grafana's, not PromQL
+    ]
+    path = tmp_path / "rules.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))  # JSON is YAML
+    check = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
