@@ -15,23 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from labctl.errors import InputError
 from labctl.monitor import metrics
+from labctl.monitor.alerts import Alert
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "labctl.json"
 GIB = 1024**3
-
-
-@dataclass
-class FixtureAlert:
-    """The contract's Alert (labctl.monitor.alerts), field for field."""
-
-    name: str
-    host: str
-    severity: str
-    message: str
-    value: Optional[float]
-    threshold: Optional[float]
-    gpu: Optional[int] = None
-    run_id: Optional[str] = None
 
 
 @dataclass
@@ -114,8 +101,8 @@ def lab() -> list[FixtureStatus]:
             True,
             gpu_sample(),
             alerts=[
-                FixtureAlert("nccl_errors", "m5", "critical", "1 NCCL error", 1, 0, run_id="r-20260101-abc"),
-                FixtureAlert("gpu_memory", "m5", "warning", "GPU 0 at 96%", 96.0, 95.0, gpu=0),
+                Alert("nccl_errors", "m5", "critical", "1 NCCL error", 1, 0, run_id="r-20260101-abc"),
+                Alert("gpu_memory", "m5", "warning", "GPU 0 at 96%", 96.0, 95.0, gpu=0),
             ],
         ),
         FixtureStatus("cpu1", True, bare_sample()),
