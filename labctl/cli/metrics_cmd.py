@@ -116,12 +116,22 @@ def _report_textfile(c: Any, target: Path, statuses: list[Any]) -> int:
         c.emit(
             {
                 "textfile": str(target),
-                "hosts": [{"host": s.host, "reachable": s.reachable, "error": s.error} for s in statuses],
+                "hosts": [
+                    {
+                        "host": s.host,
+                        "reachable": s.reachable,
+                        "exported": s.sample is not None,
+                        "error": s.error,
+                    }
+                    for s in statuses
+                ],
                 "alerts": firing,
             }
         )
     else:
-        c.console.print(f"wrote {target}: {len(statuses)} hosts, {firing} alerts firing")
+        skipped = [f"{s.host}: {s.error}" for s in statuses if s.reachable and s.sample is None]
+        note = f" (skipped {'; '.join(skipped)})" if skipped else ""
+        c.console.print(f"wrote {target}: {len(statuses) - len(skipped)} hosts{note}, {firing} alerts firing")
         for s in down:
             c.console.print(f"{s.host}: unreachable ({s.error}); exported as labctl_host_up 0")
     return 1 if down else 0
