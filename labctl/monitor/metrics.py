@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional
 
 from labctl.errors import InputError
 
@@ -22,42 +22,14 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
+    from labctl.monitor.collect import HostStatus
+
 TEXTFILE_NAME = "labctl.prom"
 MIB = 1024 * 1024
 DEFAULT_PORT = 9835
 GPU_LABELS = ("host", "gpu", "uuid", "model_name")
 RUN_LABELS = ("host", "run_id")
 ALERT_LABELS = ("host", "alert", "severity", "gpu", "run_id")
-
-
-class AlertLike(Protocol):
-    """What this module reads of labctl.monitor.alerts.Alert."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def host(self) -> str: ...
-    @property
-    def severity(self) -> str: ...
-    @property
-    def gpu(self) -> Optional[int]: ...
-    @property
-    def run_id(self) -> Optional[str]: ...
-
-
-class StatusLike(Protocol):
-    """What this module reads of labctl.monitor.collect.HostStatus (read-only, so a list[Alert] fits)."""
-
-    @property
-    def host(self) -> str: ...
-    @property
-    def reachable(self) -> bool: ...
-    @property
-    def sample(self) -> Optional[dict[str, Any]]: ...
-    @property
-    def alerts(self) -> Sequence[AlertLike]: ...
-    @property
-    def seconds(self) -> float: ...
 
 
 def _num(value: Any) -> Optional[float]:
@@ -71,7 +43,7 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def families(statuses: Iterable[StatusLike]) -> list[Metric]:
+def families(statuses: Iterable[HostStatus]) -> list[Metric]:
     """Every labctl series for these host statuses, as prometheus_client metric families."""
     from prometheus_client.core import GaugeMetricFamily
 
@@ -162,7 +134,7 @@ class LabCollector:
 
     def __init__(
         self,
-        source: Callable[[], Sequence[StatusLike]],
+        source: Callable[[], Sequence[HostStatus]],
         cache_seconds: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -171,9 +143,9 @@ class LabCollector:
         self._clock = clock
         self._lock = threading.Lock()
         self._at: Optional[float] = None
-        self._statuses: Sequence[StatusLike] = ()
+        self._statuses: Sequence[HostStatus] = ()
 
-    def statuses(self) -> Sequence[StatusLike]:
+    def statuses(self) -> Sequence[HostStatus]:
         with self._lock:
             now = self._clock()
             if self._at is None or now - self._at >= self._cache_seconds:
@@ -185,7 +157,7 @@ class LabCollector:
         yield from families(self.statuses())
 
 
-def registry(source: Callable[[], Sequence[StatusLike]], cache_seconds: float = 0.0) -> CollectorRegistry:
+def registry(source: Callable[[], Sequence[HostStatus]], cache_seconds: float = 0.0) -> CollectorRegistry:
     from prometheus_client import CollectorRegistry
 
     # auto_describe off: registering must not collect (that would be a round of SSH calls)
@@ -194,7 +166,7 @@ def registry(source: Callable[[], Sequence[StatusLike]], cache_seconds: float = 
     return reg
 
 
-def exposition(statuses: Sequence[StatusLike]) -> str:
+def exposition(statuses: Sequence[HostStatus]) -> str:
     """The Prometheus text format for these statuses."""
     from prometheus_client import generate_latest
 
@@ -253,7 +225,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 def serve(
-    addr: str, port: int, source: Callable[[], Sequence[StatusLike]], cache_seconds: float
+    addr: str, port: int, source: Callable[[], Sequence[HostStatus]], cache_seconds: float
 ) -> tuple[Any, threading.Thread]:
     """Start the /metrics HTTP server in a thread; an InputError when the address cannot be bound."""
     from prometheus_client import start_http_server

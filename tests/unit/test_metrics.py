@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,22 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from labctl.errors import InputError
 from labctl.monitor import metrics
 from labctl.monitor.alerts import Alert
+from labctl.monitor.collect import HostStatus
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "labctl.json"
 GIB = 1024**3
-
-
-@dataclass
-class FixtureStatus:
-    """The contract's HostStatus (labctl.monitor.collect), field for field."""
-
-    host: str
-    reachable: bool
-    sample: Optional[dict[str, Any]]
-    alerts: list[Any] = field(default_factory=list)
-    error: Optional[str] = None
-    hint: Optional[str] = None
-    seconds: float = 0.25
 
 
 def gpu_sample() -> dict[str, Any]:
@@ -94,9 +81,9 @@ def bare_sample() -> dict[str, Any]:
     return s
 
 
-def lab() -> list[FixtureStatus]:
+def lab() -> list[HostStatus]:
     return [
-        FixtureStatus(
+        HostStatus(
             "m5",
             True,
             gpu_sample(),
@@ -105,8 +92,8 @@ def lab() -> list[FixtureStatus]:
                 Alert("gpu_memory", "m5", "warning", "GPU 0 at 96%", 96.0, 95.0, gpu=0),
             ],
         ),
-        FixtureStatus("cpu1", True, bare_sample()),
-        FixtureStatus("down1", False, None, error="connection refused", hint="start sshd", seconds=3.0),
+        HostStatus("cpu1", True, bare_sample()),
+        HostStatus("down1", False, None, error="connection refused", hint="start sshd", seconds=3.0),
     ]
 
 
@@ -182,7 +169,7 @@ def test_a_reading_the_host_did_not_report_is_left_out_not_exported_as_zero() ->
 
 
 def test_a_skipped_host_is_not_exported_as_down() -> None:
-    skipped = FixtureStatus("win1", True, None, error="windows (the status agent is Linux-only)")
+    skipped = HostStatus("win1", True, None, error="windows (the status agent is Linux-only)")
     s = parsed(metrics.exposition([*lab(), skipped]))
     assert all(lab_["host"] != "win1" for rows in s.values() for lab_, _ in rows)
     assert value(s, "labctl_host_up", host="down1") == 0
@@ -245,7 +232,7 @@ def test_serve_collects_on_scrape_and_nearby_scrapes_share_one_collection() -> N
 
     calls: list[int] = []
 
-    def source() -> list[FixtureStatus]:
+    def source() -> list[HostStatus]:
         calls.append(1)
         return lab()
 
@@ -267,7 +254,7 @@ def test_collections_further_apart_than_the_cache_ask_again() -> None:
     now = [0.0]
     calls: list[int] = []
 
-    def source() -> list[FixtureStatus]:
+    def source() -> list[HostStatus]:
         calls.append(1)
         return lab()
 
