@@ -22,6 +22,7 @@ from labctl.cli import (
     facts_cmd,
     init_cmd,
     inventory_cmd,
+    metrics_cmd,
     orchestra_cmd,
     provision_cmd,
     sandbox_cmd,
@@ -84,6 +85,7 @@ app.add_typer(sandbox_cmd.app, name="sandbox")
 app.command("rotate")(orchestra_cmd.rotate_cmd)
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(sim_cmd.app, name="sim")
+app.command("metrics")(metrics_cmd.metrics)
 
 
 def _wants_json(argv: list[str]) -> bool:

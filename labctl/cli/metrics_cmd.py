@@ -1,0 +1,158 @@
+"""`labctl metrics`: the lab's status and alerts for Prometheus (node_exporter's textfile, or /metrics)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context, positive
+
+
+def metrics(
+    ctx: typer.Context,
+    textfile: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--textfile",
+            help="Write DIR/labctl.prom once, atomically, for node_exporter's textfile collector.",
+            metavar="DIR",
+            show_default=False,
+        ),
+    ] = None,
+    serve: Annotated[
+        Optional[str],
+        typer.Option(
+            "--serve",
+            help="Serve /metrics at ADDR:PORT until Ctrl-C (PORT alone: 127.0.0.1).",
+            metavar="ADDR:PORT",
+            show_default=False,
+        ),
+    ] = None,
+    cache_seconds: Annotated[
+        float,
+        typer.Option(
+            "--cache-seconds",
+            callback=positive,
+            help="With --serve: scrapes closer together than this share one collection.",
+        ),
+    ] = 5.0,
+    alerts: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--alerts",
+            help="Alert rules. Default: playbooks/alerts.yaml beside the inventory, else labctl's defaults.",
+            show_default=False,
+        ),
+    ] = None,
+    limit: LimitOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Export every host's CPU, RAM, model cache, GPUs, warm models, training runs and firing
+    alerts as Prometheus series named `labctl_*` (per-GPU series follow the DCGM exporter's names).
+
+    `--textfile` suits the `cron` resource: node_exporter picks the file up on its next scrape.
+    A host that does not answer is exported as `labctl_host_up 0` and the command exits 1.
+    A Grafana dashboard for these series is in docs/grafana/labctl.json.
+
+    Examples:
+
+        labctl metrics --textfile /var/lib/prometheus/node-exporter
+
+        labctl metrics --serve 9835
+
+        labctl metrics --serve 10.0.0.2:9835 --limit role:train
+    """
+    from labctl.errors import InputError
+    from labctl.monitor import metrics as m
+
+    if (textfile is None) == (serve is None):
+        raise InputError(
+            "labctl metrics needs exactly one of --textfile DIR or --serve ADDR:PORT.",
+            "--textfile writes the file node_exporter reads; --serve answers Prometheus's scrapes itself.",
+        )
+    # every input checked before a host is asked
+    target = m.check_textfile_dir(textfile) if textfile is not None else None
+    listen = m.parse_listen(serve) if serve is not None else None
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        from labctl.inventory.select import select_hosts
+        from labctl.monitor.collect import collect
+
+        hosts = select_hosts(c.inventory, limit)
+        rules = _rules(alerts, c)
+        if target is not None:
+            statuses = collect(c, hosts, rules)
+            m.write_textfile(target, m.exposition(statuses))
+            code = _report_textfile(c, target, statuses)
+        else:
+            assert listen is not None
+            code = _serve(c, listen, lambda: collect(c, hosts, rules), cache_seconds, len(hosts))
+    finally:
+        c.close()
+    raise typer.Exit(code)
+
+
+def _rules(path: Optional[Path], c: Any) -> Any:
+    from labctl.errors import InputError
+    from labctl.monitor.alerts import default_path, load_rules
+
+    if path is not None:
+        return load_rules(path)
+    try:
+        found: Optional[Path] = default_path(c.inventory_path)
+    except InputError:  # no alerts file of the user's: the packaged defaults are seed 004's
+        found = None
+    return load_rules(found)
+
+
+def _report_textfile(c: Any, target: Path, statuses: list[Any]) -> int:
+    down = [s for s in statuses if not s.reachable]
+    firing = sum(len(s.alerts) for s in statuses)
+    if c.json_mode:
+        c.emit(
+            {
+                "textfile": str(target),
+                "hosts": [
+                    {
+                        "host": s.host,
+                        "reachable": s.reachable,
+                        "exported": s.sample is not None,
+                        "error": s.error,
+                    }
+                    for s in statuses
+                ],
+                "alerts": firing,
+            }
+        )
+    else:
+        skipped = [f"{s.host}: {s.error}" for s in statuses if s.reachable and s.sample is None]
+        note = f" (skipped {'; '.join(skipped)})" if skipped else ""
+        c.console.print(f"wrote {target}: {len(statuses) - len(skipped)} hosts{note}, {firing} alerts firing")
+        for s in down:
+            c.console.print(f"{s.host}: unreachable ({s.error}); exported as labctl_host_up 0")
+    return 1 if down else 0
+
+
+def _serve(c: Any, listen: tuple[str, int], source: Any, cache_seconds: float, count: int) -> int:
+    from labctl.monitor import metrics as m
+
+    addr, port = listen
+    server, thread = m.serve(addr, port, source, cache_seconds)
+    shown = f"[{addr}]" if ":" in addr else addr
+    url = f"http://{shown}:{server.server_address[1]}/metrics"
+    if c.json_mode:
+        c.emit({"serving": url, "hosts": count})
+    else:
+        c.console.print(f"serving {url} for {count} hosts (collected on each scrape); Ctrl-C stops")
+    try:
+        thread.join()
+    except KeyboardInterrupt:  # the way a foreground server is stopped: not a failure
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0
