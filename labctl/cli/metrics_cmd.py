@@ -80,10 +80,11 @@ def metrics(
     c = make_context(ctx, inventory, json_out, verbose)
     try:
         from labctl.inventory.select import select_hosts
+        from labctl.monitor.alerts import rules_for
         from labctl.monitor.collect import collect
 
         hosts = select_hosts(c.inventory, limit)
-        rules = _rules(alerts, c)
+        rules = rules_for(alerts, c.inventory_path)
         if target is not None:
             statuses = collect(c, hosts, rules)
             m.write_textfile(target, m.exposition(statuses))
@@ -94,19 +95,6 @@ def metrics(
     finally:
         c.close()
     raise typer.Exit(code)
-
-
-def _rules(path: Optional[Path], c: Any) -> Any:
-    from labctl.errors import InputError
-    from labctl.monitor.alerts import default_path, load_rules
-
-    if path is not None:
-        return load_rules(path)
-    try:
-        found: Optional[Path] = default_path(c.inventory_path)
-    except InputError:  # no alerts file of the user's: the packaged defaults are seed 004's
-        found = None
-    return load_rules(found)
 
 
 def _report_textfile(c: Any, target: Path, statuses: list[Any]) -> int:
