@@ -21,6 +21,7 @@ FILES = [
     ("playbooks/orchestra.yaml", "playbooks/orchestra.yaml"),
     ("playbooks/sandbox.yaml", "playbooks/sandbox.yaml"),
     ("playbooks/network.yaml", "playbooks/network.yaml"),
+    ("playbooks/alerts.yaml", "playbooks/alerts.yaml"),
 ]
 HEADER = (
     "# Written by `labctl init`: the seed lab's inventory as a starting point. Make the hosts yours\n"

@@ -74,6 +74,7 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "sandbox_hostcheck": ".sandbox.hostcheck:hostcheck_command",
     "net_sink": ".netbench:sink_command",
     "net_send": ".netbench:send_command",
+    "status": ".status:status_command",
 }
 
 

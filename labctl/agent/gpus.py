@@ -70,6 +70,8 @@ def gpus_from_pynvml() -> Optional[List[Dict[str, Any]]]:
             pci = _nvml_call(pynvml.nvmlDeviceGetPciInfo, handle)
             name = _nvml_call(pynvml.nvmlDeviceGetName, handle)
             uuid = _nvml_call(pynvml.nvmlDeviceGetUUID, handle)
+            power_fn = getattr(pynvml, "nvmlDeviceGetPowerUsage", None)  # milliwatts
+            power_mw = _nvml_call(power_fn, handle) if power_fn else None
             gpus.append(
                 {
                     "index": index,
@@ -85,6 +87,7 @@ def gpus_from_pynvml() -> Optional[List[Dict[str, Any]]]:
                         pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
                     ),
                     "pci_bus_id": _text(pci.busId) if pci is not None else None,
+                    "power_w": round(power_mw / 1000.0, 1) if power_mw is not None else None,
                 }
             )
         return gpus

@@ -210,6 +210,15 @@ def _na(value: str) -> Optional[str]:
     return value
 
 
+def _float_or_none(text: Optional[str]) -> Optional[float]:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def _mib_to_bytes(value: str) -> Optional[int]:
     number = _na(value)
     if number is None:
@@ -231,6 +240,7 @@ NVIDIA_SMI_FIELDS = (
     "utilization.gpu",
     "temperature.gpu",
     "pci.bus_id",
+    "power.draw",
 )
 
 
@@ -264,6 +274,7 @@ def parse_nvidia_smi_csv(text: str, fields: Tuple[str, ...] = NVIDIA_SMI_FIELDS)
                 "utilization_pct": _int_or_none(_na(row.get("utilization.gpu", ""))),
                 "temperature_c": _int_or_none(_na(row.get("temperature.gpu", ""))),
                 "pci_bus_id": _na(row.get("pci.bus_id", "")),
+                "power_w": _float_or_none(_na(row.get("power.draw", ""))),
             }
         )
     return gpus

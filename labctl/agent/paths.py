@@ -22,6 +22,11 @@ BACKUP_DIR = HOME + "/backup"  # old copies of system files labctl rewrote, kept
 FSTAB_BACKUP = BACKUP_DIR + "/fstab"
 LOCK_DIR = HOME + "/locks"  # flock files of scheduled jobs
 TRAIN_DIR = HOME + "/train"  # default parent of checkpoint folders
+# `labctl status` samples (host memory, GPU memory and utilisation), one JSON line each, kept
+# 2 h on the host so alerts that need a duration (GPU memory full for 5 minutes, host memory
+# growing per hour) can be judged from one call; history.lock serialises writers.
+STATUS_DIR = HOME + "/status"
+STATUS_HISTORY = STATUS_DIR + "/history.jsonl"
 # Network transactions: `current` names the open one; each has a folder with its record, the
 # snapshot and config files from before the change, and its keeper's log.
 NET_DIR = HOME + "/net"
@@ -70,6 +75,11 @@ def local_home() -> str:
 def job_status(name: str) -> str:
     """Where a scheduled job's wrapper records its last run: "RC START END" (epoch seconds)."""
     return LOCK_DIR + "/" + name + ".last"
+
+
+def status_history() -> str:
+    """STATUS_HISTORY for whoever runs this process (root's, else under the user's home)."""
+    return local_home() + "/status/history.jsonl"
 
 
 def provision_lock() -> str:

@@ -526,6 +526,7 @@ def test_gpus_from_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
         "utilization_pct": 0,
         "temperature_c": 34,
         "pci_bus_id": "00000000:3B:00.0",
+        "power_w": None,
     }
     assert found[1]["compute_capability"] == "6.1"
     assert found[1]["temperature_c"] is None  # NotSupported on one field keeps the GPU
