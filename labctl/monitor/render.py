@@ -60,6 +60,9 @@ def host_table(statuses: list[Any]) -> Table:
 
 def host_rows(status: Any) -> list[tuple[Any, ...]]:
     """One host's rows, each (part, use, memory, °C, W, detail), cpu first."""
+    if status.reachable and not status.sample:  # skipped (a Windows host): nothing to show
+        why = (status.error or "").removeprefix("skipped: ")
+        return [(Text("skipped", style="dim"), "", "", "", "", Text(why, style="dim"))]
     if not status.reachable or not status.sample:
         why = status.error or "no answer"
         detail = Text(why)
@@ -178,20 +181,7 @@ def alert_lines(alerts: list[Any]) -> Text:
 
 def status_json(statuses: list[Any]) -> dict[str, Any]:
     """`status --json`: a row per host, `reachable` false with error and hint where it did not answer."""
-    return {
-        "hosts": [
-            {
-                "host": s.host,
-                "reachable": s.reachable,
-                "error": s.error,
-                "hint": s.hint,
-                "seconds": round(s.seconds, 3),
-                "alerts": [a.to_json() for a in (s.alerts or [])],
-                "sample": s.sample,
-            }
-            for s in statuses
-        ]
-    }
+    return {"hosts": [s.to_json() for s in statuses]}
 
 
 def _pct(x: Any) -> str:

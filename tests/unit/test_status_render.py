@@ -3,42 +3,16 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from rich.console import Console
 
+from labctl.cli.status_cmd import with_watch_value
+from labctl.monitor.alerts import Alert
+from labctl.monitor.collect import HostStatus
 from labctl.monitor.render import render_status, status_json
 
 GIB = 1 << 30
-
-
-# Stand-ins with exactly the contract's fields (labctl/monitor/alerts.py Alert, collect.py HostStatus):
-# the renderer reads only these attributes.
-@dataclass
-class Alert:
-    name: str
-    host: str
-    severity: str
-    message: str
-    value: Optional[float]
-    threshold: Optional[float]
-    gpu: Optional[int] = None
-    run_id: Optional[str] = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class HostStatus:
-    host: str
-    reachable: bool
-    sample: Optional[dict[str, Any]]
-    alerts: list[Alert] = field(default_factory=list)
-    error: Optional[str] = None
-    hint: Optional[str] = None
-    seconds: float = 0.05
 
 
 def gpu(
@@ -232,3 +206,20 @@ def test_status_json_has_a_row_per_host_with_alerts_and_the_unreachable_marked()
     assert [a["name"] for a in m5["alerts"]] == ["gpu_memory", "nccl_errors"]
     assert irina["reachable"] is False and irina["sample"] is None
     assert irina["error"].startswith("Cannot connect") and irina["hint"] == "Check that sshd runs on irina."
+
+
+def test_a_skipped_host_reads_skipped_not_unreachable() -> None:
+    lines = screen([HostStatus("win", True, None, error="skipped: windows (the status agent is Linux-only)")])
+    row = next(line for line in lines if line.startswith("win"))
+    assert row.split()[1:3] == ["skipped", "windows"] and "unreachable" not in row
+    assert "1/1 hosts up" in lines[0]
+
+
+def test_watch_takes_its_seconds_or_the_default_when_none_follows() -> None:
+    assert with_watch_value(["--watch"]) == ["--watch", "2"]
+    assert with_watch_value(["--watch", "5"]) == ["--watch", "5"]
+    assert with_watch_value(["-w", "0.5", "--json"]) == ["-w", "0.5", "--json"]
+    assert with_watch_value(["--watch", "-l", "m5"]) == ["--watch", "2", "-l", "m5"]
+    assert with_watch_value(["--watch", "-1"]) == ["--watch", "-1"]  # refused later: not above 0
+    assert with_watch_value(["--watch=3"]) == ["--watch=3"]
+    assert with_watch_value(["--", "--watch"]) == ["--", "--watch"]
