@@ -96,10 +96,17 @@ def status(
     from labctl.monitor.render import render_status, status_json
 
     c = make_context(ctx, inventory, json_out, verbose)
+    if watch is not None and c.json_mode:
+        from labctl.errors import InputError
+
+        raise InputError(
+            "--watch redraws a table in place, and --json prints one document: they do not go together.",
+            "Drop --watch for one JSON document (run it again to refresh), or drop --json to watch the table.",
+        )
     hosts = select_hosts(c.inventory, limit)
     rules = load_rules(_rules_path(alerts, c))
     try:
-        if watch is not None and not c.json_mode:
+        if watch is not None:
             _watch(c, hosts, rules, watch)
             return
         statuses = _collect(c, hosts, rules)

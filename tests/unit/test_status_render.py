@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Optional
 
 from rich.console import Console
@@ -11,6 +12,7 @@ from labctl.cli.status_cmd import with_watch_value
 from labctl.monitor.alerts import Alert
 from labctl.monitor.collect import HostStatus
 from labctl.monitor.render import render_status, status_json
+from tests.conftest import REPO, labctl
 
 GIB = 1 << 30
 
@@ -223,3 +225,17 @@ def test_watch_takes_its_seconds_or_the_default_when_none_follows() -> None:
     assert with_watch_value(["--watch", "-1"]) == ["--watch", "-1"]  # refused later: not above 0
     assert with_watch_value(["--watch=3"]) == ["--watch=3"]
     assert with_watch_value(["--", "--watch"]) == ["--", "--watch"]
+
+
+def test_watch_with_json_is_refused_as_input_before_any_host_is_asked() -> None:
+    proc = labctl("-i", str(REPO / "inventory/lab.yaml"), "--json", "status", "--watch")
+    assert proc.returncode == 2, proc.stderr
+    assert "--watch" in proc.stderr and "--json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_bad_alerts_file_is_exit_2_naming_its_line(tmp_path: Path) -> None:
+    bad = tmp_path / "alerts.yaml"
+    bad.write_text("alerts:\n  gpu_memory: {above_pct: lots}\n")
+    proc = labctl("-i", str(REPO / "inventory/lab.yaml"), "status", "--alerts", str(bad))
+    assert proc.returncode == 2, proc.stderr
+    assert f"{bad}:2" in proc.stderr and "Traceback" not in proc.stderr
