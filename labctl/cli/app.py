@@ -27,6 +27,7 @@ from labctl.cli import (
     provision_cmd,
     sandbox_cmd,
     sim_cmd,
+    status_cmd,
     train_cmd,
     trust_cmd,
 )
@@ -75,6 +76,7 @@ app.add_typer(inventory_cmd.app, name="inventory")
 app.command("trust")(trust_cmd.trust)
 app.command("exec")(exec_cmd.exec_)
 app.command("facts")(facts_cmd.facts)
+app.command("status", cls=status_cmd.StatusCommand)(status_cmd.status)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("provision")(provision_cmd.provision)
 app.add_typer(cache_cmd.app, name="cache")
