@@ -17,9 +17,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,torch,plot,tensorboard]'
 	touch $@
 
-# System packages the simulated lab and the Docker sandboxes need (Debian/Ubuntu, as root).
+# System packages the tests need (Debian/Ubuntu, as root): the simulated lab, Docker sandboxes, netplan's
+# parser, tmux (status --watch), Prometheus and node_exporter (they read what `labctl metrics` writes).
 deps:
-	@{ command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd; } && test -x /usr/sbin/cron && test -x /usr/sbin/dockerd && test -x /usr/sbin/debootstrap || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 iptables cron docker.io debootstrap; }
+	@{ command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd; } && test -x /usr/sbin/cron && test -x /usr/sbin/dockerd && test -x /usr/sbin/debootstrap \
+		&& test -x /usr/sbin/netplan && command -v tmux >/dev/null && command -v prometheus >/dev/null && command -v prometheus-node-exporter >/dev/null \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 iptables cron \
+			docker.io debootstrap netplan.io tmux prometheus prometheus-node-exporter; }
 
 lint: install
 	$(BIN)/ruff check labctl tests bench
