@@ -15,6 +15,9 @@ RESUME = {
     "train": "The run's processes were stopped on every host. Run the same `labctl train` command again: it "
     "resumes from the last checkpoint in its checkpoint_dir.",
     "facts": "Run `labctl facts` again: it only reads.",
+    "status": "Run `labctl status` again: it only reads (and adds one sample to each host's history).",
+    "doctor": "Run `labctl doctor` again: it only reads (its network probe stops with its session).",
+    "metrics": "Run `labctl metrics` again: a textfile is replaced whole or not at all.",
     "exec": "Nothing resumes by itself: run the command again where it should still happen.",
     "sim up": "Run `labctl sim up` again: it finishes from what was already made.",
 }
