@@ -83,6 +83,11 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) orchestra status -f $(DEMO_ORCH)
 	$(BIN)/labctl -i $(SIM_INV) train --phase 3 --dry-run --limit m5 --device cpu --python $(CURDIR)/$(BIN)/python
 	$(BIN)/labctl -i $(SIM_INV) bench rotation -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
+	@echo "== the lab at a glance (warm models, alerts), its checks against seed 004 and seed 003's dev tier (the sim has no GPU: failures expected), its metrics for Prometheus =="
+	$(BIN)/labctl -i $(SIM_INV) status
+	-$(BIN)/labctl -i $(SIM_INV) doctor --tier dev
+	$(BIN)/labctl -i $(SIM_INV) metrics --textfile $(SIM_DIR)
+	@echo "Prometheus series written to $(SIM_DIR)/labctl.prom ($$(grep -c '^labctl_' $(SIM_DIR)/labctl.prom) samples)"
 	@echo "The simulated lab is still up: try '$(BIN)/labctl -i $(SIM_INV) exec -- uname -a', then 'make sim-down'."
 
 bench: install deps
