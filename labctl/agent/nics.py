@@ -40,8 +40,16 @@ def link_name(path: str) -> Optional[str]:
         return None
 
 
+def ip_binary() -> Optional[str]:
+    """iproute2's `ip`: on PATH, else where Debian and others put it (an SSH session's PATH may
+    lack /usr/sbin); None when the host has none."""
+    return shutil.which("ip") or next(
+        (p for p in ("/usr/sbin/ip", "/sbin/ip", "/bin/ip") if os.path.exists(p)), None
+    )
+
+
 def addresses_from_ip() -> Optional[Dict[str, List[str]]]:
-    exe = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.path.exists(p)), None)
+    exe = ip_binary()
     if exe is None:
         return None
     try:

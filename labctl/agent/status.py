@@ -21,6 +21,11 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import paths, procs
 from .fsutil import write_atomic
 from .gpus import GpuQueryError, gather_gpus
+from .parsers import memory_from_meminfo, parse_meminfo, parse_mounts
+from .runlog import events as runlog_events
+from .runlog import tail_lines
+
+STEP = ("step",)
 
 HISTORY_EVERY_S = 10.0
 HISTORY_KEEP_S = 2 * 3600.0
@@ -58,31 +63,25 @@ def busy_pct(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]]
     return round(100.0 * (after[0] - before[0]) / (after[1] - before[1]), 1)
 
 
-def parse_meminfo(text: str) -> Dict[str, int]:
-    kb: Dict[str, int] = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            kb[key] = int(parts[0]) * 1024
-    total = kb.get("MemTotal", 0)
-    available = kb.get("MemAvailable", kb.get("MemFree", 0))
+def memory_sample(meminfo: str) -> Dict[str, int]:
+    """The sample's memory from /proc/meminfo's text, read as `labctl facts` reads it."""
+    info = memory_from_meminfo(parse_meminfo(meminfo))
+    total, available = info["total_bytes"], info["available_bytes"]
     return {"total_bytes": total, "available_bytes": available, "used_bytes": max(0, total - available)}
 
 
 def memory() -> Dict[str, int]:
     try:
         with open("/proc/meminfo") as f:
-            return parse_meminfo(f.read())
-    except OSError:
+            return memory_sample(f.read())
+    except (OSError, KeyError):
         return {"total_bytes": 0, "available_bytes": 0, "used_bytes": 0}
 
 
 def mount_points() -> List[str]:
     try:
         with open("/proc/self/mounts") as f:
-            # Spaces in a mount point are written as \040.
-            return [line.split()[1].replace("\\040", " ") for line in f if len(line.split()) > 1]
+            return [m["mountpoint"] for m in parse_mounts(f.read())]
     except OSError:
         return []
 
@@ -132,38 +131,6 @@ def warm_models(path: str = paths.WARM_STATE) -> List[Dict[str, Any]]:
     return out
 
 
-def _tail(path: str, size: int) -> List[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            end = f.tell()
-            f.seek(max(0, end - size))
-            data = f.read()
-    except OSError:
-        return []
-    lines = data.decode("utf-8", "replace").splitlines()
-    return lines[1:] if end > size else lines  # the first line of a cut tail is partial
-
-
-def step_events(lines: List[str], prefix: str = "") -> List[Dict[str, Any]]:
-    out = []
-    for line in lines:
-        if prefix:
-            _, sep, line = line.partition(prefix)
-            if not sep:
-                continue
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") == "step":
-            out.append(event)
-    return out
-
-
 def progress(events: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The newest step's figures and the best loss so far (the first step that reached it)."""
     out: Dict[str, Any] = dict.fromkeys(
@@ -191,7 +158,7 @@ def nccl_errors(log_dir: str) -> Tuple[int, Optional[str]]:
             found += 1
             if found > MAX_RUN_LOGS:
                 return count, last
-            for line in _tail(os.path.join(root, name), LOG_TAIL_BYTES):
+            for line in tail_lines(os.path.join(root, name), LOG_TAIL_BYTES):
                 if NCCL_ERROR_RE.search(line):
                     count += 1
                     last = line.strip()[:300]
@@ -239,9 +206,13 @@ def running_runs(host: str, root_dir: Optional[str] = None) -> List[Dict[str, An
     out = []
     for run_id in sorted(by_run):
         log_dir = os.path.join(base, run_id)
-        events = step_events(_tail(os.path.join(log_dir, "metrics.jsonl"), METRICS_TAIL_BYTES))
+        events = runlog_events(
+            tail_lines(os.path.join(log_dir, "metrics.jsonl"), METRICS_TAIL_BYTES), kinds=STEP
+        )
         if not events:  # a detached run's rank 0 also prints its events to console.log
-            events = step_events(_tail(os.path.join(log_dir, "console.log"), LOG_TAIL_BYTES), "[rank0]:")
+            events = runlog_events(
+                tail_lines(os.path.join(log_dir, "console.log"), LOG_TAIL_BYTES), "[rank0]:", STEP
+            )
         count, last = nccl_errors(log_dir) if os.path.isdir(log_dir) else (0, None)
         starts = [s for s in (_started(pid) for pid in by_run[run_id]["pids"]) if s is not None]
         row: Dict[str, Any] = {"run_id": run_id, "state": "running"}

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import paths, procs
+from . import paths, procs, runlog
 from .commands import AgentError
 from .facts import torch_env_facts
 from .fsutil import write_json
@@ -269,30 +269,12 @@ def newest_event(
     lines: List[str], prefix: str = "", want: Optional[Callable[[Dict[str, Any]], bool]] = None
 ) -> Optional[Dict[str, Any]]:
     """The newest JSON event (an object with "event") among `lines`, after `prefix` where given."""
-    for line in reversed(lines):
-        _, sep, rest = line.partition(prefix) if prefix else ("", "", line)
-        if (prefix and not sep) or not rest.startswith("{"):
-            continue
-        try:
-            event = json.loads(rest)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and "event" in event and (want is None or want(event)):
-            return event
-    return None
+    return next((e for e in reversed(runlog.events(lines, prefix)) if want is None or want(e)), None)
 
 
 def _last_event(console: str) -> Optional[Dict[str, Any]]:
     """The newest rank-0 event in a console log (read from its tail only)."""
-    try:
-        with open(console, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 65536))
-            tail = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
-    return newest_event(tail, "[rank0]:")
+    return newest_event(runlog.tail_lines(console, 65536), "[rank0]:")
 
 
 def status_command(args: Dict[str, Any]) -> Dict[str, Any]:

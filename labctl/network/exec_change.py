@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from labctl.agent.paths import NET_DIR
 from labctl.network.txn import FreshRun, NetChange, TxnReport, keep_connection, transact
 
 if TYPE_CHECKING:
@@ -58,7 +57,8 @@ def run_network_command(
         verify=verify_command(verify),
         on_event=lambda what: on_line("stderr", f"net: {what}"),
     )
-    for text in _outputs(report):
+    outputs = _outputs(report)
+    for text in outputs:
         on_line("stdout", text)
     if report.ok:
         keep_connection(run, report)
@@ -69,17 +69,12 @@ def run_network_command(
     failed_on_host = not (report.apply or {}).get("ok", True)
     if steps and (report.ok or failed_on_host):
         rc = steps[-1].get("rc")  # the command's own exit code, where it is what decided
-    hint = None
-    if report.outcome == "unknown":
-        hint = f"Check {run.host.name} from its console; its keeper's record is under {NET_DIR}/{report.id}/."
-    elif report.outcome == "refused":
-        hint = "Wait for that transaction to end (it reverts by itself at its deadline), then run again."
     return HostResult(
         run.host.name,
         status,
         rc=rc,
-        stdout="\n".join(_outputs(report)),
+        stdout="\n".join(outputs),
         error=error,
-        hint=hint,
+        hint=report.hint("run again"),
         extra={"transaction": report.to_json()},
     )

@@ -151,6 +151,21 @@ class TxnReport:
             "after it started, with no help from labctl."
         )
 
+    def hint(self, again: str) -> str | None:
+        """What to do next when the transaction was refused or its end was not seen; `again`
+        is how to retry ("run again", "run provision again")."""
+        if self.outcome == "refused":
+            return (
+                f"Wait for the open transaction to end (it reverts by itself at its deadline), then {again}."
+            )
+        if self.outcome == "unknown":
+            from labctl.agent.paths import NET_DIR
+
+            return (
+                f"Look at {self.host} from its console; the keeper's record is {NET_DIR}/{self.id}/txn.json."
+            )
+        return None
+
 
 def _failed_step(apply: dict[str, Any] | None) -> str | None:
     if not apply or apply.get("ok", True):

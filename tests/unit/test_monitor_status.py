@@ -177,7 +177,7 @@ def test_cache_state_of_a_folder_that_is_not_mounted(tmp_path: Path) -> None:
 
 def test_meminfo_used_is_total_less_available() -> None:
     text = "MemTotal:       16384 kB\nMemFree:         1024 kB\nMemAvailable:    4096 kB\n"
-    assert agent_status.parse_meminfo(text) == {
+    assert agent_status.memory_sample(text) == {
         "total_bytes": 16384 * 1024,
         "available_bytes": 4096 * 1024,
         "used_bytes": 12288 * 1024,

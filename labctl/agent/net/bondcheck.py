@@ -11,11 +11,18 @@ import glob
 import ipaddress
 import json
 import os
-import shutil
 import subprocess
 from typing import Any, Dict, List, Optional
 
-from ..nics import IP_TIMEOUT_S, SYS_NET, addresses_fallback, addresses_from_ip, link_name, read_sysfs
+from ..nics import (
+    IP_TIMEOUT_S,
+    SYS_NET,
+    addresses_fallback,
+    addresses_from_ip,
+    ip_binary,
+    link_name,
+    read_sysfs,
+)
 from ..parsers import parse_bonding
 from .netplan import netplan_binary, netplan_problems
 
@@ -126,7 +133,7 @@ def controller_path(environ: Optional[Dict[str, str]] = None) -> Optional[Dict[s
     except ValueError:
         return None
     out: Dict[str, Any] = {"client": client, "server": server, "dev": None, "via": None}
-    exe = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.path.exists(p)), None)
+    exe = ip_binary()
     if exe is None:
         return out
     route = _route_get(exe, ["-j", "route", "get", client])

@@ -10,10 +10,10 @@ master, state, addresses and routes back. Standard library only, Python 3.8.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
+
+from ..nics import ip_binary
 
 IP_TIMEOUT_S = 10.0
 # Link kinds a change can create (and so a revert may delete); a physical NIC or a veth the
@@ -26,15 +26,14 @@ KERNEL_PROTOS = ("kernel",)
 Snapshot = Dict[str, Any]
 
 
-def ip_binary() -> str:
-    return shutil.which("ip") or next(
-        (p for p in ("/usr/sbin/ip", "/sbin/ip", "/bin/ip") if os.path.exists(p)), "ip"
-    )
+def _ip() -> str:
+    # With no `ip` found the call fails and says so (FileNotFoundError names "ip").
+    return ip_binary() or "ip"
 
 
 def _ip_json(*args: str) -> Any:
     proc = subprocess.run(
-        [ip_binary(), "-j", *args],
+        [_ip(), "-j", *args],
         capture_output=True,
         text=True,
         timeout=IP_TIMEOUT_S,
@@ -181,7 +180,8 @@ def differences(old: Snapshot, now: Snapshot, owned: Optional[List[str]] = None)
     the change does not own (see new_links) and their routes are not its business."""
     out: List[str] = []
     old_links, now_links = old["links"], now["links"]
-    for name in new_links(old, now, owned):
+    ours = new_links(old, now, owned)
+    for name in ours:
         out.append("link {} ({}) was not there before".format(name, now_links[name].get("kind")))
     for name, was in sorted(old_links.items()):
         cur = now_links.get(name)
@@ -209,7 +209,7 @@ def differences(old: Snapshot, now: Snapshot, owned: Optional[List[str]] = None)
                 )
             )
     old_routes = {_route_key(r) for r in old["routes"]}
-    theirs = {n for n in now_links if n not in old_links and n not in new_links(old, now, owned)}
+    theirs = {n for n in now_links if n not in old_links and n not in ours}
     now_routes = {_route_key(r) for r in now["routes"] if r.get("dev") not in theirs}
     for key in sorted(old_routes - now_routes):
         out.append(f"route {_describe_route(key)} missing")
@@ -227,7 +227,7 @@ def run_ip(args: List[str]) -> Optional[str]:
     """Run one `ip` command; None when it worked, else its error."""
     try:
         proc = subprocess.run(
-            [ip_binary(), *args],
+            [_ip(), *args],
             capture_output=True,
             text=True,
             timeout=IP_TIMEOUT_S,

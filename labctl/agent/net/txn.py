@@ -149,14 +149,14 @@ def restore_files(backup: Dict[str, Any]) -> List[str]:
             os.unlink(path)
             changed.append("removed " + path)
     for path, entry in sorted(manifest.items()):
-        with open(entry["copy"], "rb") as f:
-            data = f.read()
         try:
             with open(path, "rb") as f:
                 same = hashlib.sha256(f.read()).hexdigest() == entry["sha256"]
         except FileNotFoundError:
             same = False
         if not same:
+            with open(entry["copy"], "rb") as f:
+                data = f.read()
             os.makedirs(os.path.dirname(path), exist_ok=True)
             write_atomic(path, data, mode=entry["mode"], durable=True)
             changed.append("restored " + path)

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from labctl.agent.paths import NET_DIR
 from labctl.network.bond_preflight import preflight
 from labctl.network.bond_render import bond_file, render_bond, switch_reminder
 from labctl.network.bond_verify import verify_bond
@@ -171,13 +170,9 @@ class BondResource(Resource):
             on_event=lambda what: run.ctx.console.print(f"[dim]{run.host.name}: {self.label()}: {what}[/]"),
         )
         if not report.ok:
-            raise PlanError(report.message(), _hint(report.outcome, self.host.name, report.id))
+            raise PlanError(
+                report.message(),
+                report.hint("run provision again")
+                or "The host is back on its old network config. Fix what is named, then run provision again.",
+            )
         keep_connection(run, report)
-
-
-def _hint(outcome: str, host: str, txn_id: str) -> str:
-    if outcome == "refused":
-        return "Wait for the open transaction to end (it reverts by itself), then run provision again."
-    if outcome == "unknown":
-        return f"Look at {host} from its console; the keeper's record is {NET_DIR}/{txn_id}/txn.json."
-    return "The host is back on its old network config. Fix what is named, then run provision again."
