@@ -32,6 +32,20 @@ def _text(b: bytes) -> str:
     return b.decode("utf-8", "replace")
 
 
+def _outcome(
+    code: Optional[int], out: bytes, err: bytes, trunc: bool, late: bool, t0: float
+) -> Dict[str, Any]:
+    """What one exec in the container (compile or run) reports, timed from `t0`."""
+    return {
+        "exit_code": code,
+        "stdout": _text(out),
+        "stderr": _text(err),
+        "truncated": trunc,
+        "timed_out": late,
+        "wall_ms": int((time.monotonic() - t0) * 1000),
+    }
+
+
 class _Pools:
     def __init__(self, client: Client, langs: Dict[str, Dict[str, Any]], size: int) -> None:
         self.client = client
@@ -169,28 +183,13 @@ def _run_claimed(
                 client, name, list(spec["compile"]), env, None, cap, t0 + timeout
             )
             if late or code != 0:
-                result.update(
-                    stage="compile",
-                    exit_code=code,
-                    stdout=_text(out),
-                    stderr=_text(err),
-                    truncated=trunc,
-                    timed_out=late,
-                    wall_ms=int((time.monotonic() - t0) * 1000),
-                )
+                result.update(stage="compile", **_outcome(code, out, err, trunc, late, t0))
                 return result
         stdin = prog.get("stdin")
         data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
         t0 = time.monotonic()
         code, out, err, trunc, late = _exec(client, name, run, env, data, cap, t0 + timeout)
-        result.update(
-            exit_code=code,
-            stdout=_text(out),
-            stderr=_text(err),
-            truncated=trunc,
-            timed_out=late,
-            wall_ms=int((time.monotonic() - t0) * 1000),
-        )
+        result.update(_outcome(code, out, err, trunc, late, t0))
         if code == 137 and not late:
             result["oom_killed"] = _oom_killed(client, name)
         return result
