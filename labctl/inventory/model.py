@@ -255,6 +255,20 @@ def cache_mib(size_gb: float) -> int:
 class Storage(Strict):
     models: HostPath = Field(description="folder holding the model library, e.g. models: /srv/models")
     tiers: list[Disk] = Field(default_factory=list, description="storage tiers, each a disk entry")
+    checkpoints: Optional[HostPath] = Field(
+        None,
+        description="folder of the checkpoint library (labctl ckpt), default: beside models, "
+        "e.g. checkpoints: /srv/checkpoints",
+    )
+
+    @property
+    def checkpoint_library(self) -> str:
+        """Where `labctl ckpt backup` keeps checkpoints: `checkpoints`, else a sibling of `models`."""
+        import posixpath
+
+        if self.checkpoints is not None:
+            return str(self.checkpoints)
+        return posixpath.join(posixpath.dirname(str(self.models).rstrip("/")) or "/", "checkpoints")
 
 
 class Sandbox(Strict):

@@ -1,0 +1,140 @@
+"""The checkpoint library on the storage host: checkpoints kept off the host that trained them.
+
+Layout (under the storage host's `storage.checkpoints`, default: beside `storage.models`):
+
+    LIB/RUN_ID/step-00000120/step-00000120.pt     the trainer's checkpoint, byte for byte
+    LIB/RUN_ID/step-00000120/step-00000120.json   its manifest (sha256, bytes, step, model)
+    LIB/RUN_ID/step-00000120/backup.json          how it got here: RECORD_KEYS
+    LIB/RUN_ID/.incoming-step-00000120/           a copy under way: invisible to list, verify,
+                                                  restore and retention; resumed by the next copy
+
+A step folder is only ever made by renaming a complete, verified incoming folder (`commit`),
+so a reader sees a whole checkpoint or none. Each step folder is a `CheckpointDir`, so the
+trainer's own validation (`CheckpointDir.check`) is the library's.
+
+Standard library only, Python 3.8 syntax, like the rest of the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from typing import Any, Dict, List, Optional
+
+from .ckpt import CheckpointDir, manifest_name, pt_name
+from .fsutil import fsync_dir, write_atomic
+
+RECORD = "backup.json"
+INCOMING_PREFIX = ".incoming-"
+# What backup.json holds. origin: "backup" (host to host), "pull" (a cloud session's output).
+RECORD_KEYS = ("run_id", "step", "origin", "source_host", "source_path", "backed_up_at", "sha256", "bytes")
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+# A run id names a folder: no separators, no leading dot (hidden folders are incoming copies).
+_RUN_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
+
+
+class LibraryError(Exception):
+    pass
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise LibraryError(f"{run_id!r} is not a run id the library can hold (letters, digits, _ . + -)")
+    return run_id
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def run_dir(lib: str, run_id: str) -> str:
+    return os.path.join(lib, check_run_id(run_id))
+
+
+def step_dir(lib: str, run_id: str, step: int) -> str:
+    return os.path.join(run_dir(lib, run_id), step_dir_name(step))
+
+
+def incoming_dir(lib: str, run_id: str, step: int) -> str:
+    return os.path.join(run_dir(lib, run_id), INCOMING_PREFIX + step_dir_name(step))
+
+
+def read_record(path: str) -> Optional[Dict[str, Any]]:
+    """A step folder's backup.json, or None when it is missing or unreadable."""
+    try:
+        with open(os.path.join(path, RECORD)) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def entries(lib: str, run_id: Optional[str] = None) -> List[Dict[str, Any]]:
+    """The committed copies: {run_id, step, path, record}, by run then step; nothing is hashed."""
+    out: List[Dict[str, Any]] = []
+    try:
+        runs = sorted(os.listdir(lib)) if run_id is None else [check_run_id(run_id)]
+    except FileNotFoundError:
+        return out
+    for run in runs:
+        if run.startswith(".") or not _RUN_ID.match(run):
+            continue
+        try:
+            names = sorted(os.listdir(os.path.join(lib, run)))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
+            m = _STEP_DIR.match(name)
+            if m is None:
+                continue
+            path = os.path.join(lib, run, name)
+            out.append({"run_id": run, "step": int(m.group(1)), "path": path, "record": read_record(path)})
+    return out
+
+
+def check_entry(path: str, step: int) -> Optional[str]:
+    """Why the copy in `path` is damaged (re-hashed against its manifest), or None when intact."""
+    if read_record(path) is None:
+        return f"{RECORD} missing or unreadable"
+    return CheckpointDir(path).check(step)
+
+
+def commit(lib: str, run_id: str, step: int, record: Dict[str, Any]) -> Dict[str, Any]:
+    """Verify the incoming copy of `step` and make it visible, atomically; returns the entry.
+
+    The incoming folder must hold the .pt and its manifest. A copy already committed wins
+    (the incoming one is dropped): committing twice is harmless.
+    """
+    final = step_dir(lib, run_id, step)
+    incoming = incoming_dir(lib, run_id, step)
+    if os.path.isdir(final):
+        shutil.rmtree(incoming, ignore_errors=True)
+        return {"run_id": run_id, "step": step, "path": final, "record": read_record(final), "existed": True}
+    reason = CheckpointDir(incoming).check(step)
+    if reason is not None:
+        raise LibraryError(f"the copy of {run_id} step {step} does not verify: {reason}")
+    full = dict(record)
+    full.update({"run_id": run_id, "step": step})
+    full.setdefault("backed_up_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    manifest = CheckpointDir(incoming).manifest(step)
+    full.setdefault("sha256", manifest.get("sha256"))
+    full.setdefault("bytes", manifest.get("bytes"))
+    text = (json.dumps(full, indent=2, sort_keys=True) + "\n").encode()
+    write_atomic(os.path.join(incoming, RECORD), text, durable=True)
+    os.rename(incoming, final)
+    fsync_dir(os.path.dirname(final))
+    return {"run_id": run_id, "step": step, "path": final, "record": full, "existed": False}
+
+
+def remove(lib: str, run_id: str, step: int) -> None:
+    """Drop one committed copy: renamed out of sight first, so a half-deleted copy is never listed."""
+    final = step_dir(lib, run_id, step)
+    doomed = os.path.join(run_dir(lib, run_id), ".removing-" + step_dir_name(step))
+    os.rename(final, doomed)
+    shutil.rmtree(doomed)
+
+
+FILES = (pt_name, manifest_name)  # the two files a step folder copies from a checkpoint folder
