@@ -29,6 +29,7 @@ from labctl.listening import Listener
 if TYPE_CHECKING:
     from labctl.context import Context
     from labctl.fanout import HostRun
+    from labctl.inventory.model import Host
 
 # Two streams at least: an 802.3ad bond hashing layer3+4 puts each TCP flow on one member,
 # so one stream can never use more than one link. Four keeps both members busy even when
@@ -41,8 +42,47 @@ STOP_AFTER_ENV = "LABCTL_CACHE_TEST_STOP_AFTER"
 ProgressFn = Callable[[str, dict[str, Any]], None]
 
 
-class SourceServer(Listener):
-    """`cache_serve` on the storage host, in a thread, for as long as one pull needs it.
+class FileServer(Listener):
+    """`cache_serve` on `host`, serving the named files or folders under `root`, in a thread,
+    for as long as one pull needs it. `hash_cache`: keep chunk hashes beside them (only in
+    folders labctl owns: not in a run's checkpoint folder)."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        host: Host,
+        root: str,
+        names: Sequence[str],
+        chunk_size: int,
+        port: int = 0,
+        *,
+        hash_cache: bool = True,
+    ) -> None:
+        args = {
+            "root": root,
+            "models": list(names),
+            "chunk_size": chunk_size,
+            "bind": host.address,
+            "port": port,
+            "idle_timeout": 120,
+            "allow_missing": True,
+            "hash_cache": hash_cache,
+        }
+        super().__init__(
+            ctx,
+            host,
+            "cache_serve",
+            args,
+            what="cache_serve",
+            timeout=LONG,
+            ready_timeout=READY_TIMEOUT,
+            thread_name=f"serve-{host.name}",
+        )
+        self.source = host
+
+
+class SourceServer(FileServer):
+    """The storage host's server for one cache sync.
 
     It is started before planning, in parallel with reading the cache's state: its
     announcement carries the listing, so the copy costs no separate listing round trip. When
@@ -52,26 +92,42 @@ class SourceServer(Listener):
     def __init__(
         self, ctx: Context, target: Target, models: Sequence[str], chunk_size: int, port: int = 0
     ) -> None:
-        args = {
-            "root": target.root,
-            "models": list(models),
-            "chunk_size": chunk_size,
-            "bind": target.source.address,
-            "port": port,
-            "idle_timeout": 120,
-            "allow_missing": True,
-        }
-        super().__init__(
-            ctx,
-            target.source,
-            "cache_serve",
-            args,
-            what="cache_serve",
-            timeout=LONG,
-            ready_timeout=READY_TIMEOUT,
-            thread_name=f"serve-{target.source.name}",
-        )
-        self.source = target.source
+        super().__init__(ctx, target.source, target.root, models, chunk_size, port)
+
+
+def pull_from(
+    run: HostRun,
+    server: FileServer,
+    info: Mapping[str, Any],
+    args: dict[str, Any],
+    last: dict[str, Any],
+    on_progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """`cache_pull` on `run`'s host from `server` (announced as `info`): host to host.
+
+    `args` names what to pull and where (`cache` or `into`, `models`, ...); the address,
+    port and token are added here. `last` keeps the latest progress event, for errors.
+    """
+    from labctl.agent_ship import agent_dir, call_agent
+
+    host = run.host.name
+
+    def on_line(stream: str, line: str) -> None:
+        event = agent_event(stream, line, "progress")
+        if event is not None:
+            last.update(event)
+            if on_progress is not None:
+                on_progress(host, event)
+
+    # The token goes in a 0600 file, never on a command line other users can read.
+    token_file = f"{agent_dir(run.host)}/cache-token-{uuid.uuid4().hex}"
+    run.conn.put_bytes(str(info["token"]).encode(), token_file, mode=0o600)
+    full = {"address": server.source.address, "port": info["port"], "token_file": token_file, **args}
+    stop_after = int(os.environ.get(STOP_AFTER_ENV) or 0)
+    if stop_after:
+        full["stop_after_chunks"] = stop_after
+    pulled: dict[str, Any] = call_agent(run, "cache_pull", full, timeout=LONG, on_line=on_line)
+    return pulled
 
 
 @dataclass
@@ -100,8 +156,6 @@ class Prepared:
         Plans from the cache's state first (an error here means nothing moved), then runs the
         pull on the cache host against the server on the storage host: host to host.
         """
-        from labctl.agent_ship import agent_dir, call_agent
-
         target, server, models = self.target, self.server, self.models
         host = run.host.name
         mc = target.cache
@@ -144,23 +198,9 @@ class Prepared:
                     "Check the storage host's model folder and sync again.",
                 )
             last: dict[str, Any] = {}
-
-            def on_line(stream: str, line: str) -> None:
-                event = agent_event(stream, line, "progress")
-                if event is not None:
-                    last.update(event)
-                    if on_progress is not None:
-                        on_progress(host, event)
-
-            # The token goes in a 0600 file, never on a command line other users can read.
-            token_file = f"{agent_dir(run.host)}/cache-token-{uuid.uuid4().hex}"
-            run.conn.put_bytes(str(info["token"]).encode(), token_file, mode=0o600)
             args: dict[str, Any] = {
                 "cache": mc.path,
                 "size_gb": mc.size_gb,
-                "address": target.source.address,
-                "port": info["port"],
-                "token_file": token_file,
                 "streams": streams,
                 "chunk_size": self.chunk_size,
                 "models": [info["models"][n] for n in fetch],
@@ -168,11 +208,8 @@ class Prepared:
                 "evict_partials": [e.name for e in plan.evict if e.partial],
                 "source": f"{target.source.name}:{target.root}",  # the agent appends /MODEL
             }
-            stop_after = int(os.environ.get(STOP_AFTER_ENV) or 0)
-            if stop_after:
-                args["stop_after_chunks"] = stop_after
             try:
-                pulled = call_agent(run, "cache_pull", args, timeout=LONG, on_line=on_line)
+                pulled = pull_from(run, server, info, args, last, on_progress)
             except HostError as e:
                 raise _pull_failed(e, host, target, last) from None
         finally:

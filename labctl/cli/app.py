@@ -16,6 +16,7 @@ from labctl import __version__
 from labctl.cli import (
     bench_cmd,
     cache_cmd,
+    ckpt_cmd,
     cron_cmd,
     doctor_cmd,
     exec_cmd,
@@ -80,6 +81,7 @@ app.command("status", cls=status_cmd.StatusCommand)(status_cmd.status)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("provision")(provision_cmd.provision)
 app.add_typer(cache_cmd.app, name="cache")
+app.add_typer(ckpt_cmd.app, name="ckpt")
 app.add_typer(cron_cmd.app, name="cron")
 app.add_typer(train_cmd.app, name="train")
 app.add_typer(orchestra_cmd.app, name="orchestra")

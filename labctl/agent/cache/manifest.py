@@ -379,6 +379,45 @@ class Cache:
         return freed
 
 
+class Folder(Cache):
+    """A plain folder as a pull's destination (a checkpoint's two files), with no manifest.
+
+    Same layout as a cache (partial copies and their state under `meta`, a hidden folder
+    inside it, so a resumed copy finds them), but a committed file is only renamed into the
+    folder: nothing is listed. `finish` drops `meta` once everything landed.
+    """
+
+    def __init__(self, path: str, meta_name: str = ".labctl-pull") -> None:
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise AgentError(f"the destination folder {path!r} is not absolute", "bad_args")
+        if not meta_name.startswith(".") or "/" in meta_name:
+            raise AgentError(f"{meta_name!r} is not a hidden folder name", "bad_args")
+        self.path = path.rstrip("/") or "/"
+        self.meta = os.path.join(self.path, meta_name)
+        self.repairs = []
+        for sub in ("", "partial", "state", "trash"):
+            os.makedirs(os.path.join(self.meta, sub), exist_ok=True)
+
+    def models(self) -> Dict[str, Dict[str, Any]]:
+        return {}
+
+    def update(self, fn: Callable[[Dict[str, Dict[str, Any]]], Any]) -> Any:
+        return fn({})
+
+    def space(self, size_gb: Optional[float]) -> Dict[str, Any]:
+        sv = os.statvfs(self.path)
+        return {
+            "mounted": False,
+            "fstype": None,
+            "capacity_bytes": sv.f_blocks * sv.f_frsize,
+            "used_bytes": (sv.f_blocks - sv.f_bfree) * sv.f_frsize,
+            "free_bytes": sv.f_bavail * sv.f_frsize,
+        }
+
+    def finish(self) -> None:
+        rmtree(self.meta)
+
+
 def _public(entry: Dict[str, Any]) -> Dict[str, Any]:
     """A manifest entry without its chunk hashes (which can run to thousands)."""
     out = {k: v for k, v in entry.items() if k != "files"}

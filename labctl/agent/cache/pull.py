@@ -23,6 +23,7 @@ from .manifest import (
     BLOCK,
     DEFAULT_CHUNK,
     Cache,
+    Folder,
     check_name,
     chunk_ranges,
     disk_bytes,
@@ -406,8 +407,17 @@ def _shutdown_source(address: str, port: int, token: str) -> None:
 
 
 def pull_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """Evict what the controller planned, then copy the models from the storage host."""
-    cache = Cache(args["cache"])
+    """Evict what the controller planned, then copy the models from the storage host.
+
+    `into` (instead of `cache`): copy plain files into that folder (a checkpoint's .pt and
+    manifest), their partial copies under its hidden `meta` folder; with `all_or_nothing`,
+    no file is renamed into place unless every one is complete, in the order given.
+    """
+    cache = (
+        Folder(str(args["into"]), str(args.get("meta") or ".labctl-pull"))
+        if args.get("into")
+        else Cache(args["cache"])
+    )
     address, port = str(args["address"]), int(args["port"])
     token = _read_token(args)
     chunk_size = int(args.get("chunk_size") or DEFAULT_CHUNK)
@@ -509,8 +519,9 @@ def _pull_locked(
     progress(final=True)
     for p in plans:
         p.close_files()
+    whole = all(p.complete() for p in plans)
     for p in plans:
-        if p.complete():
+        if p.complete() and (whole or not args.get("all_or_nothing")):
             p.commit()
     if puller.errors:
         kept = sum(len(f["done"]) for p in plans if not p.committed for f in p.state["files"].values())
@@ -521,6 +532,8 @@ def _pull_locked(
             + "; run the sync again to resume",
             puller.kind,
         )
+    if isinstance(cache, Folder) and whole:
+        cache.finish()
     return {
         "cache": cache.path,
         "source": source,

@@ -158,8 +158,11 @@ class _Served(Accepting):
         token: str,
         chunk_size: int,
         idle_timeout: float,
+        hash_cache: bool = True,
     ) -> None:
         super().__init__(idle_timeout)
+        # False where the folder is not labctl's to write in (a run's checkpoint folder).
+        self.hash_cache = hash_cache
         self.root = root
         self.models = models
         self.files = {f["path"]: f for m in models.values() for f in m["files"]}
@@ -279,7 +282,8 @@ class _Served(Accepting):
             got[idx] = digest
             if len(got) == len(ranges) and not known:
                 meta["chunks"] = [got[i] for i in range(len(ranges))]
-                self._save_hashes(path)
+                if self.hash_cache:
+                    self._save_hashes(path)
 
     def _save_hashes(self, path: str) -> None:
         name = path.split("/")[0]
@@ -358,7 +362,9 @@ def serve_command(args: Dict[str, Any]) -> Dict[str, Any]:
     sock, bound = _listen(str(args.get("bind") or ""), int(args.get("port") or 0))
     port = sock.getsockname()[1]
     token = secrets.token_urlsafe(24)
-    served = _Served(root, models, real_paths, token, chunk_size, idle)
+    served = _Served(
+        root, models, real_paths, token, chunk_size, idle, args.get("hash_cache", True) is not False
+    )
     start = time.monotonic()
     # With allow_missing, the controller starts this server while it plans (saving a round
     # trip) and turns a missing model into its own error; nothing is served for those.

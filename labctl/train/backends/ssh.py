@@ -39,6 +39,7 @@ class SshBackend:
                 "world_size": spec.world_size,
                 "device": spec.nodes[0].device,
                 "commands": {n.host: spec.shell_line(n) for n in spec.nodes},
+                "checkpoint_dir": spec.settings.get("checkpoint_dir"),  # where `labctl ckpt backup` looks
             },
         )
         if run.request.detach:

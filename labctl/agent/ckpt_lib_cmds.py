@@ -1,0 +1,144 @@
+"""Agent commands for `labctl ckpt`: a training host's newest valid checkpoint, and the
+checkpoint library on the storage host (list, begin a copy, commit, remove, verify).
+
+The bytes themselves move with the cache's transfer (`cache_serve` on one host,
+`cache_pull` with `into` on the other); these commands only look and decide.
+
+Standard library only, Python 3.8 syntax, like the rest of the agent.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+from . import ckpt_library as lib
+from .ckpt import CheckpointDir
+from .commands import AgentError
+
+
+def _library_error(exc: lib.LibraryError) -> AgentError:
+    return AgentError(str(exc), "bad_args")
+
+
+def newest_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """The newest valid checkpoint in a run's checkpoint folder on this host (re-hashed),
+    and the newer ones skipped with their reason."""
+    path = str(args["dir"])
+    if not os.path.isdir(path):
+        return {"dir": path, "exists": False, "step": None, "skipped": []}
+    folder = CheckpointDir(path)
+    skipped: List[Dict[str, Any]] = []
+    for step in reversed(folder.steps_present()):
+        reason = folder.check(step)
+        if reason is None:
+            manifest = folder.manifest(step)
+            return {
+                "dir": path,
+                "exists": True,
+                "step": step,
+                "bytes": manifest.get("bytes"),
+                "sha256": manifest.get("sha256"),
+                "files": list(name(step) for name in lib.FILES),
+                "skipped": skipped,
+            }
+        skipped.append({"step": step, "reason": reason})
+    return {"dir": path, "exists": True, "step": None, "skipped": skipped}
+
+
+def _entry_json(e: Dict[str, Any]) -> Dict[str, Any]:
+    record = e.get("record") or {}
+    return {
+        "run_id": e["run_id"],
+        "step": e["step"],
+        "path": e["path"],
+        "bytes": record.get("bytes"),
+        "backed_up_at": record.get("backed_up_at"),
+        "origin": record.get("origin"),
+        "source_host": record.get("source_host"),
+        "record": record,
+    }
+
+
+def list_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """The committed copies (nothing hashed); incoming copies are counted, never listed as copies."""
+    root = str(args["lib"])
+    run_id: Optional[str] = args.get("run_id")
+    try:
+        found = lib.entries(root, run_id)
+    except lib.LibraryError as exc:
+        raise _library_error(exc) from None
+    incoming = []
+    if os.path.isdir(root):
+        for run in sorted(os.listdir(root)) if run_id is None else [run_id]:
+            try:
+                names = os.listdir(os.path.join(root, run))
+            except OSError:
+                continue
+            incoming += [run + "/" + n for n in sorted(names) if n.startswith(lib.INCOMING_PREFIX)]
+    return {
+        "lib": root,
+        "exists": os.path.isdir(root),
+        "entries": [_entry_json(e) for e in found],
+        "incoming": incoming,
+    }
+
+
+def begin_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """Where the copy of RUN's `step` goes: its incoming folder, made (a killed copy's is kept
+    and resumed); `present` when the library already holds that step."""
+    root, run_id, step = str(args["lib"]), str(args["run_id"]), int(args["step"])
+    try:
+        final = lib.step_dir(root, run_id, step)
+        incoming = lib.incoming_dir(root, run_id, step)
+    except lib.LibraryError as exc:
+        raise _library_error(exc) from None
+    if os.path.isdir(final):
+        return {"present": True, "path": final, "incoming": None}
+    try:
+        os.makedirs(incoming, exist_ok=True)
+    except OSError as exc:
+        raise AgentError(f"cannot make {incoming}: {exc.strerror}", "write_failed") from None
+    return {"present": False, "path": final, "incoming": incoming}
+
+
+def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    try:
+        entry = lib.commit(
+            str(args["lib"]), str(args["run_id"]), int(args["step"]), dict(args.get("record") or {})
+        )
+    except lib.LibraryError as exc:
+        raise AgentError(str(exc), "damaged") from None
+    out = _entry_json(entry)
+    out["existed"] = entry["existed"]
+    return out
+
+
+def remove_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    root = str(args["lib"])
+    removed = []
+    for run_id, step in args.get("copies") or []:
+        try:
+            lib.remove(root, str(run_id), int(step))
+        except FileNotFoundError:
+            continue  # already gone: removing twice is harmless
+        except lib.LibraryError as exc:
+            raise _library_error(exc) from None
+        removed.append({"run_id": run_id, "step": int(step)})
+    return {"lib": root, "removed": removed}
+
+
+def verify_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """Re-hash every committed copy against its manifest: each one's status and reason."""
+    root = str(args["lib"])
+    try:
+        found = lib.entries(root, args.get("run_id"))
+    except lib.LibraryError as exc:
+        raise _library_error(exc) from None
+    out = []
+    for e in found:
+        reason = lib.check_entry(e["path"], e["step"])
+        item = _entry_json(e)
+        item.update(status="ok" if reason is None else "damaged", reason=reason)
+        out.append(item)
+    return {"lib": root, "exists": os.path.isdir(root), "entries": out}

@@ -1,0 +1,234 @@
+"""`labctl ckpt backup`: each run's newest valid checkpoint, host to host into the library.
+
+Per run (the controller's run records: hosts and checkpoint folder), each training host is
+asked for its newest valid checkpoint (re-hashed there); each distinct step is copied once,
+from the first host that holds it valid. The training host serves the two files with the
+cache's transfer (`cache_serve`), the storage host pulls them (`cache_pull` into the step's
+incoming folder: verified, resumable chunks; the data never passes through this machine),
+and `ckpt_library.commit` re-verifies the copy and renames it into sight. Then, and only for
+runs whose copy did not fail, retention prunes the library (labctl/ckpt/retention.py).
+
+A step already in the library is not copied again; a killed copy leaves only its incoming
+folder, which the next backup resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from labctl.ckpt.library import Library, copies, iso, newest_on_hosts, parse_time
+from labctl.errors import HostError, LabctlError
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.inventory.model import Host
+
+ProgressFn = Callable[[str, dict[str, Any]], None]
+
+
+def choose(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The copies to make from the hosts' answers: one per distinct newest step, from the first
+    host that has it valid (hosts in the run's order)."""
+    out: dict[int, dict[str, Any]] = {}
+    for f in found:
+        step = f.get("step")
+        if isinstance(step, int) and step not in out:
+            out[step] = f
+    return [out[s] for s in sorted(out)]
+
+
+def copy_step(
+    ctx: Context,
+    lib: Library,
+    run_id: str,
+    src: Host,
+    folder: str,
+    step: int,
+    *,
+    chunk_size: int,
+    streams: int,
+    backed_up_at: str,
+    on_progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Copy one checkpoint from `src:folder` into the library and commit it; what happened."""
+    from labctl.agent.ckpt import manifest_name, pt_name
+    from labctl.agent_ship import ask_agent
+    from labctl.cache.sync import FileServer, pull_from
+    from labctl.fanout import on_host
+
+    begun = ask_agent(ctx, lib.host, "ckpt_lib_begin", {"lib": lib.path, "run_id": run_id, "step": step})
+    if begun["present"]:
+        return {"action": "present", "path": begun["path"]}
+    names = [pt_name(step), manifest_name(step)]
+    server = FileServer(ctx, src, folder, names, chunk_size, hash_cache=False).begin()
+    pulled: dict[str, Any] | None = None
+    last: dict[str, Any] = {}
+    label = f"{run_id} step {step}"
+    try:
+        info = server.wait_ready()
+        if info.get("missing"):
+            raise HostError(
+                f"{src.name}:{folder} no longer holds {', '.join(info['missing'])} (the trainer pruned it?).",
+                "Run the backup again: it takes the newest checkpoint then.",
+            )
+        args = {
+            "into": begun["incoming"],
+            "models": [info["models"][n] for n in names],
+            "chunk_size": chunk_size,
+            "streams": streams,
+            "source": f"{src.name}:{folder}",
+        }
+
+        def progress(_host: str, event: dict[str, Any]) -> None:
+            if on_progress is not None:
+                on_progress(label, event)
+
+        try:
+            pulled = on_host(ctx, lib.host, lambda run: pull_from(run, server, info, args, last, progress))
+        except HostError as e:
+            where = ""
+            if last.get("total"):
+                where = f" at {last.get('done', 0)} of {last.get('total')} bytes"
+            raise HostError(
+                f"the copy of {label} from {src.name} to {lib.host.name} stopped{where}: {e.message}",
+                "Verified chunks are kept in the library's incoming folder (not listed as a copy): "
+                "run `labctl ckpt backup` again to resume.",
+            ) from None
+    finally:
+        server.stop(5.0 if pulled is not None else 0.0)
+    record = {
+        "origin": "backup",
+        "source_host": src.name,
+        "source_path": folder,
+        "backed_up_at": backed_up_at,
+    }
+    committed = ask_agent(
+        ctx,
+        lib.host,
+        "ckpt_lib_commit",
+        {"lib": lib.path, "run_id": run_id, "step": step, "record": record},
+    )
+    return {
+        "action": "copied",
+        "path": committed["path"],
+        "bytes": committed.get("bytes"),
+        "fetched_bytes": pulled.get("fetched_bytes", 0),
+        "resumed_bytes": pulled.get("resumed_bytes", 0),
+        "seconds": pulled.get("seconds"),
+        "rate_bytes_per_s": pulled.get("rate_bytes_per_s"),
+        "served": server.result,
+    }
+
+
+def backup(
+    ctx: Context,
+    lib: Library,
+    records: list[dict[str, Any]],
+    *,
+    dry_run: bool = False,
+    chunk_size: int,
+    streams: int,
+    on_progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Back up each run's newest checkpoint, then prune; JSON-ready. Per run: `action` is
+    copied, present, would copy, nothing (no valid checkpoint anywhere) or failed."""
+    from labctl.ckpt import clock
+
+    now = clock.now()
+    stamp = iso(now)
+    found = newest_on_hosts(ctx, records)
+    have = {(e["run_id"], e["step"]) for e in copies(ctx, lib)["entries"]}
+    out_runs: list[dict[str, Any]] = []
+    failed: set[str] = set()
+    for r in records:
+        run_id = r["run_id"]
+        hosts = found[run_id]
+        picks = choose(hosts)
+        errors = [{"host": h["host"], "error": h["error"]} for h in hosts if h.get("error")]
+        if not picks:
+            item = {"run_id": run_id, "action": "nothing", "hosts": hosts}
+            if errors:
+                item.update(action="failed", error="; ".join(f"{e['host']}: {e['error']}" for e in errors))
+                failed.add(run_id)
+            out_runs.append(item)
+            continue
+        for pick in picks:
+            step, src = pick["step"], pick["host"]
+            item = {
+                "run_id": run_id,
+                "step": step,
+                "source_host": src,
+                "source_path": pick["dir"],
+                "bytes": pick.get("bytes"),
+                "unreachable": errors,
+            }
+            if (run_id, step) in have:
+                item["action"] = "present"
+            elif dry_run:
+                item["action"] = "would copy"
+            else:
+                try:
+                    item.update(
+                        copy_step(
+                            ctx,
+                            lib,
+                            run_id,
+                            ctx.inventory.hosts[src],
+                            pick["dir"],
+                            step,
+                            chunk_size=chunk_size,
+                            streams=streams,
+                            backed_up_at=stamp,
+                            on_progress=on_progress,
+                        )
+                    )
+                except LabctlError as e:
+                    item.update(action="failed", error=e.message, hint=e.hint)
+                    failed.add(run_id)
+            out_runs.append(item)
+    pruned, plan = prune(ctx, lib, now, failed, dry_run, [r for r in out_runs if r["action"] == "would copy"])
+    return {
+        "storage": lib.host.name,
+        "library": lib.path,
+        "now": stamp,
+        "dry_run": dry_run,
+        "runs": out_runs,
+        "pruned": pruned,
+        "kept": plan,
+        "failed": sorted(failed),
+    }
+
+
+def prune(
+    ctx: Context,
+    lib: Library,
+    now: Any,
+    failed: set[str],
+    dry_run: bool,
+    planned: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Apply retention to the library after the copies: (pruned copies, kept key -> why).
+
+    Runs whose copy failed this time are left alone, so a failed backup never costs an old copy.
+    """
+    from labctl.agent_ship import ask_agent
+    from labctl.ckpt.retention import Retention, plan_retention
+
+    entries = copies(ctx, lib)["entries"]
+    dated = []
+    where: dict[str, tuple[str, int]] = {}
+    for e in entries:
+        when = parse_time(e.get("backed_up_at"))
+        if when is None:
+            continue  # a copy without a readable record: verify names it, retention leaves it
+        key = lib.key(e["run_id"], e["step"])
+        dated.append((key, when))
+        where[key] = (e["run_id"], e["step"])
+    for p in planned:
+        dated.append((lib.key(p["run_id"], p["step"]), now))
+    plan = plan_retention(dated, now, Retention())
+    doomed = [where[k] for k in plan.prune if k in where and where[k][0] not in failed]
+    if doomed and not dry_run:
+        ask_agent(ctx, lib.host, "ckpt_lib_remove", {"lib": lib.path, "copies": [list(d) for d in doomed]})
+    return [{"run_id": r, "step": s} for r, s in doomed], dict(plan.why)

@@ -1,0 +1,147 @@
+"""The controller's view of the checkpoint library: which host stores it, which runs exist and
+where their checkpoints are, and what is where (the library's copies, each run's newest one
+still only on a training host).
+
+The library itself lives on the storage host (labctl/agent/ckpt_library.py, its layout);
+everything here asks that host's agent, or the training hosts', over SSH.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from labctl.errors import InputError, LabctlError
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.inventory.model import Host, Inventory
+
+
+@dataclass
+class Library:
+    host: Host
+    path: str
+
+    def key(self, run_id: str, step: int) -> str:
+        from labctl.agent.ckpt_library import step_dir_name
+
+        return f"{run_id}/{step_dir_name(step)}"
+
+
+def find_storage(inv: Inventory, name: str | None) -> Library:
+    """The storage host (`--storage`, else the one inventory host with a storage section)."""
+    stores = [h for h in inv.hosts.values() if h.storage is not None]
+    if name is not None:
+        if name not in inv.hosts:
+            raise InputError(f"No host '{name}' in {inv.path}.", f"Hosts: {', '.join(inv.hosts)}.")
+        host = inv.hosts[name]
+        if host.storage is None:
+            raise InputError(
+                f"Host '{name}' has no 'storage' section, so it keeps no checkpoint library.",
+                "Add storage: {models: /srv/models, checkpoints: /srv/checkpoints} to it in the inventory"
+                + (f", or use --storage {stores[0].name}." if stores else "."),
+            )
+        assert host.storage is not None
+        return Library(host, host.storage.checkpoint_library)
+    if not stores:
+        raise InputError(
+            f"No host in {inv.path} has a 'storage' section: there is nowhere to keep checkpoints.",
+            "Give the storage host one, e.g. storage: {models: /srv/models, checkpoints: /srv/checkpoints}.",
+        )
+    if len(stores) > 1:
+        raise InputError(
+            f"Several hosts have a 'storage' section ({', '.join(h.name for h in stores)}).",
+            f"Name the one holding the checkpoint library: --storage {stores[0].name}.",
+        )
+    host = stores[0]
+    assert host.storage is not None
+    return Library(host, host.storage.checkpoint_library)
+
+
+def checkpoint_dir(record: dict[str, Any]) -> str | None:
+    """Where the run's trainer wrote checkpoints: recorded since issue 16; for older records,
+    read back from the recorded trainer command line (its --settings JSON)."""
+    if isinstance(record.get("checkpoint_dir"), str):
+        return str(record["checkpoint_dir"])
+    for line in (record.get("commands") or {}).values():
+        try:
+            argv = shlex.split(line)
+            settings = json.loads(argv[argv.index("--settings") + 1])
+        except (ValueError, IndexError):
+            continue
+        if isinstance(settings, dict) and isinstance(settings.get("checkpoint_dir"), str):
+            return str(settings["checkpoint_dir"])
+    return None
+
+
+def run_records(ctx: Context, run_ids: list[str] | None) -> list[dict[str, Any]]:
+    """The controller's run records: the named ones (unknown names are an InputError), else all."""
+    from labctl.train import runs
+
+    root = runs.runs_dir(ctx.inventory.path)
+    if run_ids:
+        return [runs.load(root, r) for r in dict.fromkeys(run_ids)]
+    return runs.list_runs(root)
+
+
+def newest_on_hosts(ctx: Context, records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per run, each training host's newest valid checkpoint ({host, dir, step, bytes} or
+    {host, error}), asked of every (run, host) at once."""
+    from labctl.agent_ship import ask_agent
+
+    pairs: list[tuple[str, Host | None, str, str | None]] = []
+    for r in records:
+        folder = checkpoint_dir(r)
+        for name in r.get("hosts") or []:
+            pairs.append((r["run_id"], ctx.inventory.hosts.get(name), name, folder))
+
+    def ask(pair: tuple[str, Host | None, str, str | None]) -> dict[str, Any]:
+        _run, host, name, folder = pair
+        if host is None:
+            return {"host": name, "error": f"host '{name}' is no longer in the inventory"}
+        if folder is None:
+            return {"host": name, "error": "the run's record names no checkpoint folder"}
+        try:
+            answer = ask_agent(ctx, host, "ckpt_newest", {"dir": folder}, timeout=600)
+        except LabctlError as e:
+            return {"host": name, "dir": folder, "error": e.message}
+        return {"host": name, **answer}
+
+    out: dict[str, list[dict[str, Any]]] = {r["run_id"]: [] for r in records}
+    if pairs:
+        with ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
+            for pair, got in zip(pairs, pool.map(ask, pairs), strict=True):
+                out[pair[0]].append(got)
+    return out
+
+
+def copies(ctx: Context, lib: Library, run_id: str | None = None) -> dict[str, Any]:
+    """The library's committed copies ({entries, incoming}); a HostError when its host fails."""
+    from labctl.agent_ship import ask_agent
+
+    args: dict[str, Any] = {"lib": lib.path}
+    if run_id is not None:
+        args["run_id"] = run_id
+    answer: dict[str, Any] = ask_agent(ctx, lib.host, "ckpt_lib_list", args, timeout=120)
+    return answer
+
+
+def parse_time(text: Any) -> datetime | None:
+    from datetime import UTC
+
+    if not isinstance(text, str):
+        return None
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def iso(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,129 @@
+"""`labctl ckpt restore RUN --to HOST`: a library copy back where a run resumes from it.
+
+The storage host serves the step folder's two files, HOST pulls them into the run's
+checkpoint folder (or --dir) with the cache's transfer. Partial copies live in a hidden
+folder there; only when both files are complete and verified are they renamed into place,
+the .pt first: the trainer, which takes a checkpoint only with its manifest, never sees a
+half-copied one. A stopped restore resumes from its verified chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from labctl.ckpt.library import Library, checkpoint_dir, copies
+from labctl.errors import HostError, InputError
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+    from labctl.inventory.model import Host
+
+
+def pick_step(entries: list[dict[str, Any]], run_id: str, step: int | None, lib: Library) -> dict[str, Any]:
+    """The library copy to restore: `step`, else the newest."""
+    mine = [e for e in entries if e["run_id"] == run_id]
+    if not mine:
+        runs = sorted({e["run_id"] for e in entries})
+        raise InputError(
+            f"The library on {lib.host.name} ({lib.path}) holds no copy of run '{run_id}'.",
+            f"It holds: {', '.join(runs[:8])}."
+            if runs
+            else "Back it up first: labctl ckpt backup --run RUN.",
+        )
+    if step is None:
+        return max(mine, key=lambda e: int(e["step"]))
+    for e in mine:
+        if e["step"] == step:
+            return e
+    raise InputError(
+        f"The library holds no step {step} of run '{run_id}'.",
+        f"Steps held: {', '.join(str(e['step']) for e in mine)}.",
+    )
+
+
+def restore(
+    ctx: Context,
+    lib: Library,
+    run_id: str,
+    to: Host,
+    *,
+    step: int | None,
+    folder: str | None,
+    chunk_size: int,
+    streams: int,
+    on_progress: Callable[[str, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    from labctl.agent.ckpt import manifest_name, pt_name
+    from labctl.agent.ckpt_library import step_dir_name
+    from labctl.cache.sync import FileServer, pull_from
+    from labctl.ckpt.library import run_records
+    from labctl.fanout import on_host
+
+    if folder is None:
+        try:
+            record = run_records(ctx, [run_id])[0]
+        except InputError:
+            raise InputError(
+                f"Run '{run_id}' has no record on this machine, so its checkpoint folder is unknown.",
+                "Say where the checkpoint goes: --dir /data/ckpt/phase1.",
+            ) from None
+        folder = checkpoint_dir(record)
+        if folder is None:
+            raise InputError(
+                f"Run '{run_id}'s record names no checkpoint folder.",
+                "Say where the checkpoint goes: --dir PATH.",
+            )
+    if not folder.startswith("/"):
+        raise InputError(
+            f"--dir {folder!r} is not an absolute path.", "For example: --dir /data/ckpt/phase1."
+        )
+    entry = pick_step(copies(ctx, lib, run_id)["entries"], run_id, step, lib)
+    n = int(entry["step"])
+    names = [pt_name(n), manifest_name(n)]
+    server = FileServer(ctx, lib.host, entry["path"], names, chunk_size, hash_cache=False).begin()
+    pulled: dict[str, Any] | None = None
+    last: dict[str, Any] = {}
+    try:
+        info = server.wait_ready()
+        if info.get("missing"):
+            raise HostError(
+                f"{lib.host.name}: the copy {entry['path']} lacks {', '.join(info['missing'])}.",
+                f"Check it: labctl ckpt verify --run {run_id}.",
+            )
+        args = {
+            "into": folder,
+            "meta": ".labctl-restore-" + step_dir_name(n),
+            "all_or_nothing": True,
+            "models": [info["models"][name] for name in names],  # the .pt lands before its manifest
+            "chunk_size": chunk_size,
+            "streams": streams,
+            "source": f"{lib.host.name}:{entry['path']}",
+        }
+        label = f"{run_id} step {n}"
+
+        def progress(_host: str, event: dict[str, Any]) -> None:
+            if on_progress is not None:
+                on_progress(label, event)
+
+        try:
+            pulled = on_host(ctx, to, lambda run: pull_from(run, server, info, args, last, progress))
+        except HostError as e:
+            raise HostError(
+                f"the restore of {label} from {lib.host.name} to {to.name}:{folder} stopped: {e.message}",
+                "Nothing half-copied is visible to the trainer; run the same restore again to resume.",
+            ) from None
+    finally:
+        server.stop(5.0 if pulled is not None else 0.0)
+    return {
+        "run_id": run_id,
+        "step": n,
+        "host": to.name,
+        "dir": folder,
+        "files": [f"{folder.rstrip('/')}/{name}" for name in names],
+        "from": f"{lib.host.name}:{entry['path']}",
+        "fetched_bytes": pulled.get("fetched_bytes", 0),
+        "resumed_bytes": pulled.get("resumed_bytes", 0),
+        "seconds": pulled.get("seconds"),
+        "rate_bytes_per_s": pulled.get("rate_bytes_per_s"),
+    }

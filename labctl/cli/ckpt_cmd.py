@@ -1,0 +1,337 @@
+"""`labctl ckpt`: checkpoints kept off the training host, in the storage host's library."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+
+if TYPE_CHECKING:
+    from labctl.context import Context
+
+app = typer.Typer(
+    help=(
+        "Checkpoints off the training host: copy the newest to the storage host's library (backup), "
+        "see it (list), re-hash it (verify), put one back where a run resumes (restore)."
+    ),
+    no_args_is_help=True,
+)
+
+StorageOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--storage",
+        help="The host holding the library (default: the one with a storage section).",
+        show_default=False,
+    ),
+]
+RunOpt = Annotated[Optional[str], typer.Option("--run", help="Only this run (its id).", show_default=False)]
+StreamsOpt = Annotated[int, typer.Option("--streams", min=1, max=64, help="Parallel TCP streams per copy.")]
+ChunkOpt = Annotated[
+    int, typer.Option("--chunk-mb", min=1, max=1024, help="Chunk size in MiB: the unit hashed and resumed.")
+]
+
+
+def _done(c: Context, data: dict[str, Any], render: Any, code: int) -> None:
+    c.close()
+    if c.json_mode:
+        c.emit(data)
+    else:
+        render()
+    raise typer.Exit(code)
+
+
+@app.command("list")
+def list_cmd(
+    ctx: typer.Context,
+    run: RunOpt = None,
+    storage: StorageOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """The library's copies (run, step, size, when, origin), and each run's newest checkpoint
+    still only on a training host.
+
+    Examples:
+
+        labctl ckpt list
+
+        labctl ckpt list --run p1-20261123-213000-ab12 --json
+    """
+    from labctl.ckpt.library import copies, find_storage, newest_on_hosts, run_records
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        lib = find_storage(c.inventory, storage)
+        records = run_records(c, [run] if run else None)
+        held = copies(c, lib, run)
+        found = newest_on_hosts(c, records)
+    except BaseException:
+        c.close()
+        raise
+    have = {(e["run_id"], e["step"]) for e in held["entries"]}
+    only_on_hosts = []
+    for r in records:
+        seen: set[int] = set()
+        for f in found[r["run_id"]]:
+            step = f.get("step")
+            if isinstance(step, int) and (r["run_id"], step) not in have and step not in seen:
+                seen.add(step)
+                only_on_hosts.append(
+                    {
+                        "run_id": r["run_id"],
+                        "step": step,
+                        "host": f["host"],
+                        "dir": f["dir"],
+                        "bytes": f.get("bytes"),
+                    }
+                )
+    listed = [{k: v for k, v in e.items() if k != "record"} for e in held["entries"]]
+    data = {
+        "storage": lib.host.name,
+        "library": lib.path,
+        "copies": listed,
+        "only_on_hosts": only_on_hosts,
+    }
+
+    def render() -> None:
+        from rich.table import Table
+
+        from labctl.fmt import fmt_bytes
+
+        t = Table(title=f"checkpoint library {lib.host.name}:{lib.path}", title_justify="left")
+        for col in ("run", "step", "size", "when", "origin"):
+            t.add_column(col)
+        for e in listed:
+            origin = f"{e.get('origin') or '?'} from {e.get('source_host') or '?'}"
+            t.add_row(
+                e["run_id"],
+                str(e["step"]),
+                fmt_bytes(e.get("bytes") or 0),
+                e.get("backed_up_at") or "?",
+                origin,
+            )
+        for o in only_on_hosts:
+            t.add_row(
+                o["run_id"],
+                str(o["step"]),
+                fmt_bytes(o.get("bytes") or 0),
+                "-",
+                f"[yellow]only on {o['host']}[/]",
+            )
+        c.console.print(t)
+        if not listed and not only_on_hosts:
+            c.console.print("Nothing yet: `labctl ckpt backup` copies each run's newest checkpoint here.")
+
+    _done(c, data, render, 0)
+
+
+@app.command("backup")
+def backup_cmd(
+    ctx: typer.Context,
+    run: Annotated[
+        Optional[list[str]],
+        typer.Option("--run", help="Only these runs (repeat); default every recorded run."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be copied and pruned; change nothing.")
+    ] = False,
+    storage: StorageOpt = None,
+    streams: StreamsOpt = 4,
+    chunk_mb: ChunkOpt = 64,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Copy each run's newest valid checkpoint host to host into the storage host's library.
+
+    The training host serves, the storage host pulls (verified, resumable chunks; never
+    through this machine); the copy is listed only once verified. A step already in the
+    library is not copied again; an interrupted backup resumes. Then the library is pruned:
+    30 daily, 13 weekly, 12 monthly copies, and each run's newest, are kept.
+
+    Examples:
+
+        labctl ckpt backup
+
+        labctl ckpt backup --run p1-20261123-213000-ab12 --dry-run
+    """
+    from labctl.ckpt.backup import backup
+    from labctl.ckpt.library import find_storage, run_records
+    from labctl.cli.cache_cmd import Bars
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        lib = find_storage(c.inventory, storage)
+        records = run_records(c, run)
+        bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
+        with bars:
+            data = backup(
+                c,
+                lib,
+                records,
+                dry_run=dry_run,
+                chunk_size=chunk_mb << 20,
+                streams=streams,
+                on_progress=bars.update,
+            )
+    except BaseException:
+        c.close()
+        raise
+
+    def render() -> None:
+        from rich.markup import escape
+
+        from labctl.fmt import fmt_bytes
+
+        for r in data["runs"]:
+            what = r["action"]
+            step = f" step {r['step']}" if "step" in r else ""
+            line = f"{escape(r['run_id'])}{step}: {what}"
+            if what == "copied":
+                line += f" from {r['source_host']} ({fmt_bytes(r.get('fetched_bytes') or 0)} moved"
+                line += f", {fmt_bytes(r['resumed_bytes'])} resumed)" if r.get("resumed_bytes") else ")"
+            elif what == "failed":
+                line = f"[red]{line}[/]: {escape(r.get('error') or '')}"
+                if r.get("hint"):
+                    line += f" {escape(r['hint'])}"
+            elif what == "nothing":
+                line += " (no valid checkpoint on its hosts)"
+            c.console.print(line, soft_wrap=True)
+        for p in data["pruned"]:
+            verb = "would prune" if dry_run else "pruned"
+            c.console.print(f"{verb} {escape(p['run_id'])} step {p['step']}")
+
+    _done(c, data, render, 1 if data["failed"] else 0)
+
+
+@app.command("verify")
+def verify_cmd(
+    ctx: typer.Context,
+    run: RunOpt = None,
+    storage: StorageOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Re-hash every copy in the library against its manifest (seed 000's weekly check);
+    name each damaged one with the reason. Exit 1 when any is damaged.
+
+    Examples:
+
+        labctl ckpt verify
+
+        labctl ckpt verify --run p1-20261123-213000-ab12 --json
+    """
+    from labctl.agent_ship import ask_agent
+    from labctl.ckpt.library import find_storage
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        lib = find_storage(c.inventory, storage)
+        args: dict[str, Any] = {"lib": lib.path}
+        if run:
+            args["run_id"] = run
+        answer = ask_agent(c, lib.host, "ckpt_lib_verify", args, timeout=7 * 24 * 3600.0)
+    except BaseException:
+        c.close()
+        raise
+    entries = [{k: v for k, v in e.items() if k != "record"} for e in answer["entries"]]
+    damaged = [e for e in entries if e["status"] != "ok"]
+    data = {"storage": lib.host.name, "library": lib.path, "entries": entries, "damaged": damaged}
+
+    def render() -> None:
+        from rich.markup import escape
+
+        for e in entries:
+            if e["status"] == "ok":
+                c.console.print(f"ok       {escape(e['run_id'])} step {e['step']}")
+            else:
+                c.console.print(
+                    f"[red]damaged[/]  {escape(e['run_id'])} step {e['step']} ({escape(e['path'])}): "
+                    f"{escape(e['reason'] or '')}",
+                    soft_wrap=True,
+                )
+        c.console.print(f"{len(entries)} copies checked on {lib.host.name}, {len(damaged)} damaged.")
+        if damaged:
+            c.console.print(
+                "A damaged copy is left as it is, for a person to look at: restore another step "
+                "(labctl ckpt restore RUN --to HOST --step N), and back the run up again while its "
+                "training host still holds a valid checkpoint.",
+                soft_wrap=True,
+            )
+
+    _done(c, data, render, 1 if damaged else 0)
+
+
+@app.command("restore")
+def restore_cmd(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(help="The run whose checkpoint to put back.")],
+    to: Annotated[str, typer.Option("--to", help="The host the run will resume on.", show_default=False)],
+    step: Annotated[
+        Optional[int],
+        typer.Option("--step", min=0, help="Which step (default: the newest copy).", show_default=False),
+    ] = None,
+    folder: Annotated[
+        Optional[str],
+        typer.Option(
+            "--dir", help="Where on HOST (default: the run's checkpoint folder).", show_default=False
+        ),
+    ] = None,
+    storage: StorageOpt = None,
+    streams: StreamsOpt = 4,
+    chunk_mb: ChunkOpt = 64,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Copy a checkpoint from the library to HOST, where a run with that checkpoint folder
+    resumes from it. The files appear whole or not at all.
+
+    Examples:
+
+        labctl ckpt restore p1-20261123-213000-ab12 --to m5
+
+        labctl ckpt restore p1-20261123-213000-ab12 --to m5 --step 1000 --dir /data/ckpt/phase1
+    """
+    from labctl.cache.targets import host_named
+    from labctl.ckpt.library import find_storage
+    from labctl.ckpt.restore import restore
+    from labctl.cli.cache_cmd import Bars
+
+    c = make_context(ctx, inventory, json_out, verbose)
+    try:
+        lib = find_storage(c.inventory, storage)
+        host = host_named(c.inventory, to)
+        bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
+        with bars:
+            data = restore(
+                c,
+                lib,
+                run,
+                host,
+                step=step,
+                folder=folder,
+                chunk_size=chunk_mb << 20,
+                streams=streams,
+                on_progress=bars.update,
+            )
+    except BaseException:
+        c.close()
+        raise
+
+    def render() -> None:
+        from labctl.fmt import fmt_bytes
+
+        c.console.print(
+            f"restored {data['run_id']} step {data['step']} to {data['host']}:{data['dir']} "
+            f"({fmt_bytes(data['fetched_bytes'])} moved from {data['from']}); a run with that checkpoint "
+            "folder resumes from it.",
+            soft_wrap=True,
+        )
+
+    _done(c, data, render, 0)

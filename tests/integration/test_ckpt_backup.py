@@ -1,0 +1,207 @@
+"""`labctl ckpt` against the simulated lab: backup host to host into irina's library, verify,
+retention over a faked calendar, a killed backup, restore and a real resume from it.
+
+Runs are either real (a tiny CPU training run on m5) or records written beside the inventory
+with checkpoints made by the trainer's own CheckpointDir on the host (through `labctl exec`).
+The library is irina's default, /srv/checkpoints; the tests remove it afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, labctl, run_json, sh
+
+pytestmark = pytest.mark.integration
+LIB = "/srv/checkpoints"
+TRAIN = "/var/lib/labctl/train"
+TINY = [
+    "--set", "batch_size_per_gpu=8", "--set", "seq_len=64", "--set", "model.d_model=64",
+    "--set", "model.n_layers=2", "--set", "model.n_heads=4", "--set", "model.d_ff=256",
+    "--set", "lr=3e-3", "--set", "warmup_steps=5", "--set", "log_every=5",
+]  # fmt: skip
+
+
+def runs_dir(inv: Path) -> Path:
+    return Path(inv).parent / ".labctl" / "runs"
+
+
+@pytest.fixture(scope="module")
+def inv(lab: Any) -> Iterator[Path]:
+    path = Path(lab.inventory_path)
+    try:
+        yield path
+    finally:
+        sh(path, "irina", f"rm -rf {LIB} {TRAIN}/ckpt-test-*")
+
+
+def fake_run(inv: Path, hosts: list[str], mb: float, *steps: int) -> tuple[str, str]:
+    """A run record (hosts, checkpoint folder) and real checkpoints of `mb` MiB for `steps`,
+    written by the trainer's CheckpointDir on the first host."""
+    run_id = f"ck-{uuid.uuid4().hex[:8]}"
+    folder = f"{TRAIN}/ckpt-test-{run_id}"
+    (runs_dir(inv) / run_id).mkdir(parents=True)
+    record = {"run_id": run_id, "phase": 1, "hosts": hosts, "started": time.time(), "checkpoint_dir": folder}
+    (runs_dir(inv) / run_id / "run.json").write_text(json.dumps(record))
+    for step in steps:
+        write_ckpt(inv, hosts[0], folder, step, mb)
+    return run_id, folder
+
+
+def write_ckpt(inv: Path, host: str, folder: str, step: int, mb: float) -> None:
+    code = (
+        "import os,sys; from labctl.agent.ckpt import CheckpointDir; "
+        f"CheckpointDir(sys.argv[1]).save({step}, os.urandom(int({mb} * 2**20)), {{}}, "
+        "save=lambda s, f: f.write(s))"
+    )
+    sh(inv, host, f"cd {REPO} && {sys.executable} -c '{code}' {folder}")
+
+
+def backup(inv: Path, *args: str, now: str | None = None, env_stop: str | None = None) -> tuple[int, Any]:
+    import os
+    import subprocess
+
+    env = dict(os.environ)
+    if now:
+        env["LABCTL_NOW"] = now
+    if env_stop:
+        env["LABCTL_CACHE_TEST_STOP_AFTER"] = env_stop
+    proc = subprocess.run(
+        [sys.executable, "-m", "labctl", "--json", "-i", str(inv), "ckpt", "backup", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def library_steps(inv: Path, run_id: str) -> list[int]:
+    rc, doc = run_json(inv, "ckpt", "list", "--run", run_id)
+    assert rc == 0, doc
+    return [c["step"] for c in doc["copies"]]
+
+
+def sha(inv: Path, host: str, path: str) -> str:
+    return sh(inv, host, f"sha256sum {path}").split()[0]
+
+
+def test_backup_copies_host_to_host_once_and_verify_names_a_flipped_byte(inv: Path, lab: Any) -> None:
+    run_id, folder = fake_run(inv, ["m5", "irina"], 3, 10, 20)
+    rc, doc = backup(inv, "--run", run_id)
+    assert rc == 0, doc
+    [r] = doc["runs"]
+    # Both hosts hold step 20: one copy, from the first host, served to irina's address only.
+    assert (r["action"], r["step"], r["source_host"]) == ("copied", 20, "m5")
+    assert r["fetched_bytes"] == 3 * 2**20 + len(sh(inv, "m5", f"cat {folder}/step-00000020.json"))
+    assert r["served"]["peers"] == [lab.hosts["irina"]] and r["served"]["address"] == lab.hosts["m5"]
+    copy = f"{LIB}/{run_id}/step-00000020"
+    assert sha(inv, "irina", f"{copy}/step-00000020.pt") == sha(inv, "m5", f"{folder}/step-00000020.pt")
+    record = json.loads(sh(inv, "irina", f"cat {copy}/backup.json"))
+    assert record["origin"] == "backup" and record["source_host"] == "m5" and record["source_path"] == folder
+    # The training folder is the trainer's: nothing of the transfer's was left there.
+    assert sh(inv, "m5", f"ls -A {folder}").split() == [
+        "step-00000010.json", "step-00000010.pt", "step-00000020.json", "step-00000020.pt",
+    ]  # fmt: skip
+
+    rc, again = backup(inv, "--run", run_id)
+    assert rc == 0 and again["runs"][0]["action"] == "present" and "served" not in again["runs"][0]
+
+    write_ckpt(inv, "m5", folder, 30, 0.1)
+    rc, listed = run_json(inv, "ckpt", "list", "--run", run_id)
+    assert rc == 0, listed
+    assert [(c["step"], c["origin"], c["source_host"]) for c in listed["copies"]] == [(20, "backup", "m5")]
+    assert [(o["step"], o["host"]) for o in listed["only_on_hosts"]] == [(30, "m5")]
+
+    sh(inv, "irina", f"printf 'Z' | dd of={copy}/step-00000020.pt bs=1 seek=1000 conv=notrunc 2>/dev/null")
+    proc = labctl("-i", str(inv), "ckpt", "verify", "--run", run_id)
+    out = (proc.stdout + proc.stderr).replace("\n", "")
+    assert proc.returncode == 1, out
+    assert "damaged" in out and copy in out and "sha256 mismatch" in out
+    rc, doc = run_json(inv, "ckpt", "verify", "--run", run_id)
+    assert rc == 1 and [(d["step"], d["path"]) for d in doc["damaged"]] == [(20, copy)]
+
+
+def test_retention_prunes_over_a_faked_calendar_only_after_the_new_copy(inv: Path) -> None:
+    run_id, folder = fake_run(inv, ["m5"], 0.1, 1)
+    assert backup(inv, "--run", run_id, now="2026-11-01T03:00:00Z")[0] == 0
+    write_ckpt(inv, "m5", folder, 2, 0.1)
+    rc, doc = backup(inv, "--run", run_id, now="2026-11-01T15:00:00Z")
+    # Same day: the newer copy is that day's (and week's, and month's) one; the older goes.
+    assert rc == 0 and doc["pruned"] == [{"run_id": run_id, "step": 1}], doc
+    assert library_steps(inv, run_id) == [2]
+    write_ckpt(inv, "m5", folder, 3, 0.1)
+    rc, doc = backup(inv, "--run", run_id, now="2026-11-02T03:00:00Z")
+    assert rc == 0 and doc["pruned"] == [] and library_steps(inv, run_id) == [2, 3]
+    rc, listed = run_json(inv, "ckpt", "list", "--run", run_id)
+    assert [c["backed_up_at"] for c in listed["copies"]] == ["2026-11-01T15:00:00Z", "2026-11-02T03:00:00Z"]
+
+
+def test_a_killed_backup_leaves_nothing_visible_and_the_next_one_resumes(inv: Path) -> None:
+    run_id, folder = fake_run(inv, ["m5"], 24, 5)
+    # The pull on irina kills itself (SIGKILL, as a crash would) after 2 verified 4 MiB chunks.
+    rc, doc = backup(inv, "--run", run_id, "--chunk-mb", "4", "--streams", "1", env_stop="2")
+    assert rc == 1 and doc["runs"][0]["action"] == "failed" and "again" in doc["runs"][0]["hint"]
+    assert library_steps(inv, run_id) == []
+    rc, listed = run_json(inv, "ckpt", "list", "--run", run_id)
+    assert [o["step"] for o in listed["only_on_hosts"]] == [5]
+    assert sh(inv, "irina", f"ls -A {LIB}/{run_id}").split() == [".incoming-step-00000005"]
+
+    rc, doc = backup(inv, "--run", run_id, "--chunk-mb", "4")
+    assert rc == 0, doc
+    r = doc["runs"][0]
+    assert r["action"] == "copied" and r["resumed_bytes"] >= 8 * 2**20
+    assert r["fetched_bytes"] + r["resumed_bytes"] > 24 * 2**20
+    assert library_steps(inv, run_id) == [5]
+    assert sh(inv, "irina", f"ls -A {LIB}/{run_id}").split() == ["step-00000005"]
+    assert sorted(sh(inv, "irina", f"ls -A {LIB}/{run_id}/step-00000005").split()) == [
+        "backup.json", "step-00000005.json", "step-00000005.pt",
+    ]  # fmt: skip
+    pt = "step-00000005.pt"
+    assert sha(inv, "irina", f"{LIB}/{run_id}/step-00000005/{pt}") == sha(inv, "m5", f"{folder}/{pt}")
+
+
+def test_restore_puts_a_checkpoint_back_and_a_real_run_resumes_from_it(inv: Path, lab: Any) -> None:
+    first = f"{TRAIN}/ckpt-test-train-{uuid.uuid4().hex[:8]}"
+    base = ["-i", str(inv), "--json", "train", "--phase", "1", "--limit", "m5", "--device", "cpu"]
+    base += ["--python", sys.executable, *TINY, "--set", "checkpoint_every=10"]
+    proc = labctl(*base, "--set", "steps=20", "--set", f"checkpoint_dir={first}", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    run_id = json.loads(proc.stdout)["run_id"]
+    rc, doc = backup(inv, "--run", run_id)
+    assert rc == 0 and doc["runs"][0]["step"] == 20, doc
+
+    elsewhere = f"{TRAIN}/ckpt-test-restored-{uuid.uuid4().hex[:8]}"
+    rc, got = run_json(inv, "ckpt", "restore", run_id, "--to", "m5", "--dir", elsewhere)
+    assert rc == 0, got
+    assert got["step"] == 20 and got["host"] == "m5"
+    # Only the checkpoint: no partial copy or transfer state is left beside it.
+    assert sh(inv, "m5", f"ls -A {elsewhere}").split() == ["step-00000020.json", "step-00000020.pt"]
+
+    proc = labctl(*base, "--set", "steps=30", "--set", f"checkpoint_dir={elsewhere}", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    second = json.loads(proc.stdout)["run_id"]
+    events = [json.loads(x) for x in (runs_dir(inv) / second / "metrics.jsonl").read_text().splitlines()]
+    starts = [e for e in events if e["event"] == "start"]
+    assert starts[0]["resumed_from"] == 20
+    assert min(e["step"] for e in events if e["event"] == "step") > 20
+
+
+def test_clear_errors_for_an_unknown_run_and_a_missing_copy(inv: Path) -> None:
+    proc = labctl("-i", str(inv), "ckpt", "backup", "--run", "no-such-run")
+    assert proc.returncode == 2 and "No run 'no-such-run'" in proc.stderr and "Traceback" not in proc.stderr
+    run_id, _ = fake_run(inv, ["m5"], 0.1)
+    proc = labctl("-i", str(inv), "ckpt", "restore", run_id, "--to", "m5")
+    assert proc.returncode == 2 and "holds no copy" in proc.stderr, proc.stderr
+    proc = labctl("-i", str(inv), "ckpt", "restore", run_id, "--to", "nowhere")
+    assert proc.returncode == 2 and "No host 'nowhere'" in proc.stderr, proc.stderr
