@@ -107,7 +107,7 @@ def newest_on_hosts(ctx: Context, records: list[dict[str, Any]]) -> dict[str, li
         if folder is None:
             return {"host": name, "error": "the run's record names no checkpoint folder"}
         try:
-            answer = ask_agent(ctx, host, "ckpt_newest", {"dir": folder}, timeout=600)
+            answer = ask_agent(ctx, host, "ckpt_newest", {"dir": folder}, timeout=3600)
         except LabctlError as e:
             return {"host": name, "dir": folder, "error": e.message}
         return {"host": name, **answer}

@@ -9,6 +9,8 @@ The library is irina's default, /srv/checkpoints; the tests remove it afterwards
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 import uuid
@@ -65,23 +67,28 @@ def write_ckpt(inv: Path, host: str, folder: str, step: int, mb: float) -> None:
     sh(inv, host, f"cd {REPO} && {sys.executable} -c '{code}' {folder}")
 
 
-def backup(inv: Path, *args: str, now: str | None = None, env_stop: str | None = None) -> tuple[int, Any]:
-    import os
-    import subprocess
-
+def ckpt(
+    inv: Path, *args: str, now: str | None = None, stop_after: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`labctl ckpt ARGS` with the calendar set (LABCTL_NOW) or the pull told to kill itself
+    after `stop_after` verified chunks (SIGKILL, as a crash would)."""
     env = dict(os.environ)
     if now:
         env["LABCTL_NOW"] = now
-    if env_stop:
-        env["LABCTL_CACHE_TEST_STOP_AFTER"] = env_stop
-    proc = subprocess.run(
-        [sys.executable, "-m", "labctl", "--json", "-i", str(inv), "ckpt", "backup", *args],
+    if stop_after:
+        env["LABCTL_CACHE_TEST_STOP_AFTER"] = stop_after
+    return subprocess.run(
+        [sys.executable, "-m", "labctl", "-i", str(inv), "ckpt", *args],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=REPO,
         env=env,
     )
+
+
+def backup(inv: Path, *args: str, now: str | None = None, env_stop: str | None = None) -> tuple[int, Any]:
+    proc = ckpt(inv, "backup", "--json", *args, now=now, stop_after=env_stop)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -170,31 +177,43 @@ def test_a_killed_backup_leaves_nothing_visible_and_the_next_one_resumes(inv: Pa
     pt = "step-00000005.pt"
     assert sha(inv, "irina", f"{LIB}/{run_id}/step-00000005/{pt}") == sha(inv, "m5", f"{folder}/{pt}")
 
+    # A restore killed mid-copy leaves the trainer nothing to see there; the next one resumes.
+    there = f"{TRAIN}/ckpt-test-back-{uuid.uuid4().hex[:8]}"
+    args = ["restore", run_id, "--to", "m5", "--dir", there, "--chunk-mb", "4", "--streams", "1"]
+    proc = ckpt(inv, *args, stop_after="2")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "again" in proc.stderr
+    assert sh(inv, "m5", f"ls -A {there}").split() == [".labctl-restore-step-00000005"]
+    rc, got = run_json(inv, "ckpt", *args)
+    assert rc == 0 and got["resumed_bytes"] >= 8 * 2**20, got
+    assert sh(inv, "m5", f"ls -A {there}").split() == ["step-00000005.json", pt]
+    assert sha(inv, "m5", f"{there}/{pt}") == sha(inv, "m5", f"{folder}/{pt}")
+
 
 def test_restore_puts_a_checkpoint_back_and_a_real_run_resumes_from_it(inv: Path, lab: Any) -> None:
     first = f"{TRAIN}/ckpt-test-train-{uuid.uuid4().hex[:8]}"
     base = ["-i", str(inv), "--json", "train", "--phase", "1", "--limit", "m5", "--device", "cpu"]
     base += ["--python", sys.executable, *TINY, "--set", "checkpoint_every=10"]
-    proc = labctl(*base, "--set", "steps=20", "--set", f"checkpoint_dir={first}", timeout=300)
+    proc = labctl(*base, "--set", "steps=10", "--set", f"checkpoint_dir={first}", timeout=300)
     assert proc.returncode == 0, proc.stderr
     run_id = json.loads(proc.stdout)["run_id"]
     rc, doc = backup(inv, "--run", run_id)
-    assert rc == 0 and doc["runs"][0]["step"] == 20, doc
+    assert rc == 0 and doc["runs"][0]["step"] == 10, doc
 
     elsewhere = f"{TRAIN}/ckpt-test-restored-{uuid.uuid4().hex[:8]}"
     rc, got = run_json(inv, "ckpt", "restore", run_id, "--to", "m5", "--dir", elsewhere)
     assert rc == 0, got
-    assert got["step"] == 20 and got["host"] == "m5"
+    assert got["step"] == 10 and got["host"] == "m5"
     # Only the checkpoint: no partial copy or transfer state is left beside it.
-    assert sh(inv, "m5", f"ls -A {elsewhere}").split() == ["step-00000020.json", "step-00000020.pt"]
+    assert sh(inv, "m5", f"ls -A {elsewhere}").split() == ["step-00000010.json", "step-00000010.pt"]
 
-    proc = labctl(*base, "--set", "steps=30", "--set", f"checkpoint_dir={elsewhere}", timeout=300)
+    proc = labctl(*base, "--set", "steps=15", "--set", f"checkpoint_dir={elsewhere}", timeout=300)
     assert proc.returncode == 0, proc.stderr
     second = json.loads(proc.stdout)["run_id"]
     events = [json.loads(x) for x in (runs_dir(inv) / second / "metrics.jsonl").read_text().splitlines()]
     starts = [e for e in events if e["event"] == "start"]
-    assert starts[0]["resumed_from"] == 20
-    assert min(e["step"] for e in events if e["event"] == "step") > 20
+    assert starts[0]["resumed_from"] == 10
+    assert min(e["step"] for e in events if e["event"] == "step") > 10
 
 
 def test_clear_errors_for_an_unknown_run_and_a_missing_copy(inv: Path) -> None:
