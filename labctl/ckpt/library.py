@@ -35,11 +35,11 @@ class Library:
 
 def find_storage(inv: Inventory, name: str | None) -> Library:
     """The storage host (`--storage`, else the one inventory host with a storage section)."""
+    from labctl.cache.targets import host_named
+
     stores = [h for h in inv.hosts.values() if h.storage is not None]
     if name is not None:
-        if name not in inv.hosts:
-            raise InputError(f"No host '{name}' in {inv.path}.", f"Hosts: {', '.join(inv.hosts)}.")
-        host = inv.hosts[name]
+        host = host_named(inv, name)
         if host.storage is None:
             raise InputError(
                 f"Host '{name}' has no 'storage' section, so it keeps no checkpoint library.",

@@ -240,6 +240,14 @@ def verify_cmd(
         c.close()
         raise
     entries = [{k: v for k, v in e.items() if k != "record"} for e in answer["entries"]]
+    if run and not entries:
+        from labctl.errors import InputError
+
+        c.close()
+        raise InputError(
+            f"The library on {lib.host.name} ({lib.path}) holds no copy of run '{run}'.",
+            "`labctl ckpt list` shows what it holds.",
+        )
     damaged = [e for e in entries if e["status"] != "ok"]
     data = {"storage": lib.host.name, "library": lib.path, "entries": entries, "damaged": damaged}
 
