@@ -1,5 +1,5 @@
 """Agent commands for `labctl ckpt`: a training host's newest valid checkpoint, and the
-checkpoint library on the storage host (list, begin a copy, commit, remove, verify).
+checkpoint library on the storage host (list, commit, remove, verify).
 
 The bytes themselves move with the cache's transfer (`cache_serve` on one host,
 `cache_pull` with `into` on the other); these commands only look and decide.
@@ -82,24 +82,6 @@ def list_command(args: Dict[str, Any]) -> Dict[str, Any]:
         "entries": [_entry_json(e) for e in found],
         "incoming": incoming,
     }
-
-
-def begin_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """Where the copy of RUN's `step` goes: its incoming folder, made (a killed copy's is kept
-    and resumed); `present` when the library already holds that step."""
-    root, run_id, step = str(args["lib"]), str(args["run_id"]), int(args["step"])
-    try:
-        final = lib.step_dir(root, run_id, step)
-        incoming = lib.incoming_dir(root, run_id, step)
-    except lib.LibraryError as exc:
-        raise _library_error(exc) from None
-    if os.path.isdir(final):
-        return {"present": True, "path": final, "incoming": None}
-    try:
-        os.makedirs(incoming, exist_ok=True)
-    except OSError as exc:
-        raise AgentError(f"cannot make {incoming}: {exc.strerror}", "write_failed") from None
-    return {"present": False, "path": final, "incoming": incoming}
 
 
 def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:

@@ -80,7 +80,6 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "status": ".status:status_command",
     "ckpt_newest": ".ckpt_lib_cmds:newest_command",
     "ckpt_lib_list": ".ckpt_lib_cmds:list_command",
-    "ckpt_lib_begin": ".ckpt_lib_cmds:begin_command",
     "ckpt_lib_commit": ".ckpt_lib_cmds:commit_command",
     "ckpt_lib_remove": ".ckpt_lib_cmds:remove_command",
     "ckpt_lib_verify": ".ckpt_lib_cmds:verify_command",

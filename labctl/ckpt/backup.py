@@ -15,10 +15,11 @@ folder, which the next backup resumes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from labctl.ckpt.library import Library, copies, iso, newest_on_hosts, parse_time
-from labctl.errors import HostError, LabctlError
+from labctl.errors import HostError, InputError, LabctlError
 
 if TYPE_CHECKING:
     from labctl.context import Context
@@ -53,13 +54,18 @@ def copy_step(
 ) -> dict[str, Any]:
     """Copy one checkpoint from `src:folder` into the library and commit it; what happened."""
     from labctl.agent.ckpt import manifest_name, pt_name
+    from labctl.agent.ckpt_library import LibraryError, incoming_dir
     from labctl.agent_ship import ask_agent
     from labctl.cache.sync import FileServer, pull_from
     from labctl.fanout import on_host
 
-    begun = ask_agent(ctx, lib.host, "ckpt_lib_begin", {"lib": lib.path, "run_id": run_id, "step": step})
-    if begun["present"]:
-        return {"action": "present", "path": begun["path"]}
+    try:
+        # The pull makes it; a killed copy's is found there and resumed.
+        incoming = incoming_dir(lib.path, run_id, step)
+    except LibraryError as e:
+        raise InputError(
+            f"Run '{run_id}' cannot be backed up: {e}.", "Run ids come from `labctl train`."
+        ) from None
     names = [pt_name(step), manifest_name(step)]
     server = FileServer(ctx, src, folder, names, chunk_size, hash_cache=False).begin()
     pulled: dict[str, Any] | None = None
@@ -73,7 +79,7 @@ def copy_step(
                 "Run the backup again: it takes the newest checkpoint then.",
             )
         args = {
-            "into": begun["incoming"],
+            "into": incoming,
             "models": [info["models"][n] for n in names],
             "chunk_size": chunk_size,
             "streams": streams,
@@ -110,8 +116,9 @@ def copy_step(
         {"lib": lib.path, "run_id": run_id, "step": step, "record": record},
     )
     return {
-        "action": "copied",
+        "action": "present" if committed.get("existed") else "copied",
         "path": committed["path"],
+        "backed_up_at": committed.get("backed_up_at"),
         "bytes": committed.get("bytes"),
         "fetched_bytes": pulled.get("fetched_bytes", 0),
         "resumed_bytes": pulled.get("resumed_bytes", 0),
@@ -137,8 +144,12 @@ def backup(
 
     now = clock.now()
     stamp = iso(now)
-    found = newest_on_hosts(ctx, records)
-    have = {(e["run_id"], e["step"]) for e in copies(ctx, lib)["entries"]}
+    # The training hosts re-hash their newest checkpoints while the library is listed.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        listing = pool.submit(copies, ctx, lib)
+        found = newest_on_hosts(ctx, records)
+        held = listing.result()["entries"]
+    have = {(e["run_id"], e["step"]) for e in held}
     out_runs: list[dict[str, Any]] = []
     failed: set[str] = set()
     for r in records:
@@ -187,7 +198,12 @@ def backup(
                     item.update(action="failed", error=e.message, hint=e.hint)
                     failed.add(run_id)
             out_runs.append(item)
-    pruned, plan = prune(ctx, lib, now, failed, dry_run, [r for r in out_runs if r["action"] == "would copy"])
+    new = [
+        {"run_id": r["run_id"], "step": r["step"], "backed_up_at": r.get("backed_up_at") or stamp}
+        for r in out_runs
+        if r["action"] in ("copied", "would copy")
+    ]
+    pruned, plan = prune(ctx, lib, now, failed, dry_run, held + new)
     return {
         "storage": lib.host.name,
         "library": lib.path,
@@ -206,16 +222,14 @@ def prune(
     now: Any,
     failed: set[str],
     dry_run: bool,
-    planned: list[dict[str, Any]],
+    entries: list[dict[str, Any]],
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Apply retention to the library after the copies: (pruned copies, kept key -> why).
-
-    Runs whose copy failed this time are left alone, so a failed backup never costs an old copy.
-    """
+    """Apply retention to the library's `entries` (the listing and this backup's copies):
+    (pruned copies, kept key -> why). Runs whose copy failed this time are left alone, so a
+    failed backup never costs an old copy; a dry run's planned copies count, unremovable."""
     from labctl.agent_ship import ask_agent
     from labctl.ckpt.retention import Retention, plan_retention
 
-    entries = copies(ctx, lib)["entries"]
     dated = []
     where: dict[str, tuple[str, int]] = {}
     for e in entries:
@@ -223,10 +237,9 @@ def prune(
         if when is None:
             continue  # a copy without a readable record: verify names it, retention leaves it
         key = lib.key(e["run_id"], e["step"])
-        dated.append((key, when))
-        where[key] = (e["run_id"], e["step"])
-    for p in planned:
-        dated.append((lib.key(p["run_id"], p["step"]), now))
+        if key not in where:
+            dated.append((key, when))
+            where[key] = (e["run_id"], e["step"])
     plan = plan_retention(dated, now, Retention())
     doomed = [where[k] for k in plan.prune if k in where and where[k][0] not in failed]
     if doomed and not dry_run:

@@ -11,7 +11,7 @@ import pytest
 
 from labctl.agent import ckpt_library as lib
 from labctl.agent.ckpt import CheckpointDir, manifest_name, pt_name
-from labctl.agent.ckpt_lib_cmds import begin_command, list_command, verify_command
+from labctl.agent.ckpt_lib_cmds import list_command, verify_command
 from labctl.ckpt.backup import choose
 
 MODEL = {
@@ -99,19 +99,6 @@ def test_run_ids_that_are_not_one_plain_folder_name_are_refused(tmp_path: Path) 
     for bad in ("../etc", ".hidden", "a/b", ""):
         with pytest.raises(lib.LibraryError):
             lib.step_dir(str(tmp_path), bad, 1)
-
-
-def test_begin_reports_a_present_step_and_keeps_an_interrupted_copy(tmp_path: Path) -> None:
-    first = begin_command({"lib": str(tmp_path), "run_id": "r", "step": 7})
-    assert first["present"] is False and os.path.isdir(first["incoming"])
-    (Path(first["incoming"]) / "partial-bytes").write_bytes(b"kept")
-    again = begin_command({"lib": str(tmp_path), "run_id": "r", "step": 7})
-    assert (Path(again["incoming"]) / "partial-bytes").read_bytes() == b"kept"
-    for name in os.listdir(first["incoming"]):
-        os.unlink(os.path.join(first["incoming"], name))
-    incoming(tmp_path, "r", 7)
-    lib.commit(str(tmp_path), "r", 7, {})
-    assert begin_command({"lib": str(tmp_path), "run_id": "r", "step": 7})["present"] is True
 
 
 def test_verify_names_the_damaged_copy_and_why(tmp_path: Path) -> None:
