@@ -1,0 +1,35 @@
+"""The time the checkpoint library's retention goes by: `LABCTL_NOW` when set, else the system clock.
+
+Tests and dry runs set the calendar (`LABCTL_NOW=2027-03-01T02:00:00Z`) instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+
+from labctl.errors import InputError
+
+ENV = "LABCTL_NOW"
+
+
+def parse_utc(text: str) -> datetime:
+    """An ISO 8601 time as an aware UTC datetime (no zone given: UTC); ValueError when it is none."""
+    value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def now() -> datetime:
+    """Now, UTC and aware: `LABCTL_NOW` (ISO 8601) when it is set, else the system clock."""
+    text = os.environ.get(ENV)
+    if not text:
+        return datetime.now(UTC)
+    try:
+        return parse_utc(text)
+    except ValueError:
+        raise InputError(
+            f"{ENV}={text!r} is not an ISO 8601 time.",
+            f"Set it like {ENV}=2027-03-01T02:00:00Z, or unset it to use the system clock.",
+        ) from None
