@@ -78,6 +78,10 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "net_sink": ".netbench:sink_command",
     "net_send": ".netbench:send_command",
     "status": ".status:status_command",
+    "ckpt_pull_state": ".ckpt_pull_host:ckpt_state_command",
+    "ckpt_pull_commit": ".ckpt_pull_host:ckpt_commit_command",
+    "model_publish_state": ".ckpt_pull_host:model_state_command",
+    "model_publish": ".ckpt_pull_host:model_publish_command",
 }
 
 

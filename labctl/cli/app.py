@@ -16,6 +16,7 @@ from labctl import __version__
 from labctl.cli import (
     bench_cmd,
     cache_cmd,
+    ckpt_pull_cmd,
     cron_cmd,
     doctor_cmd,
     exec_cmd,
@@ -88,6 +89,11 @@ app.command("rotate")(orchestra_cmd.rotate_cmd)
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(sim_cmd.app, name="sim")
 app.command("metrics")(metrics_cmd.metrics)
+ckpt_app = typer.Typer(
+    help="Checkpoints kept off the host that trained them: the storage host's library.", no_args_is_help=True
+)
+ckpt_app.command("pull")(ckpt_pull_cmd.pull)
+app.add_typer(ckpt_app, name="ckpt")
 
 
 def _wants_json(argv: list[str]) -> bool:
