@@ -62,11 +62,23 @@ def test_a_folder_without_sftp_then_a_tarball_then_a_no_op_re_pull(
         tgz = tmp_path / "output.tar.gz"
         with tarfile.open(tgz, "w:gz") as tar:
             tar.add(working / "checkpoints", arcname="checkpoints")  # no settings file: the .pt names the run
+        # An earlier pull that stopped after sending step 4's part: that part is not sent again.
+        parts = f"{LIB}/sagemaker-1/.incoming-step-00000004/.parts"
+        first = f"{LIB}/kaggle-week1/step-00000004/step-00000004.pt"
+        sh(inv, "irina", f"mkdir -p {parts} && cp {first} {parts}/step-00000004.pt.00000")
         rc, doc = run_json(inv, "ckpt", "pull", str(tgz), "--run", "sagemaker-1", timeout=300)
         assert rc == 0, doc
         assert (
             doc["run_id"] == "sagemaker-1" and [c["action"] for c in doc["checkpoints"]] == ["committed"] * 2
         )
+        sent = {c["step"]: c["sent_bytes"] for c in doc["checkpoints"]}
+        assert sent == {2: (working / "checkpoints" / "step-00000002.pt").stat().st_size, 4: 0}
+        assert sh(inv, "irina", f"ls -A {LIB}/sagemaker-1").split() == ["step-00000002", "step-00000004"]
+        assert sh(inv, "irina", f"ls -A {LIB}/sagemaker-1/step-00000004").split() == [
+            "backup.json",
+            "step-00000004.json",
+            "step-00000004.pt",
+        ]
         record = json.loads(sh(inv, "irina", f"cat {LIB}/sagemaker-1/step-00000004/backup.json"))
         assert record["source_path"] == f"{tgz}::checkpoints/step-00000004.pt"
     finally:
