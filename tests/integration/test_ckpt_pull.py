@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.ckpt_session import session
 from tests.conftest import m5_cache, run_json, sh
-from tests.unit.test_ckpt_pull import session
 
 pytestmark = pytest.mark.integration
 LIB = "/srv/checkpoints"
