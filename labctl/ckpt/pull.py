@@ -293,8 +293,10 @@ def pull(
     storage: str | None = None,
     model: str | None = None,
     say: Say | None = None,
+    check: bool = False,
 ) -> dict[str, Any]:
-    """Validate, upload and commit every valid checkpoint of `source`; the outcome as a dict."""
+    """Validate, upload and commit every valid checkpoint of `source`; the outcome as a dict.
+    `check`: validate and say what would be sent, writing nothing on the host."""
     from labctl.agent_ship import call_agent
     from labctl.ckpt.clock import now
     from labctl.fanout import on_host
@@ -326,9 +328,11 @@ def pull(
 
         def work(hr: HostRun) -> dict[str, Any]:
             steps = [f.step for f in found]
-            state = call_agent(hr, "ckpt_pull_state", {"lib": lib, "run_id": run_id, "steps": steps})
+            state = call_agent(
+                hr, "ckpt_pull_state", {"lib": lib, "run_id": run_id, "steps": steps}, read_only=check
+            )
             # Both checked before anything is sent: a pull that would be refused changes nothing.
-            shelf = _model_state(hr, host, model, exported) if exported is not None else None
+            shelf = _model_state(hr, host, model, exported, check) if exported is not None else None
             clash = [
                 f"step {f.step} (library {str(s['committed'].get('sha256'))[:12]}..., pulled {f.sha256[:12]}...)"
                 for f in found
@@ -349,6 +353,11 @@ def pull(
                 if info["committed"]:
                     pulled.append({**item, "action": "present", "path": info["committed"]["path"]})
                     tell(f"{run_id} step {f.step}: already in {host.name}'s library")
+                    continue
+                if check:
+                    where = ckpt_library.step_dir(lib, run_id, f.step)
+                    pulled.append({**item, "action": "would commit", "path": where})
+                    tell(f"{run_id} step {f.step}: would be sent ({f.bytes} bytes) and committed to {where}")
                     continue
                 incoming = ckpt_library.incoming_dir(lib, run_id, f.step)
                 hr.conn.put_bytes(
@@ -375,7 +384,15 @@ def pull(
                 "library": lib,
                 "checkpoints": pulled,
             }
-            if shelf is not None and exported is not None:
+            if shelf is not None and exported is not None and check:
+                action = "present" if shelf["exists"] else "would publish"
+                out["model"] = {
+                    "name": model,
+                    "path": shelf["path"],
+                    "step": exported["step"],
+                    "action": action,
+                }
+            elif shelf is not None and exported is not None:
                 out["model"] = _publish(hr, shelf, exported, tell)
             return out
 
@@ -445,7 +462,9 @@ def _sha_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _model_state(hr: HostRun, host: Host, name: str | None, exported: dict[str, Any]) -> dict[str, Any]:
+def _model_state(
+    hr: HostRun, host: Host, name: str | None, exported: dict[str, Any], check: bool
+) -> dict[str, Any]:
     """The model library's side of NAME: refused when it holds another model."""
     from labctl.agent_ship import call_agent
 
@@ -455,7 +474,7 @@ def _model_state(hr: HostRun, host: Host, name: str | None, exported: dict[str, 
     local = {
         f: {"size": (folder / f).stat().st_size, "sha256": _sha_file(folder / f)} for f in exported["files"]
     }
-    state = call_agent(hr, "model_publish_state", {"models": models, "name": name})
+    state = call_agent(hr, "model_publish_state", {"models": models, "name": name}, read_only=check)
     if state["exists"] and state["files"] != local:
         raise InputError(
             f"{host.name}:{state['path']} already holds another model; nothing was pulled.",

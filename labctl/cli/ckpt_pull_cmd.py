@@ -35,6 +35,9 @@ def pull(
             help="Also put the newest checkpoint's weights into the model library as NAME, for `labctl cache sync NAME`.",
         ),
     ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Validate and show what would be sent; change nothing.")
+    ] = False,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
@@ -62,15 +65,15 @@ def pull(
             c.console.print(escape(text), soft_wrap=True)
 
     try:
-        out = run_pull(c, source, run=run, storage=storage, model=model, say=say)
+        out = run_pull(c, source, run=run, storage=storage, model=model, say=say, check=check)
     finally:
         c.close()
     if c.json_mode:
         c.emit(out)
         return
-    new = sum(1 for p in out["checkpoints"] if p["action"] == "committed")
+    new = sum(1 for p in out["checkpoints"] if p["action"] != "present")
     c.console.print(
-        f"[green]{escape(out['run_id'])}[/]: {new} checkpoint(s) pulled into {escape(out['storage'])}:"
-        f"{escape(out['library'])}, {len(out['checkpoints']) - new} already there.",
+        f"[green]{escape(out['run_id'])}[/]: {new} checkpoint(s) {'would be ' if check else ''}pulled into "
+        f"{escape(out['storage'])}:{escape(out['library'])}, {len(out['checkpoints']) - new} already there.",
         soft_wrap=True,
     )

@@ -38,6 +38,10 @@ def test_a_folder_without_sftp_then_a_tarball_then_a_no_op_re_pull(
     inv = lab.inventory_path
     assert lab.set_sftp("irina", False)
     try:
+        rc, plan = run_json(inv, "ckpt", "pull", str(working), "--check", timeout=300)
+        assert rc == 0, plan
+        assert [c["action"] for c in plan["checkpoints"]] == ["would commit"] * 2
+        assert sh(inv, "irina", f"test -e {LIB} && echo yes || echo no").strip() == "no"
         rc, doc = run_json(inv, "ckpt", "pull", str(working), timeout=300)
         assert rc == 0, doc
         assert doc["run_id"] == "kaggle-week1" and doc["storage"] == "irina" and doc["library"] == LIB
