@@ -33,7 +33,7 @@ def sha(path: Path) -> str:
 
 
 def test_a_folder_without_sftp_then_a_tarball_then_a_no_op_re_pull(
-    lab: Any, working: Path, tmp_path: Path
+    lab: Any, working: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     inv = lab.inventory_path
     assert lab.set_sftp("irina", False)
@@ -70,6 +70,7 @@ def test_a_folder_without_sftp_then_a_tarball_then_a_no_op_re_pull(
         parts = f"{LIB}/sagemaker-1/.incoming-step-00000004/.parts"
         first = f"{LIB}/kaggle-week1/step-00000004/step-00000004.pt"
         sh(inv, "irina", f"mkdir -p {parts} && cp {first} {parts}/step-00000004.pt.00000")
+        monkeypatch.setenv("LABCTL_NOW", "2027-01-02T03:04:05Z")  # the copy's date, as retention reads it
         rc, doc = run_json(inv, "ckpt", "pull", str(tgz), "--run", "sagemaker-1", timeout=300)
         assert rc == 0, doc
         assert (
@@ -85,6 +86,7 @@ def test_a_folder_without_sftp_then_a_tarball_then_a_no_op_re_pull(
         ]
         record = json.loads(sh(inv, "irina", f"cat {LIB}/sagemaker-1/step-00000004/backup.json"))
         assert record["source_path"] == f"{tgz}::checkpoints/step-00000004.pt"
+        assert record["backed_up_at"] == "2027-01-02T03:04:05Z"
     finally:
         sh(inv, "irina", f"rm -rf {LIB}")
 
