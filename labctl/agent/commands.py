@@ -83,6 +83,10 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "ckpt_lib_commit": ".ckpt_lib_cmds:commit_command",
     "ckpt_lib_remove": ".ckpt_lib_cmds:remove_command",
     "ckpt_lib_verify": ".ckpt_lib_cmds:verify_command",
+    "ckpt_pull_state": ".ckpt_pull_host:ckpt_state_command",
+    "ckpt_pull_commit": ".ckpt_pull_host:ckpt_commit_command",
+    "model_publish_state": ".ckpt_pull_host:model_state_command",
+    "model_publish": ".ckpt_pull_host:model_publish_command",
 }
 
 

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from labctl.ckpt.library import Library, copies, iso, newest_on_hosts, parse_time
+from labctl.ckpt.clock import iso, parse_record_time
+from labctl.ckpt.library import Library, copies, newest_on_hosts
 from labctl.errors import HostError, InputError, LabctlError
 
 if TYPE_CHECKING:
@@ -233,7 +234,7 @@ def prune(
     dated = []
     where: dict[str, tuple[str, int]] = {}
     for e in entries:
-        when = parse_time(e.get("backed_up_at"))
+        when = parse_record_time(e.get("backed_up_at"))
         if when is None:
             continue  # a copy without a readable record: verify names it, retention leaves it
         key = lib.key(e["run_id"], e["step"])

@@ -1,7 +1,6 @@
-"""STAND-IN (part D of issue 16): part E owns this module; the lead replaces it with E's at merge.
+"""The time the checkpoint library's retention goes by: `LABCTL_NOW` when set, else the system clock.
 
-The contract's clock: `now()` is UTC and aware, `LABCTL_NOW` (ISO 8601) when set, so tests set
-the calendar instead of sleeping.
+Tests and dry runs set the calendar (`LABCTL_NOW=2027-03-01T02:00:00Z`) instead of sleeping.
 """
 
 from __future__ import annotations
@@ -14,14 +13,38 @@ from labctl.errors import InputError
 ENV = "LABCTL_NOW"
 
 
+def parse_utc(text: str) -> datetime:
+    """An ISO 8601 time as an aware UTC datetime (no zone given: UTC); ValueError when it is none."""
+    value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
 def now() -> datetime:
+    """Now, UTC and aware: `LABCTL_NOW` (ISO 8601) when it is set, else the system clock."""
     text = os.environ.get(ENV)
     if not text:
         return datetime.now(UTC)
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return parse_utc(text)
     except ValueError:
         raise InputError(
-            f"{ENV}={text!r} is not an ISO 8601 time.", f"For example: {ENV}=2026-11-23T03:00:00Z."
+            f"{ENV}={text!r} is not an ISO 8601 time.",
+            f"Set it like {ENV}=2027-03-01T02:00:00Z, or unset it to use the system clock.",
         ) from None
-    return when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def parse_record_time(text: object) -> datetime | None:
+    """A record's time (`backed_up_at`) as aware UTC, or None when it is missing or unreadable."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return parse_utc(text)
+    except ValueError:
+        return None
+
+
+def iso(when: datetime) -> str:
+    """The library records' time format (UTC, seconds, Z)."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

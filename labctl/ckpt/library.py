@@ -12,7 +12,6 @@ import json
 import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from labctl.errors import InputError, LabctlError
@@ -129,19 +128,3 @@ def copies(ctx: Context, lib: Library, run_id: str | None = None) -> dict[str, A
         args["run_id"] = run_id
     answer: dict[str, Any] = ask_agent(ctx, lib.host, "ckpt_lib_list", args, timeout=120)
     return answer
-
-
-def parse_time(text: Any) -> datetime | None:
-    from datetime import UTC
-
-    if not isinstance(text, str):
-        return None
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
-
-
-def iso(when: datetime) -> str:
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -17,6 +17,7 @@ from labctl.cli import (
     bench_cmd,
     cache_cmd,
     ckpt_cmd,
+    ckpt_pull_cmd,
     cron_cmd,
     doctor_cmd,
     exec_cmd,
@@ -81,6 +82,7 @@ app.command("status", cls=status_cmd.StatusCommand)(status_cmd.status)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("provision")(provision_cmd.provision)
 app.add_typer(cache_cmd.app, name="cache")
+ckpt_cmd.app.command("pull")(ckpt_pull_cmd.pull)
 app.add_typer(ckpt_cmd.app, name="ckpt")
 app.add_typer(cron_cmd.app, name="cron")
 app.add_typer(train_cmd.app, name="train")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 app = typer.Typer(
     help=(
         "Checkpoints off the training host: copy the newest to the storage host's library (backup), "
-        "see it (list), re-hash it (verify), put one back where a run resumes (restore)."
+        "see it (list), re-hash it (verify), put one back where a run resumes (restore), bring a cloud session's output in (pull)."
     ),
     no_args_is_help=True,
 )

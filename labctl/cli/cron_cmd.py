@@ -9,7 +9,7 @@ import typer
 from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
 
 app = typer.Typer(
-    help="Schedule labctl jobs (rotate, facts) on the orchestrator host, so they run with no laptop on.",
+    help="Schedule labctl jobs (rotate, facts, ckpt-backup) on the orchestrator host, so they run with no laptop on.",
     no_args_is_help=True,
 )
 
@@ -22,7 +22,9 @@ HostOpt = Annotated[
 @app.command("install")
 def install(
     ctx: typer.Context,
-    job: Annotated[str, typer.Argument(help="The job: rotate or facts.", show_default=False)],
+    job: Annotated[
+        str, typer.Argument(help="The job: rotate, facts, ckpt-backup or ckpt-verify.", show_default=False)
+    ],
     every: Annotated[
         Optional[str],
         typer.Option(
@@ -32,6 +34,7 @@ def install(
     schedule: Annotated[
         Optional[str], typer.Option("--schedule", help="Cron fields instead, e.g. '0 */4 * * *'.")
     ] = None,
+    daily: Annotated[bool, typer.Option("--daily", help="Once a day, at midnight: --every 1d.")] = False,
     host: HostOpt = None,
     check: Annotated[bool, typer.Option("--check", help="Show what would change; change nothing.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="Show file diffs.")] = False,
@@ -43,17 +46,26 @@ def install(
     there; its public half authorised on every Linux host), a copy of the inventory, pinned
     host keys and playbooks, and the cron entry (flock-locked, logged to
     /var/log/labctl/JOB.log; a systemd timer where systemd runs). A second run changes nothing.
+    A job may bring companions on their own schedule: ckpt-backup brings the weekly ckpt-verify
+    (Sundays 06:00, after that night's backup has finished).
 
     Examples:
 
         labctl cron install rotate --every 4h
 
         labctl cron install facts --schedule '*/30 * * * *' --check --diff
+
+        labctl cron install ckpt-backup --daily
     """
+    from labctl.errors import InputError
     from labctl.schedule.every import resolve_schedule
     from labctl.schedule.install import install as run_install
 
     c = make_context(ctx, inventory, json_out, verbose)
+    if daily:
+        if every is not None or schedule is not None:
+            raise InputError("Give --daily, --every or --schedule, not two of them.", "e.g. --daily.")
+        every = "1d"
     if job == "rotate" and every is None and schedule is None:
         from labctl.orchestra.spec import default_path, load_orchestra
 
@@ -166,6 +178,11 @@ def _finish(c: Any, out: Any, check: bool, title: str) -> None:
                 f"{escape(out.info['command'])}",
                 soft_wrap=True,
             )
+            for comp in out.info.get("companions", []):
+                c.console.print(
+                    f"  with {escape(comp['job'])} ({escape(comp['schedule'])}): {escape(comp['command'])}",
+                    soft_wrap=True,
+                )
     raise typer.Exit(exit_code(out.hosts))
 
 

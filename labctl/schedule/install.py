@@ -11,7 +11,7 @@ from labctl.errors import InputError
 from labctl.fanout import HostResult, HostRun, fan_out
 from labctl.provision.engine import Event, ResourceResult, provision
 from labctl.schedule import plan
-from labctl.schedule.jobs import get_job
+from labctl.schedule.jobs import JOBS, companions, get_job
 
 if TYPE_CHECKING:
     from labctl.context import Context
@@ -68,6 +68,9 @@ def install(
     hosts = plan.driven_hosts(inv)
     out = Outcome()
     out.info = {"job": job.name, "host": orch.name, "schedule": schedule, "command": plan.job_command(job)}
+    out.info["companions"] = [
+        {"job": j.name, "schedule": when, "command": plan.job_command(j)} for j, when in companions(job)
+    ]
     left = [n for n in inv.hosts if n not in {h.name for h in hosts}]
     if left:
         out.notes.append(
@@ -142,8 +145,11 @@ def remove(
             f"{orch.name} has no labctl job '{name}'.",
             f"Its jobs: {', '.join(names) or 'none'} (`labctl cron list` shows every host's).",
         )
+    going = {name, *(c for c, _ in (JOBS[name].companions if name in JOBS else ()))}
     others = [
-        j["name"] for j in jobs if j["name"] != name and plan.BIN in str(j.get("command") or j.get("line"))
+        j["name"]
+        for j in jobs
+        if j["name"] not in going and plan.BIN in str(j.get("command") or j.get("line"))
     ]
     if purge and others:
         raise InputError(

@@ -14,6 +14,10 @@ class Job:
     args: tuple[str, ...]  # labctl's arguments after `-i INVENTORY`
     help: str
     output: str | None = None  # a file on the orchestrator that keeps the job's stdout
+    # Jobs installed (and removed) with this one, each on its own schedule: (job name, cron fields).
+    companions: tuple[tuple[str, str], ...] = ()
+    # A job whose run waits for this one's lock first: they never run at the same time.
+    waits_for: str | None = None
 
 
 JOBS: dict[str, Job] = {
@@ -26,8 +30,27 @@ JOBS: dict[str, Job] = {
             "a facts snapshot of every host, kept in " + paths.CONTROLLER_DIR + "/facts.json",
             output=paths.CONTROLLER_DIR + "/facts.json",
         ),
+        Job(
+            "ckpt-backup",
+            ("ckpt", "backup"),
+            "copy the newest checkpoints of every run to the storage host's library, then prune "
+            "by retention (labctl ckpt backup); brings the weekly ckpt-verify with it",
+            # Seed 000 §5.3: the library re-hashed weekly, on Sunday once the night's backup is done.
+            companions=(("ckpt-verify", "0 6 * * 0"),),
+        ),
+        Job(
+            "ckpt-verify",
+            ("ckpt", "verify"),
+            "re-hash every copy in the checkpoint library and name any damaged one (labctl ckpt verify)",
+            waits_for="ckpt-backup",
+        ),
     )
 }
+
+
+def companions(job: Job) -> list[tuple[Job, str]]:
+    """The jobs `job` brings with it, each with its own schedule."""
+    return [(get_job(name), schedule) for name, schedule in job.companions]
 
 
 def get_job(name: str) -> Job:

@@ -13,7 +13,7 @@ from labctl.agent import paths
 from labctl.errors import InputError
 from labctl.inventory.model import Host, Inventory
 from labctl.provision.playbook import Entry, Play, Playbook
-from labctl.schedule.jobs import Job
+from labctl.schedule.jobs import Job, companions
 
 ORCHESTRATOR_ROLE = "orchestrator"
 BIN = paths.CONTROLLER_DIR + "/bin/labctl"
@@ -67,6 +67,9 @@ def driven_hosts(inv: Inventory) -> list[Host]:
 def job_command(job: Job) -> str:
     """The shell command the cron entry runs on the orchestrator."""
     line = shlex.join([BIN, "-i", INVENTORY, *job.args])
+    if job.waits_for is not None:
+        # Blocking (no -n): the run starts once the other job's run, if any, has finished.
+        line = shlex.join(["flock", f"{paths.LOCK_DIR}/{job.waits_for}.lock", *shlex.split(line)])
     if job.output is None:
         return line
     out = shlex.quote(job.output)
@@ -183,12 +186,16 @@ def install_playbook(
 
 
 def cron_playbook(job: Job, schedule: str, orch: Host) -> Playbook:
-    """The job's entry on the orchestrator, applied once everything it runs with is in place."""
-    cron = entry("cron", name=job.name, schedule=schedule, command=job_command(job))
+    """The job's entry on the orchestrator, and its companions' on their own schedules, applied
+    once everything they run with is in place."""
+    crons = [
+        entry("cron", name=j.name, schedule=when, command=job_command(j))
+        for j, when in [(job, schedule), *companions(job)]
+    ]
     return Playbook(
         path=Path(f"<labctl cron install {job.name}>"),
         name=f"cron {job.name}",
-        plays=[Play(orch.name, [cron])],
+        plays=[Play(orch.name, crons)],
     )
 
 
@@ -203,8 +210,11 @@ def keypair_playbook(orch: Host) -> Playbook:
 
 def remove_playbook(name: str, orch: Host, hosts: list[Host], purge: bool) -> Playbook:
     """The job gone from the orchestrator; with `purge` also its key's authorisations and the
-    installed copy of labctl (key and lab copy included)."""
-    plays = [Play(hosts=orch.name, entries=[entry("cron", name=name, state="absent")])]
+    installed copy of labctl (key and lab copy included). A known job's companions go with it."""
+    from labctl.schedule.jobs import JOBS
+
+    names = [name, *(c for c, _ in JOBS[name].companions)] if name in JOBS else [name]
+    plays = [Play(hosts=orch.name, entries=[entry("cron", name=n, state="absent") for n in names])]
     if purge:
         plays[0].entries.append(entry("controller_install", root=paths.CONTROLLER_DIR, state="absent"))
         if hosts:

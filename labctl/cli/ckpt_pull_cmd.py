@@ -1,0 +1,79 @@
+"""`labctl ckpt pull`: a cloud session's checkpoints into the storage host's library."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+
+
+def pull(
+    ctx: typer.Context,
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="The session's output: a folder (a Kaggle /kaggle/working download, a SageMaker "
+            "checkpoint folder) or its .tar, .tar.gz or .zip.",
+            show_default=False,
+        ),
+    ],
+    run: Annotated[
+        Optional[str],
+        typer.Option("--run", help="The run these checkpoints belong to (default: the session's settings)."),
+    ] = None,
+    storage: Annotated[
+        Optional[str],
+        typer.Option("--storage", help="The storage host (default: the one host with a storage section)."),
+    ] = None,
+    model: Annotated[
+        Optional[str],
+        typer.Option(
+            "--model",
+            help="Also put the newest checkpoint's weights into the model library as NAME, for `labctl cache sync NAME`.",
+        ),
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Validate and show what would be sent; change nothing.")
+    ] = False,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Bring a cloud session's checkpoints (step-XXXXXXXX.pt + .json, in any folder of SOURCE) into
+    the checkpoint library on the storage host, so the next session, cloud or lab, resumes from
+    them. Every checkpoint is re-hashed here first: a damaged one is named and nothing is pulled.
+    Copies go in parts over SSH (no SFTP needed) and become visible only once verified there; a
+    step already in the library is left alone, so pulling twice changes nothing.
+
+    Examples:
+
+        labctl ckpt pull ./kaggle-output --run phase1
+
+        labctl ckpt pull output.tar.gz --model tinylm-phase1
+    """
+    from rich.markup import escape
+
+    from labctl.ckpt.pull import pull as run_pull
+
+    c = make_context(ctx, inventory, json_out, verbose)
+
+    def say(text: str) -> None:
+        if not c.json_mode:
+            c.console.print(escape(text), soft_wrap=True)
+
+    try:
+        out = run_pull(c, source, run=run, storage=storage, model=model, say=say, check=check)
+    finally:
+        c.close()
+    if c.json_mode:
+        c.emit(out)
+        return
+    new = sum(1 for p in out["checkpoints"] if p["action"] != "present")
+    c.console.print(
+        f"[green]{escape(out['run_id'])}[/]: {new} checkpoint(s) {'would be ' if check else ''}pulled into "
+        f"{escape(out['storage'])}:{escape(out['library'])}, {len(out['checkpoints']) - new} already there.",
+        soft_wrap=True,
+    )
