@@ -172,6 +172,8 @@ def train(
         labctl train --phase 2 --detach && labctl train status
 
         labctl train --phase 2 --backend k8s --image registry.lab/cet:1 -o jobs/
+
+        labctl train --phase 2 --backend kaggle --kaggle-id alice/cet-p2-s1 -o kaggle/s1
     """
     if ctx.invoked_subcommand is not None:
         return

@@ -177,3 +177,12 @@ def test_the_jobs_entry_point_trains_and_the_next_job_resumes(lab: Path, tmp_pat
     assert next(e for e in events if e["event"] == "start")["resumed_from"] == 6
     assert [e["step"] for e in events if e["event"] == "step"] == [7, 8, 9]
     assert (tmp_path / "ml2" / "model" / "metrics.jsonl").is_file()  # uploaded as the job's model output
+
+
+def test_several_gpus_or_instances_run_the_trainer_under_torchrun_at_the_first_host() -> None:
+    from labctl.cloud.session import launcher
+
+    assert launcher({}) == [] and launcher({"SM_HOSTS": '["algo-1"]', "SM_NUM_GPUS": "1"}) == []
+    argv = launcher({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2", "SM_NUM_GPUS": "4"})
+    assert argv[:2] == ["-m", "torch.distributed.run"]
+    assert {"--nnodes=2", "--node-rank=1", "--nproc-per-node=4", "--master-addr=algo-1"} <= set(argv)
