@@ -48,12 +48,10 @@ def find_previous(input_dir: str, slug: str, subdir: str) -> Optional[str]:
     if os.path.isdir(direct):
         return direct
     for top, dirs, _ in os.walk(input_dir):
-        depth = top[len(input_dir) :].count(os.sep)
-        if depth >= 3:
-            dirs[:] = []
-            continue
         if os.path.basename(top) == slug and os.path.isdir(os.path.join(top, subdir)):
             return os.path.join(top, subdir)
+        if top[len(input_dir) :].count(os.sep) >= 3:
+            dirs[:] = []
     return None
 
 

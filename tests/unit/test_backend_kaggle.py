@@ -231,3 +231,25 @@ def test_a_users_script_runs_with_the_time_limit_and_checkpoint_folder(lab: Path
     (seen,) = events
     assert seen["argv"] == ["--lr", "a b"] and 0 < int(seen["limit"]) <= 3600 - 360
     assert seen["ckpt"] == str(tmp_path / "k" / "working" / "checkpoints" / "phase1")
+
+
+@pytest.mark.parametrize("mount", ["cet-p1-s1", "notebooks/alice/cet-p1-s1"])
+def test_the_previous_sessions_checkpoints_are_found_where_kaggle_mounts_them(
+    tmp_path: Path, mount: str
+) -> None:
+    from labctl.cloud.session import copy_previous, find_previous
+
+    src = tmp_path / "input" / mount / "checkpoints" / "phase1"
+    src.mkdir(parents=True)
+    for name in ("step-00000003.pt", "step-00000003.json", ".step-00000006.pt.x.tmp"):
+        (src / name).write_bytes(name.encode())
+    found = find_previous(str(tmp_path / "input"), "cet-p1-s1", "checkpoints/phase1")
+    assert found == str(src)
+    assert find_previous(str(tmp_path / "input"), "cet-p1-s9", "checkpoints/phase1") is None
+    dst = tmp_path / "working"
+    dst.mkdir()
+    (dst / "step-00000003.json").write_text("already here")
+    # The previous session's unfinished write stays behind; a file already here is not overwritten.
+    assert copy_previous(found, str(dst)) == ["step-00000003.pt"]
+    assert sorted(p.name for p in dst.iterdir()) == ["step-00000003.json", "step-00000003.pt"]
+    assert (dst / "step-00000003.json").read_text() == "already here"

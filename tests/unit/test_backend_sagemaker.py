@@ -186,3 +186,14 @@ def test_several_gpus_or_instances_run_the_trainer_under_torchrun_at_the_first_h
     argv = launcher({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2", "SM_NUM_GPUS": "4"})
     assert argv[:2] == ["-m", "torch.distributed.run"]
     assert {"--nnodes=2", "--node-rank=1", "--nproc-per-node=4", "--master-addr=algo-1"} <= set(argv)
+
+
+def test_without_botocore_the_request_is_refused_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from labctl.errors import InputError
+    from labctl.train.backends.sagemaker import validate
+
+    # botocore is installed here; a None entry in sys.modules makes its import fail as if it were not.
+    monkeypatch.setitem(sys.modules, "botocore.session", None)
+    with pytest.raises(InputError, match="botocore is not installed") as err:
+        validate({})
+    assert "labctl[cloud]" in err.value.hint
