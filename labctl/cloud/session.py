@@ -199,5 +199,6 @@ def main(config: Dict[str, Any], here: str) -> int:
     if rc == EXIT_PAUSED:
         say("time limit reached: the checkpoints in " + ckpt + " resume the run in the next session")
         return int(config["paused_exit"])
-    say("finished" if rc == 0 else "the training exited " + str(rc))
+    # Under torchrun a paused trainer exits 0 too: its last event says whether it finished or paused.
+    say("the training ended (exit 0)" if rc == 0 else "the training failed (exit " + str(rc) + ")")
     return rc

@@ -197,3 +197,35 @@ def test_without_botocore_the_request_is_refused_naming_the_extra(monkeypatch: p
     with pytest.raises(InputError, match="botocore is not installed") as err:
         validate({})
     assert "labctl[cloud]" in err.value.hint
+
+
+def test_a_users_script_travels_in_the_tarball_and_runs_with_the_jobs_limit(
+    lab: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "mine.py"
+    script.write_text(
+        "import json, os, sys\n"
+        'print(json.dumps({"argv": sys.argv[1:], "limit": os.environ["LABCTL_TIME_LIMIT_S"],'
+        ' "ckpt": os.environ["LABCTL_CHECKPOINT_DIR"]}))\n'
+    )
+    request, _ = write_job(
+        lab,
+        tmp_path / "job",
+        "--role-arn",
+        ROLE,
+        "--script",
+        str(script),
+        "--script-args",
+        "--data /opt/ml/input",
+        "--time-limit",
+        "1h",
+    )
+    assert botocore_report(request) == ""
+    with tarfile.open(tmp_path / "job" / "sourcedir.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["labctl_entry.py", "mine.py"]
+    (tmp_path / "s3").mkdir()
+    rc, events, out = run_job(tmp_path / "job", tmp_path / "ml", tmp_path / "s3")
+    assert rc == 0, out
+    (seen,) = events
+    assert seen["argv"] == ["--data", "/opt/ml/input"] and 0 < int(seen["limit"]) <= 3600 - 360
+    assert seen["ckpt"] == str(tmp_path / "ml" / "checkpoints")
