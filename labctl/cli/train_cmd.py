@@ -78,13 +78,17 @@ def train(
     ] = False,
     backend: Annotated[
         Backend,
-        typer.Option("--backend", help="ssh launches now; slurm / k8s write a job file for the same run."),
+        typer.Option(
+            "--backend",
+            help="ssh launches now; slurm / k8s write a job file for the same run; kaggle / sagemaker a cloud session.",
+        ),
     ] = Backend("ssh"),
     output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="Folder for --backend slurm/k8s files.")
+        Optional[Path],
+        typer.Option("--output", "-o", help="Folder for --backend slurm/k8s/kaggle/sagemaker files."),
     ] = None,
     image: Annotated[
-        Optional[str], typer.Option("--image", help="Container image for --backend k8s.")
+        Optional[str], typer.Option("--image", help="Container image for --backend k8s or sagemaker.")
     ] = None,
     partition: Annotated[
         Optional[str], typer.Option("--partition", help="Slurm partition for --backend slurm.")
@@ -95,6 +99,42 @@ def train(
     min_nodes: Annotated[
         Optional[int],
         typer.Option("--min-nodes", min=1, help="k8s elastic minReplicas (default: every node)."),
+    ] = None,
+    time_limit_text: Annotated[
+        Optional[str],
+        typer.Option(
+            "--time-limit",
+            help="Stop, resumable, before this much time (3h50m, 45m, 90s); for kaggle/sagemaker the session's length.",
+        ),
+    ] = None,
+    kaggle_id: Annotated[
+        Optional[str],
+        typer.Option("--kaggle-id", help="USER/SLUG the --backend kaggle session is pushed as."),
+    ] = None,
+    resume_from: Annotated[
+        Optional[str],
+        typer.Option(
+            "--resume-from", help="USER/SLUG of the Kaggle session whose checkpoints this one resumes."
+        ),
+    ] = None,
+    role_arn: Annotated[
+        Optional[str],
+        typer.Option("--role-arn", help="IAM role SageMaker runs the job as (--backend sagemaker)."),
+    ] = None,
+    s3: Annotated[
+        Optional[str],
+        typer.Option(
+            "--s3", help="s3://bucket/prefix for --backend sagemaker's source, checkpoints and output."
+        ),
+    ] = None,
+    instance_type: Annotated[
+        Optional[str],
+        typer.Option(
+            "--instance-type", help="SageMaker instance type (default: the phase's, else ml.p3.2xlarge)."
+        ),
+    ] = None,
+    nodes: Annotated[
+        Optional[int], typer.Option("--nodes", min=1, help="SageMaker instance count (default 1).")
     ] = None,
     detach: Annotated[
         bool,
@@ -132,11 +172,14 @@ def train(
         labctl train --phase 2 --detach && labctl train status
 
         labctl train --phase 2 --backend k8s --image registry.lab/cet:1 -o jobs/
+
+        labctl train --phase 2 --backend kaggle --kaggle-id alice/cet-p2-s1 -o kaggle/s1
     """
     if ctx.invoked_subcommand is not None:
         return
     from labctl.errors import InputError
     from labctl.train import run
+    from labctl.train.duration import parse_duration
     from labctl.train.request import JobOptions, TrainRequest, parse_ranks
 
     if phase is None:
@@ -154,7 +197,19 @@ def train(
         dry_run=dry_run,
         backend=backend.value,
         output=output,
-        job=JobOptions(image=image, partition=partition, time_limit=time_limit, min_nodes=min_nodes),
+        job=JobOptions(
+            image=image,
+            partition=partition,
+            time_limit=time_limit,
+            min_nodes=min_nodes,
+            kaggle_id=kaggle_id,
+            resume_from=resume_from,
+            role_arn=role_arn,
+            s3=s3,
+            instance_type=instance_type,
+            nodes=nodes,
+        ),
+        time_limit_s=parse_duration(time_limit_text) if time_limit_text is not None else None,
         detach=detach,
         ranks=parse_ranks(ranks),
     )

@@ -115,6 +115,9 @@ class Settings(_Strict):
         False, description="requires_orchestra: true (phase 3 needs the warm set)"
     )
     nccl_debug: str = "WARN"
+    instance_type: Optional[str] = Field(
+        None, description="instance_type: ml.p3.2xlarge (--backend sagemaker's machine)"
+    )
     env: dict[str, str] = Field(default_factory=dict, description="env: {NCCL_IB_DISABLE: '1'}")
 
     @field_validator("env", mode="before")

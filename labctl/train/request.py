@@ -20,6 +20,12 @@ class JobOptions:
     partition: str | None = None  # Slurm partition
     time_limit: str | None = None  # Slurm --time
     min_nodes: int | None = None  # k8s elastic minReplicas
+    kaggle_id: str | None = None  # USER/SLUG the Kaggle kernel is pushed as
+    resume_from: str | None = None  # USER/SLUG of the Kaggle session whose checkpoints this one resumes
+    role_arn: str | None = None  # SageMaker execution role
+    s3: str | None = None  # s3://bucket/prefix for SageMaker's source, checkpoints and output
+    instance_type: str | None = None  # SageMaker instance type (default: the phase's, else seed 001's)
+    nodes: int | None = None  # SageMaker InstanceCount
 
     def given(self) -> list[str]:
         """The options set, by field name, in field order."""
@@ -42,6 +48,7 @@ class TrainRequest:
     job: JobOptions = JobOptions()
     detach: bool = False
     ranks: frozenset[int] | None = frozenset({0})  # ranks whose lines are shown; None: all
+    time_limit_s: int | None = None  # --time-limit: the trainer pauses, resumable, before this
 
 
 def parse_ranks(text: str) -> frozenset[int] | None:

@@ -16,7 +16,7 @@ from labctl.errors import InputError
 from labctl.inventory.select import select_hosts
 from labctl.train import backends, launch, runs
 from labctl.train.backends import PlannedRun, RunView
-from labctl.train.phases import load_phases
+from labctl.train.phases import Settings, load_phases
 from labctl.train.request import TrainRequest
 from labctl.train.results import DryRun, RunsStatus, Stopped, TrainResult
 
@@ -30,6 +30,8 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
         script = Path(settings.script)
     if script is not None and not script.is_file():
         raise InputError(f"No script at {script}.", "Give the path of your training script on this machine.")
+    if not getattr(backend, "uses_lab_hosts", True):
+        return _start_offline(ctx, backend, request, settings, script)
     if request.limit is not None:
         chosen = select_hosts(ctx.inventory, request.limit)
     else:
@@ -50,6 +52,27 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
         return DryRun(spec)
     planned = PlannedRun(request, settings, spec, hosts, script, runs.runs_dir(ctx.inventory.path))
     return backend.submit(ctx, planned, view)
+
+
+def _start_offline(
+    ctx: Context, backend: backends.Backend, request: TrainRequest, settings: Settings, script: Path | None
+) -> TrainResult:
+    """A run for a machine outside the lab (a cloud session): planned from the settings alone."""
+    from labctl.cloud.backend import offline_spec
+
+    for flag, given in (
+        ("--dry-run", request.dry_run),
+        ("--limit", request.limit),
+        ("--device", request.device),
+    ):
+        if given:
+            raise InputError(
+                f"{flag} does not apply to --backend {request.backend}: its session runs on the platform's machine, not the lab's.",
+                "Drop it; the backend writes files and launches nothing.",
+            )
+    spec = offline_spec(settings, request.phase, runs.new_run_id(request.phase), script, request.script_args)
+    planned = PlannedRun(request, settings, spec, [], script, runs.runs_dir(ctx.inventory.path))
+    return backend.submit(ctx, planned, None)
 
 
 def settled_state(recorded: str | None, host_state: dict[str, dict[str, Any]]) -> str | None:

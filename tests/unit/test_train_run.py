@@ -73,7 +73,7 @@ def test_job_options_given_in_field_order() -> None:
 
 
 def test_builtin_backends_by_name_and_the_cli_offers_exactly_those() -> None:
-    assert backends.names() == ("ssh", "slurm", "k8s")
+    assert backends.names() == ("ssh", "slurm", "k8s", "kaggle", "sagemaker")
     assert isinstance(backends.get("ssh"), SshBackend)
     assert isinstance(backends.get("slurm"), SlurmBackend)
     assert isinstance(backends.get("k8s"), K8sBackend)

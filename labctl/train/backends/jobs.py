@@ -76,17 +76,25 @@ class JobFileBackend(ABC):
         return JobFiles(spec.run_id, self.name, paths, self.submit_command(paths))
 
     def write_checked(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
+        self.refuse_foreign(job)
+        return self.write(spec, folder, job)
+
+    def refuse_foreign(self, job: JobOptions) -> None:
+        """Refuse the job options of other backends, naming the backend each belongs to."""
         foreign = [o for o in job.given() if o not in self.options]
         if foreign:
             flags = ", ".join(f"--{o.replace('_', '-')}" for o in foreign)
-            others = " or ".join(b.name for b in job_file_backends() if set(foreign) & set(b.options))
+            # The backends that take all of them, else those that take any.
+            takers = [b.name for b in job_file_backends() if set(foreign) <= set(b.options)] or [
+                b.name for b in job_file_backends() if set(foreign) & set(b.options)
+            ]
+            others = " or ".join(takers)
             raise InputError(
                 f"{flags} applies to --backend {others}, not {self.name}."
                 if others
                 else f"{flags} does not apply to --backend {self.name}.",
                 f"Drop it, or use --backend {others}." if others else "Drop it.",
             )
-        return self.write(spec, folder, job)
 
 
 def job_file_backends() -> list[JobFileBackend]:
