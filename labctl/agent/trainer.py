@@ -37,7 +37,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 from .ckpt import FORMAT, CheckpointDir, choose_common, config_mismatch, pt_name
 from .corpus import Corpus
 from .trainer_events import EventLog
-from .trainer_limit import StepTimes, checkpoint_estimate, clock_origin, should_stop
+from .trainer_limit import StepTimes, check_interval, checkpoint_estimate, clock_origin, should_stop
 from .trainer_settings import (
     DEFAULTS,
     EXIT_PAUSED,
@@ -135,6 +135,7 @@ class Trainer:
         self.step_times = StepTimes()
         self.checkpoint_seconds: List[float] = []
         self.paused_at: Optional[int] = None
+        self._next_check = 0  # the step after which rank 0 next decides (every rank knows it)
         self._ctl_group: Any = None  # the process group the stop decision travels on
 
     # -- output ---------------------------------------------------------------------------
@@ -280,7 +281,7 @@ class Trainer:
         self._state_bytes = sum(p.numel() * p.element_size() for p in self.params) * (
             3 + (1 if self.ema is not None else 0)
         )
-        self._stop_flag = torch.zeros(1, dtype=torch.int32)
+        self._stop_flag = torch.zeros(2, dtype=torch.int32)
         self.t0 = time.perf_counter()
         self._last_log = (self.step, self.t0)
 
@@ -501,7 +502,7 @@ class Trainer:
             saved = step == steps or bool(ckpt_every and step % ckpt_every == 0)
             if saved:
                 self.save(step)
-            if timed and step < steps and self._stop_here():
+            if timed and step < steps and step >= self._next_check and self._stop_here(step):
                 if not logged:
                     self._log(step, loss_sum)  # the step a paused run resumes after says its loss
                 if not saved:
@@ -510,20 +511,27 @@ class Trainer:
                 break
         return self.last_loss
 
-    def _stop_here(self) -> bool:
-        """Rank 0's should_stop, the same answer on every rank (one broadcast of one number)."""
+    def _stop_here(self, step: int) -> bool:
+        """Rank 0's should_stop, the same answer on every rank, with the step of the next check
+        (one broadcast of two numbers)."""
         assert self.time_limit is not None
-        stop = 0
+        stop, interval = 0, 1
         if self.is_rank0:
+            step_s = self.step_times.estimate()
+            interval = min(check_interval(step_s), self.steps - step)
+            if self.ckpt_every:
+                # A regular checkpoint's time is measured, not foreseen: check right after it.
+                interval = min(interval, self.ckpt_every - step % self.ckpt_every)
             estimate = checkpoint_estimate(self.checkpoint_seconds, self._state_bytes)
-            stop = int(should_stop(self.elapsed(), self.step_times.estimate(), estimate, self.time_limit))
+            stop = int(should_stop(self.elapsed(), interval * step_s, estimate, self.time_limit))
         if self.env.distributed:
             import torch.distributed as dist
 
             flag = self._stop_flag
-            flag.fill_(stop)
+            flag[0], flag[1] = stop, interval
             dist.broadcast(flag, src=0, group=self._ctl_group)
-            stop = int(flag.item())
+            stop, interval = int(flag[0]), int(flag[1])
+        self._next_check = step + interval
         return bool(stop)
 
     def elapsed(self) -> float:

@@ -1,8 +1,10 @@
 """When a time-boxed run stops: the reference trainer's `time_limit`, as arithmetic.
 
-Rank 0 asks `should_stop` after every step: would one more step and then a checkpoint still
-end inside the limit? If not it stops there, so the checkpoint it writes at that step is the
-last thing the run does. The step estimate is the slowest of the recent steps and the
+Rank 0 asks `should_stop` at each check: would the steps up to the next check and then a
+checkpoint still end inside the limit? If not it stops there, so the checkpoint it writes at
+that step is the last thing the run does. It checks after every step unless steps are short:
+then about once every CHECK_EVERY_S (`check_interval`), and at every regular checkpoint step,
+so a run of millisecond steps does not pay a broadcast each step. The step estimate is the slowest of the recent steps and the
 checkpoint estimate the slowest checkpoint this process wrote (before the first one, the
 state's size at a slow disk's speed): a run that stops one step early loses a step, one
 that stops late loses everything since its last checkpoint when the session is killed.
@@ -18,6 +20,7 @@ from collections import deque
 from typing import Deque, Mapping, Optional, Sequence
 
 RECENT_STEPS = 20  # how many recent steps the step estimate looks at
+CHECK_EVERY_S = 1.0  # short steps are checked about this often (what a stop may leave unused)
 # Before any checkpoint was written: the state at this speed (an HDD, a network file system,
 # with fsync and sha256), plus the fixed cost of two files, a rename and a barrier.
 FIRST_CHECKPOINT_BYTES_PER_S = 50e6
@@ -40,6 +43,13 @@ def should_stop(elapsed: float, step_seconds: float, checkpoint_seconds: float, 
     """
     need = step_seconds + checkpoint_seconds * CHECKPOINT_SAFETY + exit_margin(limit)
     return elapsed + need >= limit
+
+
+def check_interval(step_seconds: float) -> int:
+    """Steps until the next check: 1, or as many short steps as take about CHECK_EVERY_S."""
+    if step_seconds <= 0:
+        return 1
+    return max(1, min(1000, int(CHECK_EVERY_S / step_seconds)))
 
 
 def checkpoint_estimate(written_seconds: Sequence[float], state_bytes: int) -> float:

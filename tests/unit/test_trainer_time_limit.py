@@ -65,6 +65,16 @@ def test_step_estimate_is_the_slowest_recent_step() -> None:
     assert times.estimate() == 2.0
 
 
+def test_short_steps_are_checked_about_once_a_check_period() -> None:
+    assert tl.check_interval(0.0) == 1  # before any step was timed
+    assert tl.check_interval(5.0) == 1 and tl.check_interval(tl.CHECK_EVERY_S) == 1
+    assert tl.check_interval(tl.CHECK_EVERY_S / 40) == 40
+    assert tl.check_interval(1e-9) == 1000
+    # Checked every k steps, the stop comes when k more steps and a checkpoint would not fit.
+    assert not tl.should_stop(90.0, 40 * 0.1, 2.0, 100.0)
+    assert tl.should_stop(90.0, 80 * 0.1, 2.0, 100.0)
+
+
 def test_clock_counts_from_this_process_alone_and_from_torchrun_under_it() -> None:
     age = tl.process_age(os.getpid())
     assert age is not None and age >= 0
