@@ -301,4 +301,10 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     else:
         out["state"] = "unknown"
     out["last_event"] = _last_event(os.path.join(log_dir, "console.log"))
+    last = out["last_event"] or {}
+    if out["state"] == "finished" and last.get("event") == "paused":
+        # Under torchrun a paused trainer exits 0 (anything else is a failure to torchrun): its
+        # last event tells a time-boxed run's end from a finished one.
+        out["state"] = "paused"
+        out["resume_step"] = last.get("resume_step")
     return out

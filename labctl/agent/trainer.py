@@ -9,10 +9,13 @@ DDP. With WORLD_SIZE > 1 it joins the process group (nccl on CUDA, gloo on the C
 LABCTL_TRAIN_DEVICE=cpu) and trains a DDP-wrapped model.
 
 Rank 0 prints one JSON object per line on stdout, each with an "event" key: "start", "step"
-(every `log_every` steps and on the last), "checkpoint", "batch_resize" and "done", and
+(every `log_every` steps and on the last), "checkpoint", "batch_resize", and "done" or, when
+`time_limit` ended the run before its last step, "paused" (trainer_limit.py), and
 appends the same lines to `metrics_path`; where TensorBoard is installed it also writes the
 step events' scalars to event files beside it (trainer_events.py). Other ranks print nothing
 on stdout. A failure is one line on stderr ("labctl trainer: error: ...") and a non-zero exit.
+A paused run exits EXIT_PAUSED (75) alone and 0 under torchrun, which would take a non-zero
+exit for a failure and restart the workers.
 The settings and their checks live in trainer_settings.py.
 
 Like the rest of the agent package this module imports without torch (torch is imported
@@ -34,8 +37,10 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 from .ckpt import FORMAT, CheckpointDir, choose_common, config_mismatch, pt_name
 from .corpus import Corpus
 from .trainer_events import EventLog
+from .trainer_limit import StepTimes, check_interval, checkpoint_estimate, clock_origin, should_stop
 from .trainer_settings import (
     DEFAULTS,
+    EXIT_PAUSED,
     MIN_LR_RATIO,
     TrainerError,
     load_settings,
@@ -47,6 +52,7 @@ from .trainer_settings import (
 __all__ = [
     "DEFAULTS",
     "DEVICE_ENV",
+    "EXIT_PAUSED",
     "MIN_LR_RATIO",
     "DistEnv",
     "Trainer",
@@ -96,7 +102,9 @@ class Trainer:
         settings: Mapping[str, Any],
         out: Optional[IO[str]] = None,
         environ: Optional[Mapping[str, str]] = None,
+        started_at: Optional[float] = None,
     ) -> None:
+        """`started_at`: the time.monotonic() a time_limit counts from (default: now)."""
         self.s = resolve_settings(settings)
         self.env = DistEnv(os.environ if environ is None else environ)
         self.out = sys.stdout if out is None else out
@@ -122,6 +130,13 @@ class Trainer:
         self.last_loss: Optional[float] = None
         self.hosts = 1
         self.t0 = time.perf_counter()
+        self.time_limit: Optional[float] = self.s["time_limit"]
+        self.started_at = time.monotonic() if started_at is None else started_at
+        self.step_times = StepTimes()
+        self.checkpoint_seconds: List[float] = []
+        self.paused_at: Optional[int] = None
+        self._next_check = 0  # the step after which rank 0 next decides (every rank knows it)
+        self._ctl_group: Any = None  # the process group the stop decision travels on
 
     # -- output ---------------------------------------------------------------------------
 
@@ -162,6 +177,10 @@ class Trainer:
             dist.init_process_group("gloo")
             self.backend = "gloo"
         self.pg_initialized = True
+        if self.time_limit is not None and self.backend == "nccl":
+            # A CUDA tensor's broadcast would make every step wait for the GPU: the decision
+            # goes on a CPU (gloo) group beside NCCL instead.
+            self._ctl_group = dist.new_group(backend="gloo")
 
     def gather(self, obj: Any) -> List[Any]:
         """Every rank's `obj`, in rank order (just [obj] in a single process)."""
@@ -258,6 +277,11 @@ class Trainer:
         self._param_data = [p.detach() for p in self.params]
         self._vocab = self.model_config["vocab"]
         self._tokens_per_step = self.batch_size * self.acc * self.env.world_size * self.seq_len
+        # weights and AdamW's two moments (and the EMA): what a checkpoint holds, for its first estimate
+        self._state_bytes = sum(p.numel() * p.element_size() for p in self.params) * (
+            3 + (1 if self.ema is not None else 0)
+        )
+        self._stop_flag = torch.zeros(2, dtype=torch.int32)
         self.t0 = time.perf_counter()
         self._last_log = (self.step, self.t0)
 
@@ -458,17 +482,61 @@ class Trainer:
                     raise
 
     def train_steps(self, first: int, last: int) -> Optional[float]:
-        """Steps first..last (1-based); returns the last logged loss. The loop a benchmark times."""
+        """Steps first..last (1-based); returns the last logged loss. The loop a benchmark times.
+
+        With a time_limit it may stop earlier, at a step every rank agrees on, with a checkpoint
+        there (`paused_at`).
+        """
         log_every, ckpt_every, steps = self.log_every, self.ckpt_every, self.steps
+        timed = self.time_limit is not None
         for step in range(first, last + 1):
+            began = time.perf_counter() if timed else 0.0
             loss_sum = self._step_with_retry(step)
             self.step = step
             # Only logging steps synchronise with the device (.item()) or build JSON.
-            if step % log_every == 0 or step == steps:
+            logged = step % log_every == 0 or step == steps
+            if logged:
                 self._log(step, loss_sum)
-            if step == steps or (ckpt_every and step % ckpt_every == 0):
+            if timed:
+                self.step_times.add(time.perf_counter() - began)
+            saved = step == steps or bool(ckpt_every and step % ckpt_every == 0)
+            if saved:
                 self.save(step)
+            if timed and step < steps and step >= self._next_check and self._stop_here(step):
+                if not logged:
+                    self._log(step, loss_sum)  # the step a paused run resumes after says its loss
+                if not saved:
+                    self.save(step)
+                self.paused_at = step
+                break
         return self.last_loss
+
+    def _stop_here(self, step: int) -> bool:
+        """Rank 0's should_stop, the same answer on every rank, with the step of the next check
+        (one broadcast of two numbers)."""
+        assert self.time_limit is not None
+        stop, interval = 0, 1
+        if self.is_rank0:
+            step_s = self.step_times.estimate()
+            interval = min(check_interval(step_s), self.steps - step)
+            if self.ckpt_every:
+                # A regular checkpoint's time is measured, not foreseen: check right after it.
+                interval = min(interval, self.ckpt_every - step % self.ckpt_every)
+            estimate = checkpoint_estimate(self.checkpoint_seconds, self._state_bytes)
+            stop = int(should_stop(self.elapsed(), interval * step_s, estimate, self.time_limit))
+        if self.env.distributed:
+            import torch.distributed as dist
+
+            flag = self._stop_flag
+            flag[0], flag[1] = stop, interval
+            dist.broadcast(flag, src=0, group=self._ctl_group)
+            stop, interval = int(flag[0]), int(flag[1])
+        self._next_check = step + interval
+        return bool(stop)
+
+    def elapsed(self) -> float:
+        """Seconds since the clock a time_limit counts from started."""
+        return time.monotonic() - self.started_at
 
     def _log(self, step: int, loss_sum: Any) -> None:
         if self.env.distributed:
@@ -563,6 +631,7 @@ class Trainer:
         if self.env.distributed:
             self._barrier()
         seconds = time.perf_counter() - start
+        self.checkpoint_seconds.append(seconds)
         # Saving is not training: keep it out of the next tokens_per_s.
         last_step, last_time = self._last_log
         self._last_log = (last_step, last_time + seconds)
@@ -603,6 +672,7 @@ class Trainer:
             "accumulation_steps": self.acc,
             "global_batch": self.batch_size * self.acc * self.env.world_size,
             "seq_len": self.seq_len,
+            "time_limit": self.time_limit,
         }
         if self.events.tensorboard_dir is not None:
             event["tensorboard"] = self.events.tensorboard_dir
@@ -623,6 +693,8 @@ class Trainer:
         # A run resumed at (or past) its step count trains nothing and rewrites nothing.
         if self.step < self.steps:
             self.train_steps(self.step + 1, self.steps)
+        if self.paused_at is not None:
+            return self._pause()
         done = {
             "event": "done",
             "step": self.step,
@@ -636,6 +708,24 @@ class Trainer:
         if self.env.distributed:
             self._barrier()  # nothing in flight on any rank when the process groups go away
         return done
+
+    def _pause(self) -> Dict[str, Any]:
+        assert self.ckdir is not None and self.paused_at is not None
+        paused = {
+            "event": "paused",
+            "reason": "time_limit",
+            "step": self.paused_at,
+            "resume_step": self.paused_at,
+            "checkpoint": self.ckdir.pt_path(self.paused_at),
+            "time_limit": self.time_limit,
+            "seconds": round(self.elapsed(), 3),
+            "loss": self.last_loss,
+            "restart": self.restart,
+        }
+        self.emit(paused)
+        if self.env.distributed:
+            self._barrier()
+        return paused
 
     def close(self) -> None:
         self.events.close()
@@ -663,10 +753,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         else f"labctl trainer (rank {rank})"
     )
     trainer = None
+    started_at = clock_origin(os.environ)
     try:
-        trainer = Trainer(load_settings(args.settings))
+        trainer = Trainer(load_settings(args.settings), started_at=started_at)
         trainer.setup()
-        trainer.run()
+        end = trainer.run()
+        if end["event"] == "paused" and not os.environ.get("TORCHELASTIC_RUN_ID"):
+            return EXIT_PAUSED
         return 0
     except TrainerError as exc:
         print(f"{who}: error: {exc}", file=sys.stderr, flush=True)

@@ -44,8 +44,12 @@ DEFAULTS: Dict[str, Any] = {
     "metrics_path": None,
     "log_every": 10,
     "seed": 0,
+    # Seconds the run may take (null: no limit): it stops before them at a step every rank
+    # agrees on, with a checkpoint there, and says "paused" (trainer_limit.py).
+    "time_limit": None,
 }
 MIN_LR_RATIO = 0.1  # the cosine decays to 10% of lr
+EXIT_PAUSED = 75  # EX_TEMPFAIL: the time limit ended the run; the same command resumes it
 
 
 class TrainerError(Exception):
@@ -111,6 +115,14 @@ def resolve_settings(raw: Mapping[str, Any]) -> Dict[str, Any]:
     for key in ("checkpoint_dir", "metrics_path"):
         if s[key] is not None and not isinstance(s[key], str):
             raise _fail(key, "a path or null", s[key])
+    if s["time_limit"] is not None:
+        s["time_limit"] = _float(s, "time_limit", 0.0)
+        if not 0 < s["time_limit"] < math.inf:
+            raise _fail("time_limit", "a number of seconds above 0, or null", s["time_limit"])
+        if not s["checkpoint_dir"]:
+            raise TrainerError(
+                "settings: time_limit needs a checkpoint_dir: a paused run resumes from the checkpoint it writes"
+            )
     gs = s["gradient_scaling"]
     _bool(gs, "enabled")
     gs["initial_scale"] = _float(gs, "initial_scale", 1e-30, "gradient_scaling.initial_scale")

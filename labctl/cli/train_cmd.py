@@ -94,18 +94,21 @@ def train(
         Optional[str], typer.Option("--partition", help="Slurm partition for --backend slurm.")
     ] = None,
     time_limit: Annotated[
-        Optional[str], typer.Option("--time", help="Slurm time limit, e.g. 2-00:00:00.")
+        Optional[str],
+        typer.Option("--time", help="Slurm's own time limit, e.g. 2-00:00:00 (default: from --time-limit)."),
+    ] = None,
+    time_box: Annotated[
+        Optional[str],
+        typer.Option(
+            "--time-limit",
+            help="Stop before this much time (3h50m, 45m, 90s) at a step every rank agrees on, with a "
+            "checkpoint there; exit 75, and the same command again resumes. For kaggle/sagemaker: the "
+            "session's length (default and maximum: the platform's).",
+        ),
     ] = None,
     min_nodes: Annotated[
         Optional[int],
         typer.Option("--min-nodes", min=1, help="k8s elastic minReplicas (default: every node)."),
-    ] = None,
-    time_limit_text: Annotated[
-        Optional[str],
-        typer.Option(
-            "--time-limit",
-            help="Stop, resumable, before this much time (3h50m, 45m, 90s); for kaggle/sagemaker the session's length.",
-        ),
     ] = None,
     kaggle_id: Annotated[
         Optional[str],
@@ -161,7 +164,12 @@ def train(
     (SIGTERM, then SIGKILL after `stop_grace`) and labctl checks that no process of the run is
     left. Every rank's output goes to `.labctl/runs/RUN/` beside the inventory.
 
-    Exit code: 0 the run finished; 1 preflight refused or a host failed; 2 bad input; 130 Ctrl-C.
+    --time-limit 3h50m time-boxes the run (a cloud session, a reservation): before the limit,
+    leaving room for one checkpoint, every rank stops at the same step, writes a checkpoint and
+    the run ends "time limit reached, resumable at step N". Run the same command again to resume.
+
+    Exit code: 0 the run finished; 75 the time limit paused it (resumable); 1 preflight refused
+    or a host failed; 2 bad input; 130 Ctrl-C.
 
     Examples:
 
@@ -170,6 +178,8 @@ def train(
         labctl train --phase 1 --limit m5,irina --device cpu --set steps=50
 
         labctl train --phase 2 --detach && labctl train status
+
+        labctl train --phase 2 --time-limit 3h50m
 
         labctl train --phase 2 --backend k8s --image registry.lab/cet:1 -o jobs/
 
@@ -209,9 +219,9 @@ def train(
             instance_type=instance_type,
             nodes=nodes,
         ),
-        time_limit_s=parse_duration(time_limit_text) if time_limit_text is not None else None,
         detach=detach,
         ranks=parse_ranks(ranks),
+        time_limit_s=parse_duration(time_box) if time_box is not None else None,
     )
     try:
         result = run.start(c, request, None if c.json_mode else _LiveView(c))
@@ -285,12 +295,22 @@ def _print_attached(c: Context, result: Attached) -> None:
         c.console.print(f"[red]processes of {run_id} still running: {left}[/]")
     else:
         c.console.print(f"[dim]no process of {run_id} remains on {', '.join(result.checked)}[/]")
+    if result.resume_step is not None:
+        c.console.print(
+            f"[yellow]time limit reached, resumable at step {result.resume_step}: "
+            "run the same command again to resume[/]"
+        )
 
 
 def _print_dry_run(c: Context, spec: LaunchSpec) -> None:
+    from labctl.train.duration import format_duration
+
+    limit = spec.settings.get("time_limit")
     c.console.print(
         f"[bold]dry run[/] {spec.run_id}: phase {spec.phase}, {spec.world_size} processes, {spec.dist_backend}, "
-        f"rendezvous {spec.head_address}:{spec.port}. Preflight passed on {', '.join(n.host for n in spec.nodes)}; nothing launched."
+        f"rendezvous {spec.head_address}:{spec.port}"
+        + (f", time limit {format_duration(limit)} (pauses with a checkpoint before it)" if limit else "")
+        + f". Preflight passed on {', '.join(n.host for n in spec.nodes)}; nothing launched."
     )
     for n in spec.nodes:
         gpus = f" GPUs {', '.join(n.gpu_names)}" if n.gpu_names else ""
@@ -339,10 +359,13 @@ def _print_status(c: Context, result: RunsStatus) -> None:
             f"{h}: {s.get('state')}" + (f" ({s['error']})" if s.get("error") else "")
             for h, s in r["host_state"].items()
         ) or ", ".join(r["hosts"])
+        state = r.get("state", "?")
+        if state == "paused" and r.get("resume_step") is not None:
+            state = f"paused (resumable at step {r['resume_step']})"
         table.add_row(
             r["run_id"],
             str(r.get("phase")),
-            r.get("state", "?"),
+            state,
             per_host,
             format_event(event) if event else "",
         )

@@ -1,6 +1,9 @@
-"""Durations on the command line (`--time-limit 3h50m`): text to seconds and back.
+"""`--time-limit 3h50m`: a duration as people write it, in whole seconds, and back.
 
-Standard library only: the CLI parses `--time-limit` before anything heavy is imported.
+Units d, h, m and s, largest first, each at most once: `3h50m`, `90s`, `45m`, `1h`, `1d12h`.
+A bare number is refused: Slurm reads `90` as minutes, most tools as seconds, and a run
+stopped 59 minutes early by a misread unit costs a session. Standard library only (the CLI
+parses the option before anything heavy is imported).
 """
 
 from __future__ import annotations
@@ -9,35 +12,36 @@ import re
 
 from labctl.errors import InputError
 
-_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_HINT = "Write a number and a unit, largest first: e.g. 3h50m, 45m, 90s, 1h or 1d12h."
 
 
-def parse_duration(text: str) -> int:
-    """Seconds in `text`: a plain number of seconds, or units in order: 1d, 3h50m, 45m, 90s."""
-    t = text.strip().lower()
-    if t.isdigit():
-        seconds = int(t)
-    else:
-        m = _DURATION.fullmatch(t)
-        if not t or m is None:
-            seconds = 0
-        else:
-            seconds = sum(int(v) * unit for v, unit in zip(m.groups(), _UNITS.values(), strict=True) if v)
+def parse_duration(text: str, option: str = "--time-limit") -> int:
+    """Seconds in `text` ("3h50m" -> 13800); InputError (exit 2) naming `option` otherwise."""
+    compact = str(text).strip().lower().replace(" ", "")
+    m = _DURATION.fullmatch(compact)
+    if not compact or m is None:
+        if compact.isdigit():
+            raise InputError(
+                f"{option} {text!r} has no unit: seconds, minutes or hours?",
+                f"Write e.g. {compact}s or {compact}m.",
+            )
+        raise InputError(f"{option} {text!r} is not a duration.", _HINT)
+    seconds = sum(int(n) * size for n, (_, size) in zip(m.groups(), UNITS, strict=True) if n)
     if seconds <= 0:
-        raise InputError(
-            f"{text!r} is not a duration.", "Write e.g. 3h50m, 45m, 90s or 1h (more than zero seconds)."
-        )
+        raise InputError(f"{option} {text!r} is no time at all.", "Give a duration above zero, e.g. 30m.")
     return seconds
 
 
 def format_duration(seconds: int) -> str:
-    """`seconds` as parse_duration reads it back: 13800 -> "3h50m", 90 -> "1m30s"."""
-    if seconds <= 0:
+    """`13800` -> "3h50m": what parse_duration reads back to the same number of seconds."""
+    left = int(seconds)
+    if left <= 0:
         return "0s"
-    out = ""
-    for unit, size in _UNITS.items():
-        n, seconds = divmod(seconds, size)
+    parts = []
+    for unit, size in UNITS:
+        n, left = divmod(left, size)
         if n:
-            out += f"{n}{unit}"
-    return out
+            parts.append(f"{n}{unit}")
+    return "".join(parts)

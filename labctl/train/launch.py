@@ -133,6 +133,7 @@ def prepare(
     python: str | None,
     script: str | None,
     script_args: tuple[str, ...],
+    time_limit_s: int | None = None,
 ) -> LaunchSpec:
     """Preflight every host and plan the run; raises PreflightFailed with every problem found."""
     inv = ctx.inventory
@@ -154,6 +155,7 @@ def prepare(
         script=remote_script,
         script_args=script_args,
         orchestra_probes=orchestra_probes,
+        time_limit_s=time_limit_s,
     )
     if problems or spec is None:
         raise PreflightFailed(problems)
@@ -204,6 +206,11 @@ def format_event(event: dict[str, Any]) -> str:
         return f"checkpoint at step {event.get('step')}: {event.get('path')} ({_num(event.get('seconds'), '.2f')} s)"
     if kind == "done":
         return f"done at step {event.get('step')}, loss {_num(event.get('loss'), '.4f')}"
+    if kind == "paused":
+        return (
+            f"paused at step {event.get('step')} (time limit {_num(event.get('time_limit'), '.0f')} s, "
+            f"{_num(event.get('seconds'), '.0f')} s used): resumable at step {event.get('resume_step')}"
+        )
     if kind == "batch_resize":
         return (
             f"batch resized at step {event.get('step')}: {event.get('previous_batch_size')} → "

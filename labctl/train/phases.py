@@ -131,9 +131,11 @@ class Settings(_Strict):
             }
         return v
 
-    def trainer_settings(self, phase: int, run_id: str, metrics_path: str) -> dict[str, Any]:
-        """What the reference trainer reads (labctl/agent/trainer.py)."""
-        return {
+    def trainer_settings(
+        self, phase: int, run_id: str, metrics_path: str, time_limit_s: int | None = None
+    ) -> dict[str, Any]:
+        """What the reference trainer reads (labctl/agent/trainer.py); `time_limit_s` from --time-limit."""
+        out: dict[str, Any] = {
             "phase": phase,
             "run_id": run_id,
             "steps": self.steps,
@@ -158,6 +160,9 @@ class Settings(_Strict):
             "log_every": self.log_every,
             "seed": self.seed,
         }
+        if time_limit_s is not None:
+            out["time_limit"] = time_limit_s
+        return out
 
     def checkpoint_path(self, phase: int) -> str:
         return self.checkpoint_dir.replace("{phase}", str(phase))

@@ -15,7 +15,14 @@ from labctl.facts_compare import GIB, model_matches
 from labctl.gpus import Cap, builds_for, declared_gpus, fmt_cap, known_cap, parse_cap, runs_on
 from labctl.inventory.model import Host
 from labctl.train.phases import Settings
-from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec, NodeSpec
+from labctl.train.spec import (
+    FRESH_STORE_ENV,
+    LOG_PREFIX_TEMPLATE,
+    RUN_ENV,
+    TIME_LIMIT_ENV,
+    LaunchSpec,
+    NodeSpec,
+)
 
 ORCHESTRA_HINT = (
     f"Load the warm set first with `labctl orchestra start` (its state lives in {paths.WARM_STATE}), "
@@ -201,6 +208,7 @@ def plan_run(
     script: str | None = None,
     script_args: tuple[str, ...] = (),
     orchestra_probes: dict[str, dict[str, Any]] | None = None,
+    time_limit_s: int | None = None,
 ) -> tuple[LaunchSpec | None, list[Problem]]:
     problems: list[Problem] = []
     device = choose_device(settings, device_override, hosts, probes)
@@ -267,7 +275,9 @@ def plan_run(
             gpu_indices=tuple(g.index for g in pl.gpus if g.index is not None),
             gpu_names=tuple(g.name for g in pl.gpus),
             iface=(probes[pl.host.name].get("iface") or {}).get("name"),
-            env=node_env(pl, probes[pl.host.name], settings, run_id, pythonpath.get(pl.host.name, "")),
+            env=node_env(
+                pl, probes[pl.host.name], settings, run_id, pythonpath.get(pl.host.name, ""), time_limit_s
+            ),
         )
         for pl in placements
     )
@@ -280,7 +290,7 @@ def plan_run(
         head_address=head.address,
         port=port,
         max_restarts=settings.max_restarts,
-        settings=settings.trainer_settings(phase, run_id, metrics),
+        settings=settings.trainer_settings(phase, run_id, metrics, time_limit_s),
         script=script,
         script_args=script_args,
         rdzv_timeout=settings.rdzv_timeout,
@@ -368,7 +378,12 @@ def orchestra_problems(probes: dict[str, dict[str, Any]]) -> list[Problem]:
 
 
 def node_env(
-    pl: Placement, probe: dict[str, Any], settings: Settings, run_id: str, pythonpath: str
+    pl: Placement,
+    probe: dict[str, Any],
+    settings: Settings,
+    run_id: str,
+    pythonpath: str,
+    time_limit_s: int | None = None,
 ) -> dict[str, str]:
     env = {
         RUN_ENV: run_id,
@@ -382,6 +397,9 @@ def node_env(
     }
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    if time_limit_s is not None:
+        # A user's --script cannot read the reference trainer's settings: it gets the limit here.
+        env[TIME_LIMIT_ENV] = str(time_limit_s)
     iface = (probe.get("iface") or {}).get("name")
     if iface:
         env["GLOO_SOCKET_IFNAME"] = iface

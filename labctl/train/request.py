@@ -48,7 +48,7 @@ class TrainRequest:
     job: JobOptions = JobOptions()
     detach: bool = False
     ranks: frozenset[int] | None = frozenset({0})  # ranks whose lines are shown; None: all
-    time_limit_s: int | None = None  # --time-limit: the trainer pauses, resumable, before this
+    time_limit_s: int | None = None  # --time-limit: the trainer pauses before it; None: no limit
 
 
 def parse_ranks(text: str) -> frozenset[int] | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from labctl.agent.trainer_settings import EXIT_PAUSED
 from labctl.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_OK
 from labctl.train.spec import LaunchSpec
 
@@ -141,11 +142,23 @@ class Attached:
         return left_over(self.checked)
 
     @property
+    def paused(self) -> dict[str, Any] | None:
+        """Rank 0's "paused" event when the time limit ended the run (its last start's, after restarts)."""
+        return paused_event(self.events)
+
+    @property
+    def resume_step(self) -> int | None:
+        paused = self.paused
+        return int(paused["resume_step"]) if paused and self.state == "paused" else None
+
+    @property
     def state(self) -> str:
         if self.interrupted:
             return "interrupted"
         ok = bool(self.results) and all(r.ok for r in self.results)
-        return "finished" if ok else "failed"
+        if not ok:
+            return "failed"
+        return "paused" if self.paused is not None else "finished"
 
     @property
     def restarts(self) -> int:
@@ -155,7 +168,9 @@ class Attached:
     def exit_code(self) -> int:
         if self.interrupted:
             return EXIT_INTERRUPTED
-        return EXIT_OK if self.state == "finished" and not self.remaining else EXIT_HOST
+        if self.remaining:
+            return EXIT_HOST
+        return {"finished": EXIT_OK, "paused": EXIT_PAUSED}.get(self.state, EXIT_HOST)
 
     def to_json(self) -> dict[str, Any]:
         steps = self.steps
@@ -174,10 +189,26 @@ class Attached:
             "restarts": self.restarts,
             "resumed_from": [e.get("resumed_from") for e in self.events if e.get("event") == "start"],
             "done": any(e.get("event") == "done" for e in self.events),
+            "resume_step": self.resume_step,
             "first_step_seconds": self.first_step_seconds,
             "remaining_processes": self.remaining,
             "log_dir": str(self.log_dir),
         }
+
+
+def paused_event(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The "paused" event that ends `events` (rank 0's, oldest first), if the time limit ended them.
+
+    Only after the newest "start": a restarted worker group that then finished is not paused.
+    """
+    found = None
+    for e in events:
+        kind = e.get("event")
+        if kind == "start":
+            found = None
+        elif kind == "paused" and e.get("resume_step") is not None:
+            found = e
+    return found
 
 
 TrainResult = DryRun | JobFiles | Detached | Attached
@@ -206,7 +237,12 @@ def _last_local_event(path: Path) -> dict[str, Any] | None:
         lines = path.read_text().splitlines()
     except OSError:
         return None
-    return newest_event(lines, want=lambda e: e["event"] in ("step", "done") and e.get("loss") is not None)
+    return newest_event(
+        lines,
+        want=lambda e: (
+            e["event"] == "paused" or (e["event"] in ("step", "done") and e.get("loss") is not None)
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
         python=request.python,
         script=str(script) if script else None,
         script_args=request.script_args,
+        time_limit_s=request.time_limit_s,
     )
     if request.dry_run:
         return DryRun(spec)
@@ -85,6 +86,9 @@ def settled_state(recorded: str | None, host_state: dict[str, dict[str, Any]]) -
         return None
     if states == {"finished"}:
         return "finished"
+    # Only rank 0's host sees the "paused" event; the others' trainers just exited 0.
+    if "paused" in states and states <= {"finished", "paused"}:
+        return "paused"
     return "stopped" if "stopped" in states else "failed"
 
 
@@ -100,7 +104,9 @@ def status(ctx: Context, run_id: str | None = None) -> RunsStatus:
                 host_state[res.host] = res.data if res.ok else {"state": res.status, "error": res.error}
             new = settled_state(rec.get("state"), host_state)
             if new is not None:
-                rec = runs.update(root, rec["run_id"], state=new)
+                resume = [s["resume_step"] for s in host_state.values() if s.get("resume_step") is not None]
+                extra = {"resume_step": resume[0]} if new == "paused" and resume else {}
+                rec = runs.update(root, rec["run_id"], state=new, **extra)
         rows.append({**rec, "host_state": host_state})
     return RunsStatus(root, rows)
 

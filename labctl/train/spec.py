@@ -18,6 +18,8 @@ TRAINER_MODULE = "labctl.agent.trainer"
 # the controller can tell ranks apart: "[rank3]:text".
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 RUN_ENV = "LABCTL_RUN_ID"
+# --time-limit in seconds, for a user's --script (the reference trainer reads its `time_limit` setting).
+TIME_LIMIT_ENV = "LABCTL_TIME_LIMIT_S"
 # torchrun shares its rendezvous store with the workers by default, across restarts: a
 # restarted worker can then read a dead peer's gloo/NCCL address left by the previous round
 # and fail with "connection refused", spending a restart each time. Unshared, rank 0 hosts a

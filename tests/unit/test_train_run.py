@@ -180,10 +180,10 @@ def test_attached_summary_of_a_finished_run() -> None:
     doc = result.to_json()
     assert list(doc) == [
         "run_id", "phase", "state", "world_size", "hosts", "failed_host", "steps_logged", "first_step",
-        "last_step", "first_loss", "last_loss", "restarts", "resumed_from", "done", "first_step_seconds",
-        "remaining_processes", "log_dir",
+        "last_step", "first_loss", "last_loss", "restarts", "resumed_from", "done", "resume_step",
+        "first_step_seconds", "remaining_processes", "log_dir",
     ]  # fmt: skip
-    assert doc["state"] == "finished" and result.exit_code == EXIT_OK
+    assert doc["state"] == "finished" and result.exit_code == EXIT_OK and doc["resume_step"] is None
     assert (doc["first_step"], doc["first_loss"], doc["last_step"], doc["last_loss"]) == (5, 2.5, 10, 1.25)
     assert doc["steps_logged"] == 2 and doc["restarts"] == 1 and doc["resumed_from"] == [None, 5]
     assert doc["done"] and doc["remaining_processes"] == {} and doc["log_dir"] == "/runs/p1"

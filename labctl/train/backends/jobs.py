@@ -30,7 +30,7 @@ from labctl.errors import InputError
 from labctl.train import backends
 from labctl.train.request import JobOptions
 from labctl.train.results import JobFiles
-from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec
+from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, TIME_LIMIT_ENV, LaunchSpec
 
 if TYPE_CHECKING:
     from labctl.context import Context
@@ -50,9 +50,14 @@ PORTABLE_ENV = frozenset(
         RUN_ENV,
         LOG_PREFIX_ENV,
         DEVICE_ENV,
+        TIME_LIMIT_ENV,
         *FRESH_STORE_ENV,
     }
 )
+# A time-boxed run's job lives this much longer than --time-limit: the trainer pauses by the
+# limit, counted from torchrun's start; the scheduler's own limit is the backstop behind it, for
+# the job's start-up (allocation, image pull, interpreter) and a last checkpoint slower than foreseen.
+JOB_GRACE_S = 300
 
 
 class JobFileBackend(ABC):
@@ -164,6 +169,12 @@ def uniform(spec: LaunchSpec) -> tuple[int, str]:
     if not 0 < spec.port < 65536:
         raise InputError(f"rendezvous port {spec.port} is out of range.", "Use a port in 1..65535.")
     return max(n.nproc for n in spec.nodes), devices[0]
+
+
+def job_limit_s(spec: LaunchSpec) -> int | None:
+    """The scheduler's limit for a time-boxed run (seconds), or None without --time-limit."""
+    limit = spec.settings.get("time_limit")
+    return int(limit) + JOB_GRACE_S if limit else None
 
 
 def heterogeneity_note(spec: LaunchSpec, nproc: int) -> list[str]:

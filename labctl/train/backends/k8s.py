@@ -146,6 +146,7 @@ def render_pytorchjob(
                     "rdzvConf": [{"key": "join_timeout", "value": str(spec.rdzv_timeout)}],
                 },
                 "nprocPerNode": str(nproc),  # a string in the v1 API ("auto", "gpu" or a number)
+                **_run_policy(spec),
                 "pytorchReplicaSpecs": {
                     "Worker": {
                         "replicas": spec.nnodes,
@@ -172,6 +173,13 @@ def render_pytorchjob(
     header += jobs.differing_notes(differing)
     body = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=4096)
     return "".join(f"# {line}\n" for line in header) + body
+
+
+def _run_policy(spec: LaunchSpec) -> dict[str, Any]:
+    """A time-boxed run's deadline (the v1 API's runPolicy.activeDeadlineSeconds), as a backstop
+    behind the trainer's own pause; nothing without --time-limit."""
+    limit = jobs.job_limit_s(spec)
+    return {"runPolicy": {"activeDeadlineSeconds": limit}} if limit else {}
 
 
 def k8s_job_name(run_id: str, nnodes: int) -> str:

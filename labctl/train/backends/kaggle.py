@@ -15,6 +15,7 @@ import re
 import shlex
 from pathlib import Path
 
+from labctl.agent.trainer_settings import EXIT_PAUSED
 from labctl.cloud import bundle as cloud_bundle
 from labctl.cloud.backend import CloudBackend, checkpoint_subdir, required
 from labctl.cloud.platforms import KAGGLE
@@ -24,7 +25,6 @@ from labctl.train.duration import format_duration
 from labctl.train.request import JobOptions
 from labctl.train.spec import LaunchSpec
 
-EXIT_PAUSED = 75  # the trainer's resumable stop (contract: trainer_settings.EXIT_PAUSED)
 METADATA = "kernel-metadata.json"
 # Kaggle user names are letters, digits and dashes/underscores; a kernel slug is its title in lower
 # case with dashes, and the kaggle CLI wants a title of at least five characters.

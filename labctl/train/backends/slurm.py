@@ -58,6 +58,9 @@ def render_sbatch(
             f"time limit {time_limit!r} is not in a form Slurm reads.",
             "Use minutes, HH:MM:SS or D-HH:MM:SS, e.g. --time 2-00:00:00.",
         )
+    derived = time_limit is None and jobs.job_limit_s(spec) is not None
+    if derived:
+        time_limit = slurm_time(jobs.job_limit_s(spec) or 0)
     name = "labctl-" + re.sub(r"[^A-Za-z0-9._-]", "-", spec.run_id)
     env, differing = jobs.portable_env(spec, device)
 
@@ -69,6 +72,12 @@ def render_sbatch(
     if agent_name:
         lines.append(f"# ({agent_name} must stay next to this script, on a filesystem every node sees.)")
     lines += ["# Options given to sbatch on its command line override the #SBATCH lines below."]
+    if spec.settings.get("time_limit"):
+        lines.append(
+            f"# Time-boxed: the trainer pauses with a checkpoint by {spec.settings['time_limit']} s"
+            + (f"; --time leaves {jobs.JOB_GRACE_S} s more for start-up." if derived else ".")
+            + " Submit again to resume."
+        )
     lines += jobs.heterogeneity_note(spec, nproc)
     lines += [f"# {note}" for note in jobs.differing_notes(differing)]
     lines += [
@@ -127,6 +136,14 @@ def render_sbatch(
     ]
     lines.append(" \\\n    ".join(command))
     return "\n".join(lines) + "\n"
+
+
+def slurm_time(seconds: int) -> str:
+    """Seconds as Slurm's D-HH:MM:SS, rounded up to the minute."""
+    minutes = -(-seconds // 60)
+    days, minutes = divmod(minutes, 1440)
+    text = f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+    return f"{days}-{text}" if days else text
 
 
 def _cpus_per_worker(env: dict[str, str]) -> int:

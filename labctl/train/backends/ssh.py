@@ -67,6 +67,11 @@ class SshBackend:
             stream.close()
         result = Attached.from_outcome(spec, outcome, folder)
         runs.update(
-            run.runs_root, spec.run_id, state=result.state, ended=time.time(), remaining=result.remaining
+            run.runs_root,
+            spec.run_id,
+            state=result.state,
+            ended=time.time(),
+            remaining=result.remaining,
+            resume_step=result.resume_step,
         )
         return result
