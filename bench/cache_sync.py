@@ -44,7 +44,7 @@ SHARD = 500_000_000
 CACHE = "/mnt/model-cache"
 
 sys.path.insert(0, str(REPO))  # run as a script: make the `bench` package importable
-from bench.common import machine, publish  # noqa: E402
+from bench.common import machine, publish, run, timed  # noqa: E402
 
 # Plain TCP, one stream, from memory: the ceiling the shaped link gives any copy tool.
 TCP_SERVER = """
@@ -66,21 +66,6 @@ while True:
     got += k
 print(got, time.perf_counter() - t)
 """
-
-
-def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, **kw)
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc
-
-
-def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
-    start = time.perf_counter()
-    proc = run(cmd)
-    return time.perf_counter() - start, proc
 
 
 def write_model(root: Path) -> int:

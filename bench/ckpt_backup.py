@@ -40,22 +40,7 @@ STEP = 1000
 SIZE = 200_000_000
 
 sys.path.insert(0, str(REPO))  # run as a script: make the `bench` package importable
-from bench.common import machine, publish  # noqa: E402
-
-
-def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, **kw)
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc
-
-
-def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
-    start = time.perf_counter()
-    proc = run(cmd)
-    return time.perf_counter() - start, proc
+from bench.common import machine, publish, run, timed  # noqa: E402
 
 
 def main() -> int:

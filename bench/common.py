@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def machine() -> str:
@@ -35,3 +39,19 @@ def publish(result: dict[str, Any], md: str, json_path: Path, out: Path | None, 
     print(md)
     if out:
         update_section(out, md, begin, end)
+
+
+def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Run a benchmark's command from the repository; a failure ends the benchmark with its output."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, **kw)
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    start = time.perf_counter()
+    proc = run(cmd)
+    return time.perf_counter() - start, proc

@@ -16,6 +16,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SIM_HOSTS = ["m5", "irina", "pharaoh", "workstation"]
+# `labctl train` settings for a tiny model: a real run on the simulated lab in seconds.
+TRAIN_TINY = [
+    "--set", "batch_size_per_gpu=8", "--set", "seq_len=64", "--set", "model.d_model=64",
+    "--set", "model.n_layers=2", "--set", "model.n_heads=4", "--set", "model.d_ff=256",
+    "--set", "lr=3e-3", "--set", "warmup_steps=5", "--set", "log_every=5",
+]  # fmt: skip
 
 
 def can_run_sim() -> str | None:

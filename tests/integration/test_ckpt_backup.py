@@ -20,16 +20,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, labctl, run_json, sh
+from tests.conftest import REPO, TRAIN_TINY, labctl, run_json, sh
 
 pytestmark = pytest.mark.integration
 LIB = "/srv/checkpoints"
 TRAIN = "/var/lib/labctl/train"
-TINY = [
-    "--set", "batch_size_per_gpu=8", "--set", "seq_len=64", "--set", "model.d_model=64",
-    "--set", "model.n_layers=2", "--set", "model.n_heads=4", "--set", "model.d_ff=256",
-    "--set", "lr=3e-3", "--set", "warmup_steps=5", "--set", "log_every=5",
-]  # fmt: skip
+TINY = TRAIN_TINY
 
 
 def runs_dir(inv: Path) -> Path:

@@ -15,15 +15,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import labctl
+from tests.conftest import TRAIN_TINY, labctl
 
 pytestmark = pytest.mark.integration
 
-TINY = [
-    "--set", "batch_size_per_gpu=8", "--set", "seq_len=64", "--set", "model.d_model=64",
-    "--set", "model.n_layers=2", "--set", "model.n_heads=4", "--set", "model.d_ff=256",
-    "--set", "lr=3e-3", "--set", "warmup_steps=5", "--set", "log_every=5",
-]  # fmt: skip
+TINY = TRAIN_TINY
 # Long enough for torchrun, torch's import and the rendezvous on a busy 2-core machine, and then
 # for a few hundred steps; counted from torchrun's start on the first host.
 LIMIT_S = 25
