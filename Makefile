@@ -75,6 +75,10 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) exec -l m5,irina -- rm -rf /var/lib/labctl/train/demo-phase1
 	$(BIN)/labctl -i $(SIM_INV) train --phase 1 --limit m5,irina --device cpu --python $(CURDIR)/$(BIN)/python $(DEMO_TRAIN)
 	$(BIN)/labctl -i $(SIM_INV) train status
+	@echo "== checkpoints off the training host: each run's newest into irina's library (host to host), listed, re-hashed =="
+	$(BIN)/labctl -i $(SIM_INV) ckpt backup
+	$(BIN)/labctl -i $(SIM_INV) ckpt list
+	$(BIN)/labctl -i $(SIM_INV) ckpt verify
 	@echo "== the LLM orchestra: 3 of 4 small models kept warm on m5 (CPU servers), one rotation, phase 3's check =="
 	for m in demo-a demo-b demo-c demo-d; do $(BIN)/labctl -i $(SIM_INV) bench make-model --size-gb 0.05 --host irina --name $$m; done
 	$(BIN)/labctl -i $(SIM_INV) orchestra plan -f $(DEMO_ORCH)
