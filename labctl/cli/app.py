@@ -24,6 +24,7 @@ from labctl.cli import (
     inventory_cmd,
     metrics_cmd,
     orchestra_cmd,
+    plan_cmd,
     provision_cmd,
     sandbox_cmd,
     sim_cmd,
@@ -82,6 +83,7 @@ app.command("provision")(provision_cmd.provision)
 app.add_typer(cache_cmd.app, name="cache")
 app.add_typer(cron_cmd.app, name="cron")
 app.add_typer(train_cmd.app, name="train")
+app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(orchestra_cmd.app, name="orchestra")
 app.add_typer(sandbox_cmd.app, name="sandbox")
 app.command("rotate")(orchestra_cmd.rotate_cmd)
