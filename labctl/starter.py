@@ -22,6 +22,7 @@ FILES = [
     ("playbooks/sandbox.yaml", "playbooks/sandbox.yaml"),
     ("playbooks/network.yaml", "playbooks/network.yaml"),
     ("playbooks/alerts.yaml", "playbooks/alerts.yaml"),
+    ("playbooks/plan.yaml", "playbooks/plan.yaml"),
 ]
 HEADER = (
     "# Written by `labctl init`: the seed lab's inventory as a starting point. Make the hosts yours\n"

@@ -26,6 +26,7 @@ from labctl.cli import (
     inventory_cmd,
     metrics_cmd,
     orchestra_cmd,
+    plan_cmd,
     provision_cmd,
     sandbox_cmd,
     sim_cmd,
@@ -86,6 +87,7 @@ ckpt_cmd.app.command("pull")(ckpt_pull_cmd.pull)
 app.add_typer(ckpt_cmd.app, name="ckpt")
 app.add_typer(cron_cmd.app, name="cron")
 app.add_typer(train_cmd.app, name="train")
+app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(orchestra_cmd.app, name="orchestra")
 app.add_typer(sandbox_cmd.app, name="sandbox")
 app.command("rotate")(orchestra_cmd.rotate_cmd)

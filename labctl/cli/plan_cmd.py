@@ -1,0 +1,96 @@
+"""`labctl plan week`: a week of training sessions over free cloud GPU quotas and the lab's GPUs."""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from labctl.cli.common import InventoryOpt, JsonOpt, make_context
+
+app = typer.Typer(
+    help="Plan training over time-boxed GPU quotas (Kaggle, SageMaker, the lab).", no_args_is_help=True
+)
+
+
+def _start(text: Optional[str]) -> date:
+    from labctl.errors import InputError
+
+    if text is None:
+        return date.today()
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise InputError(
+            f"--start {text!r} is not a date.", "Write it as YYYY-MM-DD, e.g. --start 2026-11-30."
+        ) from None
+
+
+@app.command("week")
+def week(
+    ctx: typer.Context,
+    file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--file",
+            "-f",
+            help="Plan file (default: playbooks/plan.yaml beside the inventory, then labctl's seed 001 example).",
+        ),
+    ] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Also write a Gantt chart PNG here.")] = None,
+    start: Annotated[
+        Optional[str], typer.Option("--start", help="The week's first day, YYYY-MM-DD (default: today).")
+    ] = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Schedule the plan's jobs over the platforms' quotas for one week: which job runs where and
+    when, from which step to which, the checkpoint hand-offs between sessions, the hours left
+    unused and when each job finishes. Tokens/s come from `labctl train` runs on the lab where
+    there are any (the run records beside the inventory), else from the plan file, else scaled
+    from another GPU's figure by a published table that the output names.
+
+    Examples:
+
+        labctl plan week
+
+        labctl plan week -f playbooks/plan.yaml --plot week.png --start 2026-11-30
+    """
+    from labctl.errors import InputError
+    from labctl.plan import spec
+    from labctl.plan.render import render
+    from labctl.plan.schedule import schedule
+    from labctl.plan.throughput import measured_rates
+    from labctl.train.runs import runs_dir
+
+    c = make_context(ctx, inventory, json_out)
+    first = _start(start)
+    if file is None:
+        try:
+            file = spec.default_path(c.inventory_path)
+        except InputError:  # no plan of the lab's own: seed 001's, as packaged
+            file = spec.packaged_path()
+    plan = spec.load_plan(file)
+    result = schedule(plan, measured_rates(runs_dir(c.inventory_path)), first)
+    if plot is not None:
+        try:
+            from labctl.plan.gantt import write_gantt
+
+            write_gantt(result, plot)
+        except ImportError:
+            raise InputError(
+                "--plot needs matplotlib, which is not installed.",
+                "Install labctl's plot extra (pip install 'labctl[plot]'), or leave out --plot.",
+            ) from None
+    if c.json_mode:
+        doc = result.to_json()
+        doc["plan_file"] = str(file)
+        doc["plot"] = str(plot) if plot is not None else None
+        c.emit(doc)
+        return
+    c.console.print(f"plan: {file}", markup=False, highlight=False, soft_wrap=True)
+    render(c.console, result)
+    if plot is not None:
+        c.console.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
