@@ -79,6 +79,8 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) ckpt backup
 	$(BIN)/labctl -i $(SIM_INV) ckpt list
 	$(BIN)/labctl -i $(SIM_INV) ckpt verify
+	@echo "== the week over free cloud GPUs (seed 001's Kaggle and SageMaker quotas), with a Gantt chart =="
+	$(BIN)/labctl -i $(SIM_INV) plan week --plot $(SIM_DIR)/week.png
 	@echo "== the LLM orchestra: 3 of 4 small models kept warm on m5 (CPU servers), one rotation, phase 3's check =="
 	for m in demo-a demo-b demo-c demo-d; do $(BIN)/labctl -i $(SIM_INV) bench make-model --size-gb 0.05 --host irina --name $$m; done
 	$(BIN)/labctl -i $(SIM_INV) orchestra plan -f $(DEMO_ORCH)
