@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from labctl.ckpt.clock import iso, parse_record_time
-from labctl.ckpt.library import Library, copies, newest_on_hosts
+from labctl.ckpt.library import Library, copies, newest_on_hosts, run_records, superseded
 from labctl.errors import HostError, InputError, LabctlError
 
 if TYPE_CHECKING:
@@ -140,18 +140,25 @@ def backup(
     on_progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Back up each run's newest checkpoint, then prune; JSON-ready. Per run: `action` is
-    copied, present, would copy, nothing (no valid checkpoint anywhere) or failed."""
+    copied, present, would copy, nothing (no valid checkpoint anywhere), superseded (a newer
+    run writes into its checkpoint folder now: `by`) or failed."""
     from labctl.ckpt import clock
 
     now = clock.now()
     stamp = iso(now)
+    newer = superseded(run_records(ctx, None))
+    out_runs: list[dict[str, Any]] = [
+        {"run_id": r["run_id"], "action": "superseded", "by": newer[r["run_id"]]}
+        for r in records
+        if r["run_id"] in newer
+    ]
+    records = [r for r in records if r["run_id"] not in newer]
     # The training hosts re-hash their newest checkpoints while the library is listed.
     with ThreadPoolExecutor(max_workers=2) as pool:
         listing = pool.submit(copies, ctx, lib)
         found = newest_on_hosts(ctx, records)
         held = listing.result()["entries"]
     have = {(e["run_id"], e["step"]) for e in held}
-    out_runs: list[dict[str, Any]] = []
     failed: set[str] = set()
     for r in records:
         run_id = r["run_id"]

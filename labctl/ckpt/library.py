@@ -88,6 +88,28 @@ def run_records(ctx: Context, run_ids: list[str] | None) -> list[dict[str, Any]]
     return runs.list_runs(root)
 
 
+def superseded(records: list[dict[str, Any]]) -> dict[str, str]:
+    """Runs whose checkpoint folder a newer run took over on every one of their hosts: run id ->
+    the newest run now writing there.
+
+    A resumed run (after `--time-limit`, or any re-run with the same checkpoint_dir) writes into
+    the folder an older run left, so what the folder holds is the newest run's: backing it up
+    under each older run's id would file one checkpoint under several runs.
+    """
+    claimed: dict[tuple[str, str], str] = {}
+    out: dict[str, str] = {}
+    for r in sorted(records, key=lambda r: r.get("started", 0), reverse=True):
+        folder = checkpoint_dir(r)
+        if folder is None:
+            continue
+        places = [(str(h), folder) for h in r.get("hosts") or []]
+        if places and all(p in claimed for p in places):
+            out[r["run_id"]] = claimed[places[0]]
+        for p in places:
+            claimed.setdefault(p, r["run_id"])
+    return out
+
+
 def newest_on_hosts(ctx: Context, records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Per run, each training host's newest valid checkpoint ({host, dir, step, bytes} or
     {host, error}), asked of every (run, host) at once."""

@@ -61,12 +61,14 @@ def list_cmd(
 
         labctl ckpt list --run p1-20261123-213000-ab12 --json
     """
-    from labctl.ckpt.library import copies, find_storage, newest_on_hosts, run_records
+    from labctl.ckpt.library import copies, find_storage, newest_on_hosts, run_records, superseded
 
     c = make_context(ctx, inventory, json_out, verbose)
     try:
         lib = find_storage(c.inventory, storage)
-        records = run_records(c, [run] if run else None)
+        # A run whose folder a newer run writes into now: its checkpoints are listed under that run.
+        newer = superseded(run_records(c, None))
+        records = [r for r in run_records(c, [run] if run else None) if r["run_id"] not in newer]
         held = copies(c, lib, run)
         found = newest_on_hosts(c, records)
     except BaseException:
@@ -200,6 +202,8 @@ def backup_cmd(
                     line += f" {escape(r['hint'])}"
             elif what == "nothing":
                 line += " (no valid checkpoint on its hosts)"
+            elif what == "superseded":
+                line += f" (its checkpoint folder is {escape(r['by'])}'s now; that run is backed up)"
             c.console.print(line, soft_wrap=True)
         for p in data["pruned"]:
             verb = "would prune" if dry_run else "pruned"

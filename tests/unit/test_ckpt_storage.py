@@ -53,3 +53,24 @@ def test_a_run_recorded_before_checkpoint_dir_was_kept_is_read_from_its_command_
     )
     assert checkpoint_dir({"commands": {"m5": line}}) == "/data/ckpt/old"
     assert checkpoint_dir({"commands": {"m5": "torchrun train.py"}}) is None
+
+
+def _record(run_id: str, started: float, hosts: list[str], folder: str) -> dict[str, object]:
+    return {"run_id": run_id, "started": started, "hosts": hosts, "checkpoint_dir": folder}
+
+
+def test_a_run_whose_folder_a_newer_run_took_over_on_every_host_is_superseded() -> None:
+    """A resumed or re-run phase writes into the folder an older run left: its checkpoints are the
+    newest run's, and filing them under each older run id copied one checkpoint many times."""
+    from labctl.ckpt.library import superseded
+
+    records = [
+        _record("p1-old", 100, ["m5", "irina"], "/var/lib/labctl/train/p1"),
+        _record("p1-resumed", 200, ["m5", "irina"], "/var/lib/labctl/train/p1"),
+        _record("p1-newest", 300, ["m5", "irina"], "/var/lib/labctl/train/p1"),
+        # Only m5 reused: irina still holds p1-partly's own checkpoints.
+        _record("p1-partly", 150, ["m5", "workstation"], "/var/lib/labctl/train/p1"),
+        _record("p2", 50, ["m5"], "/var/lib/labctl/train/p2"),
+    ]
+    assert superseded(records) == {"p1-old": "p1-newest", "p1-resumed": "p1-newest"}
+    assert superseded([]) == {}
