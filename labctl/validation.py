@@ -19,7 +19,7 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from labctl.errors import InputError
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 Problem = tuple[int | None, str, str]
 """(line or None, dotted field or "", what is wrong and what to write instead)."""
+M = TypeVar("M", bound="BaseModel")
 
 
 class Positions(Protocol):
@@ -84,6 +85,29 @@ def read_document(path: Path, kind: str, missing_hint: str) -> PositionedYaml:
 def duplicate_problems(pos: PositionedYaml) -> list[Problem]:
     """The keys written twice in a mapping (PyYAML would silently keep the last)."""
     return [(d.line, dotted(d.path), d.message + "; keep one") for d in pos.duplicates]
+
+
+def load_model(path: Path, kind: str, model: type[M], *, missing_hint: str, shape: str, then: str) -> M:
+    """A YAML mapping document of `kind` read and validated against `model`, every problem at
+    once (one DocumentError, exit 2). `shape` says what the top level must be, `then` how to
+    check again once fixed."""
+    from pydantic import ValidationError
+
+    pos = read_document(path, kind, missing_hint)
+    problems = duplicate_problems(pos)
+
+    def error(found: list[Problem]) -> DocumentError:
+        return DocumentError(kind, path, found, fix_the_lines(len(found), then))
+
+    if not isinstance(pos.data, dict):
+        raise error([(1, "", shape)])
+    try:
+        parsed = model.model_validate(pos.data)
+    except ValidationError as e:
+        raise error(problems + problems_from(e, model, (), pos)) from None
+    if problems:
+        raise error(problems)
+    return parsed
 
 
 def dotted(path: tuple[Any, ...]) -> str:

@@ -18,17 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from labctl.inventory.model import Strict
-from labctl.validation import (
-    DocumentError,
-    Problem,
-    duplicate_problems,
-    fix_the_lines,
-    problems_from,
-    read_document,
-)
+from labctl.validation import load_model
 
 DEFAULT_ALERTS = Path("playbooks/alerts.yaml")
 GB = 1024**3  # labctl's GB are GiB, as the inventory's ram_gb and size_gb
@@ -141,27 +134,14 @@ def rules_for(given: Path | None, inventory_path: Path | None) -> AlertRules:
 def load_rules(path: Path | None) -> AlertRules:
     """The alerts file at `path`, validated (every problem at once, exit 2); None: the packaged defaults."""
     path = packaged_path() if path is None else Path(path)
-    pos = read_document(
+    return load_model(
         path,
         "alerts file",
-        f"Pass one with --alerts, or get the default {DEFAULT_ALERTS} with `labctl init`.",
-    )
-    problems: list[Problem] = duplicate_problems(pos)
-    if not isinstance(pos.data, dict):
-        raise alerts_error(path, [(1, "", "an alerts file is a mapping: alerts: {gpu_memory: {...}, ...}")])
-    try:
-        parsed = AlertsFile.model_validate(pos.data)
-    except ValidationError as e:
-        raise alerts_error(path, problems + problems_from(e, AlertsFile, (), pos)) from None
-    if problems:
-        raise alerts_error(path, problems)
-    return parsed.alerts
-
-
-def alerts_error(path: Path, problems: list[Problem]) -> DocumentError:
-    return DocumentError(
-        "alerts file", path, problems, fix_the_lines(len(problems), "`labctl status` reads it again")
-    )
+        AlertsFile,
+        missing_hint=f"Pass one with --alerts, or get the default {DEFAULT_ALERTS} with `labctl init`.",
+        shape="an alerts file is a mapping: alerts: {gpu_memory: {...}, ...}",
+        then="`labctl status` reads it again",
+    ).alerts
 
 
 # --- judging ---------------------------------------------------------------------------------

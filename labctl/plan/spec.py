@@ -10,14 +10,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from labctl.inventory.model import Strict
-from labctl.validation import (
-    DocumentError,
-    Problem,
-    duplicate_problems,
-    fix_the_lines,
-    problems_from,
-    read_document,
-)
+from labctl.validation import load_model
 
 DEFAULT_PLAN = Path("playbooks/plan.yaml")
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
@@ -139,24 +132,11 @@ def default_path(inventory_path: Path) -> Path:
 
 def load_plan(path: Path) -> PlanFile:
     """The plan file at `path`, validated: every problem at once (exit 2)."""
-    from pydantic import ValidationError
-
-    pos = read_document(
-        path, "plan file", f"Pass one with -f, or get the default {DEFAULT_PLAN} with `labctl init`."
-    )
-    problems: list[Problem] = duplicate_problems(pos)
-    if not isinstance(pos.data, dict):
-        raise plan_error(path, [(1, "", "a plan file is a mapping: platforms: [...], jobs: [...]")])
-    try:
-        parsed = PlanFile.model_validate(pos.data)
-    except ValidationError as e:
-        raise plan_error(path, problems + problems_from(e, PlanFile, (), pos)) from None
-    if problems:
-        raise plan_error(path, problems)
-    return parsed
-
-
-def plan_error(path: Path, problems: list[Problem]) -> DocumentError:
-    return DocumentError(
-        "plan file", path, problems, fix_the_lines(len(problems), "`labctl plan week` reads it again")
+    return load_model(
+        path,
+        "plan file",
+        PlanFile,
+        missing_hint=f"Pass one with -f, or get the default {DEFAULT_PLAN} with `labctl init`.",
+        shape="a plan file is a mapping: platforms: [...], jobs: [...]",
+        then="`labctl plan week` reads it again",
     )
