@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 import json
 import os
 import secrets
@@ -20,7 +19,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .accepting import Accepting
+from .accepting import Accepting, listen_on
 from .cache.manifest import emit
 from .commands import AgentError
 
@@ -53,44 +52,6 @@ def _read_line(sock: socket.socket) -> Tuple[Optional[Dict[str, Any]], bytes]:
 
 def _send_line(sock: socket.socket, obj: Dict[str, Any]) -> None:
     sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _listen(bind: str) -> Tuple[socket.socket, str]:
-    """Listen on the host's inventory address, so the bytes take the network that address is
-    on; every address when it is not this host's own (NAT, a name that resolves elsewhere).
-
-    A host name that resolves to loopback on the host itself (Debian's /etc/hosts maps its own
-    name to 127.0.1.1) would listen where the sender can never connect: every address then."""
-    tries: List[Tuple[int, str]] = []
-    if bind:
-        try:
-            found = socket.getaddrinfo(bind, 0, 0, socket.SOCK_STREAM)
-        except socket.gaierror:
-            found = []
-        literal = _is_ip(bind)
-        for family, _t, _p, _c, sa in found:
-            if literal or not ipaddress.ip_address(str(sa[0]).split("%")[0]).is_loopback:
-                tries.append((int(family), str(sa[0])))
-    tries.append((socket.AF_INET, "0.0.0.0"))
-    last: Optional[OSError] = None
-    for fam, addr in tries:
-        s = socket.socket(fam, socket.SOCK_STREAM)
-        try:
-            s.bind((addr, 0))
-            s.listen(64)
-            return s, addr
-        except OSError as exc:
-            s.close()
-            last = exc
-    raise AgentError(f"cannot listen for the benchmark's streams: {last}", "listen_failed")
 
 
 class _Sink(Accepting):
@@ -155,7 +116,10 @@ def sink_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Count the bytes of every stream a sender opens, until it says stop or nobody sends for
     `idle_timeout` seconds (or the controller closes the channel and the agent is killed)."""
     idle = float(args.get("idle_timeout") or 60)
-    sock, bound = _listen(str(args.get("bind") or ""))
+    try:
+        sock, bound = listen_on(str(args.get("bind") or ""))
+    except OSError as exc:
+        raise AgentError(f"cannot listen for the benchmark's streams: {exc}", "listen_failed") from None
     token = secrets.token_urlsafe(24)
     sink = _Sink(token, idle)
     port = sock.getsockname()[1]

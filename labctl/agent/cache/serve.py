@@ -17,7 +17,7 @@ import socket
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from ..accepting import Accepting
+from ..accepting import Accepting, listen_on
 from ..commands import AgentError
 from ..fsutil import write_json
 from .manifest import (
@@ -323,31 +323,6 @@ def send_line(sock: socket.socket, obj: Dict[str, Any]) -> None:
     sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
 
 
-def _listen(bind: str, port: int) -> Tuple[socket.socket, str]:
-    """Listen on the host's inventory address (the network the copy is meant to use); fall back
-    to every address when that one is not on this host (NAT, a name resolving elsewhere)."""
-    candidates: List[Tuple[Any, str]] = []
-    if bind:
-        try:
-            for fam, _t, _p, _c, sa in socket.getaddrinfo(bind, port, 0, socket.SOCK_STREAM):
-                candidates.append((fam, str(sa[0])))
-        except socket.gaierror:
-            pass
-    candidates.append((socket.AF_INET, "0.0.0.0"))
-    last: Optional[OSError] = None
-    for fam, addr in candidates:
-        s = socket.socket(fam, socket.SOCK_STREAM)
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((addr, port))
-            s.listen(64)
-            return s, addr
-        except OSError as exc:
-            s.close()
-            last = exc
-    raise AgentError(f"cannot listen on port {port}: {last}", "listen_failed")
-
-
 def serve_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Serve the named models until told to stop, idle for `idle_timeout`, or killed."""
     root = args["root"]
@@ -359,7 +334,11 @@ def serve_command(args: Dict[str, Any]) -> Dict[str, Any]:
             f"not in {root}: {', '.join(missing)} (it has: {', '.join(_available(root)) or 'nothing'})",
             "not_found",
         )
-    sock, bound = _listen(str(args.get("bind") or ""), int(args.get("port") or 0))
+    port = int(args.get("port") or 0)
+    try:
+        sock, bound = listen_on(str(args.get("bind") or ""), port)
+    except OSError as exc:
+        raise AgentError(f"cannot listen on port {port}: {exc}", "listen_failed") from None
     port = sock.getsockname()[1]
     token = secrets.token_urlsafe(24)
     served = _Served(
