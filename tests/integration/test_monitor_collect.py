@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from labctl.agent.paths import STATUS_HISTORY
+from labctl.agent.status import HISTORY_EVERY_S
 from labctl.context import Context
 from labctl.monitor.alerts import load_rules
 from labctl.monitor.collect import HostStatus, collect
@@ -36,9 +38,14 @@ def by_host(rows: list[HostStatus]) -> dict[str, HostStatus]:
 
 def test_collect_samples_every_host_and_keeps_connections_between_rounds(lab: Any, ctx: Context) -> None:
     hosts = list(ctx.inventory.hosts.values())
+    windows = {h.name for h in hosts if h.is_windows}
+    # Earlier tests' rounds left samples in the hosts' histories: start from none, so this round's
+    # sample must be the one recorded.
+    for h in hosts:
+        if h.name not in windows:
+            sh(lab.inventory_path, h.name, f"rm -f {STATUS_HISTORY}")
     first = by_host(collect(ctx, hosts, RULES))
     assert set(first) == set(lab.hosts)
-    windows = {h.name for h in hosts if h.is_windows}
     for name in windows:  # the sim's workstation: Linux-only agent, skipped with the reason
         assert first[name].reachable and first[name].sample is None
         assert (first[name].error or "").startswith("skipped: windows")
@@ -57,9 +64,12 @@ def test_collect_samples_every_host_and_keeps_connections_between_rounds(lab: An
     second = by_host(collect(ctx, hosts, RULES))
     assert all(r.reachable for r in second.values())
     assert {h.name: ctx.pool.get(h) for h in hosts} == conns  # the same SSH connections
-    # Within 10 s of the first round nothing new is recorded.
-    assert second["irina"].sample is not None and first["irina"].sample is not None
-    assert len(second["irina"].sample["history"]) == len(first["irina"].sample["history"])
+    # One sample per HISTORY_EVERY_S at most: the second round adds one only when it came that long after the first.
+    one, two = first["irina"].sample, second["irina"].sample
+    assert one is not None and two is not None
+    added = 1 if two["time"] - one["time"] >= HISTORY_EVERY_S else 0
+    assert len(two["history"]) == len(one["history"]) + added
+    assert two["history"][-1]["t"] == (two["time"] if added else one["time"])
 
 
 def test_a_stopped_host_is_unreachable_and_back_after_it_starts(lab: Any, ctx: Context) -> None:
