@@ -87,6 +87,30 @@ def docker_images() -> dict[str, dict[str, Any]]:
     }
 
 
+@contextmanager
+def agent_server(
+    command: str, args: dict[str, Any]
+) -> Iterator[tuple[dict[str, Any], subprocess.Popen[str]]]:
+    """A real agent command that serves (net_sink, cache_serve) in its own process on this machine:
+    its "listening" event, and the process (killed at the end if still running)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "labctl.agent", command, json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert proc.stderr is not None
+        info = json.loads(proc.stderr.readline())
+        assert info["event"] == "listening", info
+        yield info, proc
+    finally:
+        proc.kill() if proc.poll() is None else None
+        proc.wait()
+
+
 def labctl(*args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess, as a user would."""
     proc = subprocess.run(

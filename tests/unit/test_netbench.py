@@ -4,9 +4,7 @@ the table, and both agent ends over real sockets on this machine."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,8 +28,7 @@ from labctl.netbench.plan import (
     pick_hosts,
     seed_transfer,
 )
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import agent_server
 
 M5 = Host(
     name="m5",
@@ -225,22 +222,8 @@ def test_the_table_shows_each_stream_count_the_link_why_and_the_seed() -> None:
 @contextmanager
 def sink(**args: Any) -> Iterator[tuple[dict[str, Any], subprocess.Popen[str]]]:
     """The real agent's net_sink in its own process on this machine's loopback."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "labctl.agent", "net_sink", json.dumps({"bind": "127.0.0.1", **args})],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    try:
-        assert proc.stderr is not None
-        info = json.loads(proc.stderr.readline())
-        assert info["event"] == "listening", info
-        yield info, proc
-    finally:
-        proc.kill() if proc.poll() is None else None
-        proc.wait()
+    with agent_server("net_sink", {"bind": "127.0.0.1", **args}) as served:
+        yield served
 
 
 def test_the_agent_ends_measure_streams_over_real_sockets(tmp_path: Path) -> None:
