@@ -110,6 +110,37 @@ def train(
         Optional[int],
         typer.Option("--min-nodes", min=1, help="k8s elastic minReplicas (default: every node)."),
     ] = None,
+    pvc: Annotated[
+        Optional[str],
+        typer.Option(
+            "--pvc",
+            help="k8s/trainjob: ReadWriteMany PersistentVolumeClaim for checkpoints and metrics "
+            "(default: the phase's k8s.checkpoint_pvc; required).",
+        ),
+    ] = None,
+    mount_path: Annotated[
+        Optional[str],
+        typer.Option("--mount-path", help="k8s/trainjob: where the claim is mounted (default /checkpoints)."),
+    ] = None,
+    cpu: Annotated[
+        Optional[str], typer.Option("--cpu", help="k8s/trainjob: CPU request per pod, e.g. 8 or 500m.")
+    ] = None,
+    memory: Annotated[
+        Optional[str], typer.Option("--memory", help="k8s/trainjob: memory request per pod, e.g. 32Gi.")
+    ] = None,
+    runtime: Annotated[
+        Optional[str],
+        typer.Option(
+            "--runtime", help="trainjob: the ClusterTrainingRuntime to run on (default torch-distributed)."
+        ),
+    ] = None,
+    requeue: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--requeue/--no-requeue",
+            help="slurm: requeue a preempted or failed node's job; it resumes from its newest checkpoint.",
+        ),
+    ] = None,
     kaggle_id: Annotated[
         Optional[str],
         typer.Option("--kaggle-id", help="USER/SLUG the --backend kaggle session is pushed as."),
@@ -218,6 +249,12 @@ def train(
             s3=s3,
             instance_type=instance_type,
             nodes=nodes,
+            pvc=pvc,
+            mount_path=mount_path,
+            cpu=cpu,
+            memory=memory,
+            runtime=runtime,
+            requeue=requeue,
         ),
         detach=detach,
         ranks=parse_ranks(ranks),

@@ -64,6 +64,23 @@ class ModelShape(_Strict):
         return self
 
 
+class K8sSettings(_Strict):
+    """How a phase runs on Kubernetes (--backend k8s / trainjob); the flags of the same name win."""
+
+    checkpoint_pvc: Optional[str] = Field(
+        default=None, description="checkpoint_pvc: cet-ckpt (a ReadWriteMany claim, mounted at mount_path)"
+    )
+    mount_path: str = Field(
+        default="/checkpoints", description="mount_path: /checkpoints (where the claim appears)"
+    )
+    cpu: Optional[str] = Field(default=None, description="cpu: '8' (CPU request per pod)")
+    memory: Optional[str] = Field(default=None, description="memory: 32Gi (memory request per pod)")
+    runtime: str = Field(
+        default="torch-distributed",
+        description="runtime: torch-distributed (--backend trainjob's ClusterTrainingRuntime)",
+    )
+
+
 class Settings(_Strict):
     """Everything one phase needs. Every key has a default, so a file names only what differs."""
 
@@ -118,6 +135,7 @@ class Settings(_Strict):
     instance_type: Optional[str] = Field(
         None, description="instance_type: ml.p3.2xlarge (--backend sagemaker's machine)"
     )
+    k8s: K8sSettings = Field(default_factory=lambda: K8sSettings())
     env: dict[str, str] = Field(default_factory=dict, description="env: {NCCL_IB_DISABLE: '1'}")
 
     @field_validator("env", mode="before")

@@ -26,6 +26,12 @@ class JobOptions:
     s3: str | None = None  # s3://bucket/prefix for SageMaker's source, checkpoints and output
     instance_type: str | None = None  # SageMaker instance type (default: the phase's, else seed 001's)
     nodes: int | None = None  # SageMaker InstanceCount
+    pvc: str | None = None  # k8s/trainjob: ReadWriteMany claim mounted at the checkpoint folder
+    mount_path: str | None = None  # k8s/trainjob: where that claim appears in the pod
+    cpu: str | None = None  # k8s/trainjob: CPU request per pod ("8", "500m")
+    memory: str | None = None  # k8s/trainjob: memory request per pod ("32Gi")
+    runtime: str | None = None  # trainjob: the ClusterTrainingRuntime it names
+    requeue: bool | None = None  # slurm: requeue a preempted job, which resumes from its checkpoint
 
     def given(self) -> list[str]:
         """The options set, by field name, in field order."""

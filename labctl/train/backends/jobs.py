@@ -35,6 +35,7 @@ from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, TIM
 if TYPE_CHECKING:
     from labctl.context import Context
     from labctl.train.backends import PlannedRun, RunView
+    from labctl.train.phases import Settings
 
 LOG_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 DEVICE_ENV = "LABCTL_TRAIN_DEVICE"
@@ -74,10 +75,15 @@ class JobFileBackend(ABC):
     def submit_command(self, paths: list[Path]) -> str:
         """The shell command that submits what `write` wrote."""
 
+    def with_phase(self, job: JobOptions, settings: Settings) -> JobOptions:
+        """The job options with the phase file's defaults for those no flag gave (none by default)."""
+        return job
+
     def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> JobFiles:
         spec = for_cluster(run.spec, run.default_checkpoint)
         folder = run.request.output or run.runs_root / spec.run_id / self.name
-        paths = self.write_checked(spec, folder, run.request.job)
+        self.refuse_foreign(run.request.job)
+        paths = self.write(spec, folder, self.with_phase(run.request.job, run.settings))
         return JobFiles(spec.run_id, self.name, paths, self.submit_command(paths))
 
     def write_checked(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
