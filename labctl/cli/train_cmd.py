@@ -300,6 +300,8 @@ def _render(c: Context, result: TrainResult) -> None:
     elif isinstance(result, results.JobFiles):
         for p in result.files:
             c.console.print(f"wrote {p}")
+        for note in result.notes:
+            c.console.print(f"Note: {note}", markup=False)
         c.console.print(f"Submit with: {result.submit}")
     elif isinstance(result, results.Detached):
         _print_detached(c, result)

@@ -59,10 +59,18 @@ class JobFiles:
     backend: str
     files: list[Path]
     submit: str  # the shell command that hands the files to the cluster
+    notes: tuple[str, ...] = ()  # what the cluster must provide (e.g. the torch its image needs)
     exit_code = EXIT_OK
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "backend": self.backend, "files": [str(p) for p in self.files]}
+        out: dict[str, Any] = {
+            "run_id": self.run_id,
+            "backend": self.backend,
+            "files": [str(p) for p in self.files],
+        }
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
         script = Path(settings.script)
     if script is not None and not script.is_file():
         raise InputError(f"No script at {script}.", "Give the path of your training script on this machine.")
+    if hasattr(backend, "check_request"):
+        backend.check_request(request, settings)  # a job file's options are refused before preflight
     if not getattr(backend, "uses_lab_hosts", True):
         return _start_offline(ctx, backend, request, settings, script)
     if request.limit is not None:

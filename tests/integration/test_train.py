@@ -277,8 +277,8 @@ def test_detached_run_has_status_and_stops_everywhere(lab: Any) -> None:
 
 
 def test_slurm_and_k8s_backends_write_job_files_instead_of_launching(lab: Any, tmp_path: Path) -> None:
-    for backend in ("slurm", "k8s"):
-        proc = labctl("--json", *train_args(lab, "--backend", backend, "-o", str(tmp_path / backend)))
+    for backend, extra in (("slurm", ()), ("k8s", ("--pvc", "cet-ckpt"))):
+        proc = labctl("--json", *train_args(lab, "--backend", backend, "-o", str(tmp_path / backend), *extra))
         assert proc.returncode == 0, proc.stderr
         files = [Path(f) for f in json.loads(proc.stdout)["files"]]
         assert files and all(f.exists() for f in files)

@@ -23,7 +23,9 @@ from labctl.errors import InputError
 from labctl.train.backends.jobs import write_job
 from labctl.train.backends.k8s import DEFAULT_IMAGE, k8s_job_name, render_pytorchjob
 from labctl.train.backends.slurm import render_sbatch
+from labctl.train.request import JobOptions
 from labctl.train.spec import LOG_PREFIX_TEMPLATE, RUN_ENV, LaunchSpec, NodeSpec
+from tests.k8s_pod_run import k8s_expand
 
 # Everything a shell or the kubelet could take for syntax: quotes, spaces, $, backticks, %.
 TRICKY = {
@@ -32,6 +34,7 @@ TRICKY = {
     "tags": ["two words", "line\nbreak"],
 }
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+PVC = "cet-ckpt"  # a Kubernetes job needs a checkpoint claim
 
 
 def node(host: str, nproc: int = 2, device: str = "cuda", **env: str) -> NodeSpec:
@@ -301,32 +304,8 @@ def test_sbatch_starts_real_torchrun_workers(tmp_path: Path, slurm: dict[str, An
 # --- Kubeflow ----------------------------------------------------------------------------------
 
 
-def k8s_expand(text: str, env: dict[str, str]) -> str:
-    """The kubelet's $(VAR) expansion of command and env values (kubernetes third_party expansion):
-    `$$` is a literal `$`, `$(NAME)` is NAME's value when NAME is defined."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "$" and i + 1 < len(text):
-            nxt = text[i + 1]
-            if nxt == "$":
-                out.append("$")
-            elif nxt == "(" and ")" in text[i + 2 :]:
-                end = text.index(")", i + 2)
-                name = text[i + 2 : end]
-                out.append(env.get(name, f"$({name})"))
-                i = end + 1
-                continue
-            else:
-                out.append("$" + nxt)
-            i += 2
-            continue
-        out.append(text[i])
-        i += 1
-    return "".join(out)
-
-
 def manifest(spec: LaunchSpec, tmp_path: Path, **kw: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    paths = write_job(spec, "k8s", tmp_path, **kw)
+    paths = write_job(spec, "k8s", tmp_path, **{"pvc": PVC, **kw})
     assert [p.name for p in paths] == [f"train-phase{spec.phase}.yaml"]
     docs = list(yaml.safe_load_all(paths[0].read_text()))
     jobs = [d for d in docs if d["kind"] == "PyTorchJob"]
@@ -413,9 +392,15 @@ def test_pytorchjob_command_reaches_torchrun_intact(tmp_path: Path, monkeypatch:
     # $(whoami) in the settings must stay text even where the pod defines whoami.
     command = [k8s_expand(arg, {**env, "whoami": "root"}) for arg in container(job)["command"]]
     assert command[1:3] == ["-m", "torch.distributed.run"]
-    entry = spec.entry_argv()
+    # The settings travel intact, with the checkpoint folder and metrics placed on the claim.
+    settings = {
+        **TRICKY,
+        "checkpoint_dir": "/checkpoints/phase2",
+        "metrics_path": f"/checkpoints/labctl-runs/{spec.run_id}/metrics.jsonl",
+    }
+    entry = dataclasses.replace(spec, settings=settings).entry_argv()
     assert command[-len(entry) :] == entry
-    assert json.loads(command[-1]) == TRICKY
+    assert json.loads(command[-1]) == settings
     for key, value in operator_env(job).items():
         monkeypatch.setenv(key, value)
     args = run.get_args_parser().parse_args(command[3:])  # torchrun reads PET_* for unset flags
@@ -428,7 +413,7 @@ def test_pytorchjob_command_reaches_torchrun_intact(tmp_path: Path, monkeypatch:
     assert int(args.max_restarts) == spec.max_restarts
     assert args.tee == "3"  # torchrun puts the rank prefix on tee'd lines only
     assert args.module and args.training_script == "labctl.agent.trainer"
-    assert args.training_script_args == ["--settings", json.dumps(TRICKY, sort_keys=True)]
+    assert args.training_script_args == ["--settings", json.dumps(settings, sort_keys=True)]
 
 
 def test_pytorchjob_env_is_portable(tmp_path: Path) -> None:
@@ -445,7 +430,7 @@ def test_pytorchjob_env_is_portable(tmp_path: Path) -> None:
 
 def test_pytorchjob_leaves_out_settings_the_hosts_disagree_on(tmp_path: Path) -> None:
     spec = make_spec(nodes=(node("m5", OMP_NUM_THREADS="8"), node("irina", OMP_NUM_THREADS="4")))
-    path = write_job(spec, "k8s", tmp_path)[0]
+    path = write_job(spec, "k8s", tmp_path, pvc=PVC)[0]
     _, job = manifest(spec, tmp_path)
     assert "OMP_NUM_THREADS" not in pod_env(job)
     header = path.read_text().split("\n---", 1)[0]
@@ -466,7 +451,7 @@ def test_pytorchjob_for_a_user_script(tmp_path: Path) -> None:
 
 
 def test_pytorchjob_image_placeholder_is_flagged(tmp_path: Path) -> None:
-    path = write_job(make_spec(), "k8s", tmp_path)[0]
+    path = write_job(make_spec(), "k8s", tmp_path, pvc=PVC)[0]
     text = path.read_text()
     _, job = manifest(make_spec(), tmp_path)
     assert container(job)["image"] == DEFAULT_IMAGE
@@ -484,7 +469,7 @@ def test_pytorchjob_may_shrink_to_min_nodes(tmp_path: Path) -> None:
 
 def test_pytorchjob_mixed_lab_uses_the_largest_count_and_says_so(tmp_path: Path) -> None:
     spec = make_spec(nodes=(node("m5", 1), node("irina", 2)))
-    path = write_job(spec, "k8s", tmp_path)[0]
+    path = write_job(spec, "k8s", tmp_path, pvc=PVC)[0]
     _, job = manifest(spec, tmp_path)
     assert job["spec"]["nprocPerNode"] == "2"
     assert container(job)["resources"]["limits"]["nvidia.com/gpu"] == 2
@@ -548,10 +533,10 @@ def test_mixed_devices_are_refused(tmp_path: Path, backend: str) -> None:
         ("slurm", {"time_limit": "1:00:00\n"}),
         ("slurm", {"image": "pytorch/pytorch:2.13.0"}),
         ("slurm", {"min_nodes": 1}),
-        ("k8s", {"partition": "gpu"}),
-        ("k8s", {"min_nodes": 0}),
-        ("k8s", {"min_nodes": 3}),
-        ("k8s", {"image": "two words"}),
+        ("k8s", {"partition": "gpu", "pvc": PVC}),
+        ("k8s", {"min_nodes": 0, "pvc": PVC}),
+        ("k8s", {"min_nodes": 3, "pvc": PVC}),
+        ("k8s", {"image": "two words", "pvc": PVC}),
     ],
 )
 def test_bad_options_are_refused(tmp_path: Path, backend: str, kw: dict[str, Any]) -> None:
@@ -566,4 +551,4 @@ def test_a_run_without_nodes_is_refused() -> None:
         render_sbatch(empty, None)
     assert_input_error(e)
     with pytest.raises(InputError):
-        render_pytorchjob(empty, "eA==", "a.pyz", DEFAULT_IMAGE)
+        render_pytorchjob(empty, "eA==", "a.pyz", JobOptions(pvc=PVC))

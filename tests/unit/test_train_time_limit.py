@@ -20,6 +20,7 @@ from labctl.train.backends import jobs
 from labctl.train.backends.k8s import render_pytorchjob
 from labctl.train.backends.slurm import render_sbatch, slurm_time
 from labctl.train.launch import format_event
+from labctl.train.request import JobOptions
 from labctl.train.results import Attached, RunsStatus
 from labctl.train.spec import TIME_LIMIT_ENV
 from tests.unit import test_train_backends as tb
@@ -97,12 +98,13 @@ def test_slurm_time_comes_from_the_limit_unless_given() -> None:
 
 def test_pytorchjob_gets_a_deadline_behind_the_limit() -> None:
     spec = tb.make_spec(settings={**tb.TRICKY, "time_limit": 600}, script="/w/train.py")
-    job = list(yaml.safe_load_all(render_pytorchjob(spec, None, None, "img:1")))[-1]
-    assert job["spec"]["runPolicy"] == {"activeDeadlineSeconds": 600 + jobs.JOB_GRACE_S}
+    job_options = JobOptions(image="img:1", pvc=tb.PVC)
+    job = list(yaml.safe_load_all(render_pytorchjob(spec, None, None, job_options)))[-1]
+    assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 600 + jobs.JOB_GRACE_S
     plain = list(
-        yaml.safe_load_all(render_pytorchjob(tb.make_spec(script="/w/train.py"), None, None, "img:1"))
+        yaml.safe_load_all(render_pytorchjob(tb.make_spec(script="/w/train.py"), None, None, job_options))
     )[-1]
-    assert "runPolicy" not in plain["spec"]
+    assert "activeDeadlineSeconds" not in plain["spec"]["runPolicy"]
 
 
 def test_a_script_on_a_cluster_gets_the_limit_in_its_environment() -> None:

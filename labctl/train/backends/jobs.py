@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from labctl.context import Context
     from labctl.train.backends import PlannedRun, RunView
     from labctl.train.phases import Settings
+    from labctl.train.request import TrainRequest
 
 LOG_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 DEVICE_ENV = "LABCTL_TRAIN_DEVICE"
@@ -75,6 +76,14 @@ class JobFileBackend(ABC):
     def submit_command(self, paths: list[Path]) -> str:
         """The shell command that submits what `write` wrote."""
 
+    def notes(self, spec: LaunchSpec, job: JobOptions) -> list[str]:
+        """Lines the CLI shows beside the files: what the cluster must provide (none by default)."""
+        return []
+
+    def check_request(self, request: TrainRequest, settings: Settings) -> None:
+        """Refuse the job options before any host is contacted: they are input, not the lab's state."""
+        self.refuse_foreign(request.job)
+
     def with_phase(self, job: JobOptions, settings: Settings) -> JobOptions:
         """The job options with the phase file's defaults for those no flag gave (none by default)."""
         return job
@@ -83,8 +92,11 @@ class JobFileBackend(ABC):
         spec = for_cluster(run.spec, run.default_checkpoint)
         folder = run.request.output or run.runs_root / spec.run_id / self.name
         self.refuse_foreign(run.request.job)
-        paths = self.write(spec, folder, self.with_phase(run.request.job, run.settings))
-        return JobFiles(spec.run_id, self.name, paths, self.submit_command(paths))
+        job = self.with_phase(run.request.job, run.settings)
+        paths = self.write(spec, folder, job)
+        return JobFiles(
+            spec.run_id, self.name, paths, self.submit_command(paths), tuple(self.notes(spec, job))
+        )
 
     def write_checked(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
         self.refuse_foreign(job)
@@ -121,6 +133,10 @@ def write_job(
     partition: str | None = None,
     time_limit: str | None = None,
     min_nodes: int | None = None,
+    pvc: str | None = None,
+    mount_path: str | None = None,
+    cpu: str | None = None,
+    memory: str | None = None,
 ) -> list[Path]:
     """Write the job file for `backend` (and the agent zip Slurm needs) into `out_dir`; return the paths."""
     chosen = {b.name: b for b in job_file_backends()}
@@ -129,7 +145,16 @@ def write_job(
             f"unknown backend {backend!r}.",
             f"Use one of: {', '.join(chosen)} (or no --backend to launch over SSH).",
         )
-    job = JobOptions(image=image, partition=partition, time_limit=time_limit, min_nodes=min_nodes)
+    job = JobOptions(
+        image=image,
+        partition=partition,
+        time_limit=time_limit,
+        min_nodes=min_nodes,
+        pvc=pvc,
+        mount_path=mount_path,
+        cpu=cpu,
+        memory=memory,
+    )
     return chosen[backend].write_checked(spec, out_dir, job)
 
 

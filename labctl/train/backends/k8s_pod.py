@@ -84,21 +84,33 @@ def checkpoint_volume(job: JobOptions) -> CheckpointVolume:
 def on_volume(spec: LaunchSpec, vol: CheckpointVolume) -> LaunchSpec:
     """The run's checkpoint folder and metrics on the claim; a checkpoint folder elsewhere is refused.
 
-    `spec` comes from `jobs.for_cluster`, whose paths are relative: they land under the mount.
+    `spec` comes from `jobs.for_cluster`, whose paths are relative. A phase's own checkpoint_dir is
+    absolute (Settings refuses others), so a relative one is labctl's default: it becomes
+    `{mount}/phase{N}`, and the metrics `{mount}/labctl-runs/{run}/metrics.jsonl`.
     """
     settings = dict(spec.settings)
-    for key in ("checkpoint_dir", "metrics_path"):
-        path = str(settings[key])
-        placed = posixpath.normpath(posixpath.join(vol.mount_path, path))
-        if not _under(placed, vol.mount_path):
-            raise InputError(
-                f"{key} {path} is not on the checkpoint volume mounted at {vol.mount_path}: "
-                "it would vanish with the pod.",
-                f"Use a folder under {vol.mount_path} (--set checkpoint_dir={vol.mount_path}/phase{spec.phase}), "
-                "or mount the claim there with --mount-path.",
-            )
-        settings[key] = placed
+    ckpt = str(settings.get("checkpoint_dir") or "")
+    default = f"phase{spec.phase}"
+    wanted = {
+        "checkpoint_dir": ckpt if ckpt.startswith("/") else default,
+        "metrics_path": str(settings.get("metrics_path") or f"labctl-runs/{spec.run_id}/metrics.jsonl"),
+    }
+    for key, path in wanted.items():
+        settings[key] = placed_on(vol, key, path, spec.phase)
     return dataclasses.replace(spec, settings=settings)
+
+
+def placed_on(vol: CheckpointVolume, key: str, path: str, phase: int) -> str:
+    """`path` (relative: under the mount) as the pod sees it; refused when it is not on the claim."""
+    placed = posixpath.normpath(posixpath.join(vol.mount_path, path))
+    if not _under(placed, vol.mount_path):
+        raise InputError(
+            f"{key} {path} is not on the checkpoint volume mounted at {vol.mount_path}: "
+            "it would vanish with the pod.",
+            f"Use a folder under {vol.mount_path} (--set {key}={vol.mount_path}/phase{phase}"
+            f"{'/metrics.jsonl' if key == 'metrics_path' else ''}), or mount the claim there with --mount-path.",
+        )
+    return placed
 
 
 def resources(device: str, nproc: int, job: JobOptions) -> dict[str, Any]:
