@@ -277,7 +277,9 @@ def test_detached_run_has_status_and_stops_everywhere(lab: Any) -> None:
 
 
 def test_slurm_and_k8s_backends_write_job_files_instead_of_launching(lab: Any, tmp_path: Path) -> None:
-    for backend, extra in (("slurm", ()), ("k8s", ("--pvc", "cet-ckpt"))):
+    # The claim is mounted where the run's chosen checkpoint folder lies.
+    k8s = ("--pvc", "cet-ckpt", "--mount-path", "/var/lib/labctl/train")
+    for backend, extra in (("slurm", ()), ("k8s", k8s)):
         proc = labctl("--json", *train_args(lab, "--backend", backend, "-o", str(tmp_path / backend), *extra))
         assert proc.returncode == 0, proc.stderr
         files = [Path(f) for f in json.loads(proc.stdout)["files"]]
