@@ -342,6 +342,16 @@ def test_a_chosen_checkpoint_folder_must_be_on_the_claim(tmp_path: Path, tiny: P
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("mount", ["/opt/labctl", "/opt", "/dev/shm/ck", "/dev"])
+def test_a_claim_that_meets_the_pods_own_mounts_is_refused(tmp_path: Path, mount: str) -> None:
+    from labctl.errors import InputError
+
+    with pytest.raises(InputError) as e:
+        write(planned(2, nodes_for("cpu", 1, 1), JobOptions(pvc=PVC, mount_path=mount), tmp_path))
+    assert mount in e.value.message and "--mount-path" in e.value.hint
+    assert not tmp_path.joinpath("train-phase2.yaml").exists()
+
+
 @pytest.fixture
 def unreachable_lab(tmp_path: Path, tiny: Path) -> Path:
     """An inventory whose only host cannot be reached: whatever is refused here, is refused before preflight."""

@@ -27,6 +27,7 @@ DEFAULT_IMAGE = "pytorch/pytorch:latest"  # a placeholder: the manifest's header
 # point NCCL and Gloo at interfaces that do not exist in the pod.
 _NOT_IN_PODS = frozenset({"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"})
 _MOUNT_DIR = "/opt/labctl"  # where the agent ConfigMap appears inside the pod
+_OTHER_MOUNTS = ("/dev/shm", _MOUNT_DIR)
 _CONFIGMAP_MAX = 1024 * 1024  # Kubernetes refuses a ConfigMap whose data exceeds 1 MiB
 _DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _K8S_PYTHON = "python3"  # on PATH in the pytorch/pytorch and NGC images alike
@@ -51,7 +52,7 @@ class K8sBackend(jobs.JobFileBackend):
     def check_request(self, request: TrainRequest, settings: Settings) -> None:
         super().check_request(request, settings)
         job = self.with_phase(request.job, settings)
-        vol = k8s_pod.checkpoint_volume(job)
+        vol = _checkpoint_volume(job)
         k8s_pod.resources("cpu", 1, job)  # refuses a --cpu or --memory that is no quantity
         if settings.checkpoint_dir != type(settings).model_fields["checkpoint_dir"].default:
             # labctl's default folder moves onto the claim; a folder the phase chose must be on it.
@@ -90,7 +91,7 @@ def render_pytorchjob(
     requests and `min_nodes` (default: all of them), how far the job may shrink.
     """
     nproc, device = jobs.uniform(spec)
-    vol = k8s_pod.checkpoint_volume(job)
+    vol = _checkpoint_volume(job)
     spec = k8s_pod.on_volume(spec, vol)
     image = DEFAULT_IMAGE if job.image is None else job.image
     min_nodes = job.min_nodes
@@ -229,6 +230,19 @@ def render_pytorchjob(
     header += jobs.differing_notes(differing)
     body = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=4096)
     return "".join(f"# {line}\n" for line in header) + body
+
+
+def _checkpoint_volume(job: JobOptions) -> k8s_pod.CheckpointVolume:
+    """The claim, refused where it would meet the pod's other mounts: the API server refuses two
+    mounts at one path, and a claim around or inside them would hide them or be hidden."""
+    vol = k8s_pod.checkpoint_volume(job)
+    for other in _OTHER_MOUNTS:
+        if k8s_pod.is_under(vol.mount_path, other) or k8s_pod.is_under(other, vol.mount_path):
+            raise InputError(
+                f"--mount-path {vol.mount_path} meets the pod's own mount at {other}.",
+                "Mount the claim elsewhere, e.g. --mount-path /checkpoints.",
+            )
+    return vol
 
 
 def _run_policy(spec: LaunchSpec) -> dict[str, Any]:

@@ -103,7 +103,7 @@ def on_volume(spec: LaunchSpec, vol: CheckpointVolume) -> LaunchSpec:
 def placed_on(vol: CheckpointVolume, key: str, path: str, phase: int) -> str:
     """`path` (relative: under the mount) as the pod sees it; refused when it is not on the claim."""
     placed = posixpath.normpath(posixpath.join(vol.mount_path, path))
-    if not _under(placed, vol.mount_path):
+    if not is_under(placed, vol.mount_path):
         raise InputError(
             f"{key} {path} is not on the checkpoint volume mounted at {vol.mount_path}: "
             "it would vanish with the pod.",
@@ -133,5 +133,6 @@ def resources(device: str, nproc: int, job: JobOptions) -> dict[str, Any]:
     return out
 
 
-def _under(path: str, folder: str) -> bool:
+def is_under(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or inside it (both normalised absolute paths)."""
     return path == folder or path.startswith(folder.rstrip("/") + "/")
