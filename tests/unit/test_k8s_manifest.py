@@ -29,6 +29,7 @@ from labctl.train.phases import load_phases
 from labctl.train.request import JobOptions, TrainRequest
 from labctl.train.spec import LaunchSpec, NodeSpec
 from tests import k8s_pod_run, k8s_schema
+from tests.conftest import TRAIN_TINY
 from tests.unit.test_backend_kaggle import INVENTORY, labctl_train
 from tests.unit.test_train_backends import node, operator_env
 
@@ -423,8 +424,9 @@ def test_the_pod_command_trains_is_killed_and_resumes_from_the_claim(tmp_path: P
     pytest.importorskip("torch")
     volume = tmp_path / "claim"  # the ReadWriteMany claim, as the pod's mount path
     volume.mkdir()
-    run = planned(2, nodes_for("cpu", 1, 2), JobOptions(pvc=PVC, mount_path=str(volume)), tmp_path / "out",
-                  phases=tiny, sets=("steps=30",))  # fmt: skip
+    one_node = (node("n0", 2, "cpu", OMP_NUM_THREADS="1"),)  # two processes on this machine's cores
+    run = planned(2, one_node, JobOptions(pvc=PVC, mount_path=str(volume)), tmp_path / "out",
+                  phases=tiny, sets=(*TRAIN_TINY[1::2], "steps=40", "checkpoint_every=5"))  # fmt: skip
     docs, _, _ = write(run)
     job = pytorchjob(docs)
     [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
@@ -464,4 +466,4 @@ def test_the_pod_command_trains_is_killed_and_resumes_from_the_claim(tmp_path: P
     assert start_event["resumed_from"] is not None and start_event["resumed_from"] >= saved
     steps = [e["step"] for e in second if e["event"] == "step"]
     assert steps and min(steps) > start_event["resumed_from"]
-    assert second[-1]["event"] == "done" and second[-1]["step"] == 30
+    assert second[-1]["event"] == "done" and second[-1]["step"] == 40
