@@ -313,7 +313,7 @@ def test_the_phase_names_the_claim_and_resources_and_flags_win(tmp_path: Path, t
     [c] = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     assert {"name": "checkpoints", "mountPath": "/mnt/ckpt"} in c["volumeMounts"]
     assert c["resources"] == {"requests": {"cpu": "4", "memory": "8Gi"}}
-    assert "Resources per worker: cpu 4, memory 8Gi." in text
+    assert "Resources per pod: cpu 4, memory 8Gi." in text
     assert (trainer_settings(c) or {})["checkpoint_dir"] == "/mnt/ckpt/phase1"
     flags = JobOptions(pvc="flag-claim", mount_path="/ck", cpu="500m", memory="1Gi")
     docs, _, _ = write(planned(1, nodes_for("cpu", 1, 1), flags, tmp_path / "b", phases=tiny))
@@ -324,7 +324,7 @@ def test_the_phase_names_the_claim_and_resources_and_flags_win(tmp_path: Path, t
     docs, text, _ = write(
         planned(2, nodes_for("cpu", 1, 3), JobOptions(pvc=PVC), tmp_path / "c", phases=tiny)
     )
-    assert "Resources per worker: cpu 3; no memory request" in text
+    assert "Resources per pod: cpu 3; no memory request" in text
 
 
 def test_a_chosen_checkpoint_folder_must_be_on_the_claim(tmp_path: Path, tiny: Path) -> None:

@@ -10,19 +10,37 @@ What the flags say wins over the phase's `k8s:` section, which wins over the def
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import posixpath
 import re
+import shlex
+from abc import abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.errors import InputError
+from labctl.fsutil import write_atomic
+from labctl.train.backends import jobs
 from labctl.train.request import JobOptions
 
 if TYPE_CHECKING:
     from labctl.train.phases import Settings
+    from labctl.train.request import TrainRequest
     from labctl.train.spec import LaunchSpec
 
+DEFAULT_IMAGE = "pytorch/pytorch:latest"  # a placeholder: the manifest's header says to pin it
+# What the image's torch must be: the reference trainer uses torch.amp.GradScaler("cuda"), which
+# torch 2.3 introduced; labctl pins and tests 2.13.0 (pyproject), and only that was tried.
+TORCH_NOTE = "the reference trainer needs torch >= 2.3 in the image (tried with torch 2.13.0, labctl's pin)."
+PYTHON = "python3"  # on PATH in the pytorch/pytorch and NGC images alike
+# A pod's network is its own eth0, not the lab host's bond: the lab's interface names would
+# point NCCL and Gloo at interfaces that do not exist in the pod.
+NOT_IN_PODS = frozenset({"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"})
+AGENT_DIR = "/opt/labctl"  # where the agent ConfigMap appears inside the pod
+_OTHER_MOUNTS = ("/dev/shm", AGENT_DIR)
+_CONFIGMAP_MAX = 1024 * 1024  # Kubernetes refuses a ConfigMap whose data exceeds 1 MiB
 VOLUME_NAME = "checkpoints"
 GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource name
 # A PVC name is a DNS-1123 subdomain.
@@ -136,3 +154,154 @@ def resources(device: str, nproc: int, job: JobOptions) -> dict[str, Any]:
 def is_under(path: str, folder: str) -> bool:
     """Whether `path` is `folder` or inside it (both normalised absolute paths)."""
     return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def checked_volume(job: JobOptions) -> CheckpointVolume:
+    """The claim, refused where it would meet the pod's other mounts: the API server refuses two
+    mounts at one path, and a claim around or inside them would hide them or be hidden."""
+    vol = checkpoint_volume(job)
+    for other in _OTHER_MOUNTS:
+        if is_under(vol.mount_path, other) or is_under(other, vol.mount_path):
+            raise InputError(
+                f"--mount-path {vol.mount_path} meets the pod's own mount at {other}.",
+                "Mount the claim elsewhere, e.g. --mount-path /checkpoints.",
+            )
+    return vol
+
+
+def escape(text: str) -> str:
+    """Keep Kubernetes from expanding `$(VAR)` in a command or env value: it reads `$$` as `$`."""
+    return text.replace("$", "$$")
+
+
+@dataclass
+class PodParts:
+    """What every pod of a run carries, whichever API wraps it."""
+
+    env: dict[str, str]
+    differing: dict[str, dict[str, str]]  # settings left out: the lab's hosts disagree on them
+    mounts: list[dict[str, Any]]
+    volumes: list[dict[str, Any]]
+    configmap: dict[str, Any] | None  # the agent zip (reference trainer only)
+
+    def env_list(self) -> list[dict[str, str]]:
+        return [{"name": k, "value": escape(v)} for k, v in sorted(self.env.items())]
+
+
+def pod_parts(
+    spec: LaunchSpec,
+    device: str,
+    vol: CheckpointVolume,
+    agent_b64: str | None,
+    agent_name: str | None,
+    name: str,
+    annotations: dict[str, str],
+) -> PodParts:
+    """The env, mounts and volumes of a run's pods: /dev/shm, the claim, and the agent's ConfigMap."""
+    if (agent_b64 is None) != (agent_name is None) or (agent_b64 is None) != bool(spec.script):
+        raise ValueError("agent_b64 and agent_name go with the reference trainer, and only with it")
+    if agent_b64 is not None and len(agent_b64) > _CONFIGMAP_MAX:
+        raise InputError(
+            f"the agent zip ({len(agent_b64)} bytes in base64) is over a ConfigMap's 1 MiB.",
+            "Bake the agent into the image and run a script instead.",
+        )
+    env, differing = jobs.portable_env(spec, device)
+    env = {k: v for k, v in env.items() if k not in NOT_IN_PODS}
+    differing = {k: v for k, v in differing.items() if k not in NOT_IN_PODS}
+    # A pod's /dev/shm is 64 MiB; NCCL's intra-node transport and DataLoader workers need more.
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, vol.mount()]
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, vol.volume()]
+    configmap = None
+    if agent_b64 is not None and agent_name is not None:
+        configmap = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{name}-agent", "annotations": annotations},
+            "binaryData": {agent_name: agent_b64},
+        }
+        env["PYTHONPATH"] = f"{AGENT_DIR}/{agent_name}"
+        mounts.append({"name": "labctl-agent", "mountPath": AGENT_DIR, "readOnly": True})
+        volumes.append(
+            {
+                "name": "labctl-agent",
+                "configMap": {"name": f"{name}-agent", "items": [{"key": agent_name, "path": agent_name}]},
+            }
+        )
+    return PodParts(env, differing, mounts, volumes, configmap)
+
+
+def check_image(image: str) -> str:
+    if not image.strip() or any(c.isspace() for c in image):
+        raise InputError(
+            f"image {image!r} is not a container image reference.", "Use e.g. --image repo/name:tag."
+        )
+    return image
+
+
+def header_notes(spec: LaunchSpec, vol: CheckpointVolume, resources: dict[str, Any], image: str) -> list[str]:
+    """The manifest header's lines on the image, the claim and the resources each pod asks for."""
+    lines = []
+    if image == DEFAULT_IMAGE:
+        lines.append(
+            f"image: {image} is a placeholder: pin a tag whose torch matches the lab's, or pass --image."
+        )
+    lines.append(
+        f"Checkpoints and metrics: claim {vol.claim} (ReadWriteMany) at {vol.mount_path} in every pod; "
+        + (
+            f"your script's checkpoints belong under {vol.mount_path} to survive a pod."
+            if spec.script
+            else f"checkpoint_dir {spec.settings['checkpoint_dir']}, metrics {spec.settings['metrics_path']}."
+        )
+    )
+    requests = resources.get("requests", {})
+    lines.append(
+        "Resources per pod: "
+        + ", ".join(
+            [f"{k} {v}" for k, v in requests.items()]
+            + [f"{v} {k}" for k, v in resources.get("limits", {}).items()]
+        )
+        + ("" if "memory" in requests else "; no memory request (give --memory or k8s: {memory: 32Gi})")
+        + "."
+    )
+    if spec.script:
+        lines.append(f"{spec.script} runs from the image: bake it in, or mount it, at that path.")
+    else:
+        lines.append(TORCH_NOTE[0].upper() + TORCH_NOTE[1:])
+    return lines
+
+
+class KubeJobBackend(jobs.JobFileBackend):
+    """A Kubernetes backend: one manifest whose pods keep the run's checkpoints on a claim."""
+
+    kind: str  # what the manifest holds, for the CLI
+
+    def with_phase(self, job: JobOptions, settings: Settings) -> JobOptions:
+        return with_phase(job, settings)
+
+    def check_request(self, request: TrainRequest, settings: Settings) -> None:
+        super().check_request(request, settings)
+        job = self.with_phase(request.job, settings)
+        vol = checked_volume(job)
+        resources("cpu", 1, job)  # refuses a --cpu or --memory that is no quantity
+        if settings.checkpoint_dir != type(settings).model_fields["checkpoint_dir"].default:
+            # labctl's default folder moves onto the claim; a folder the phase chose must be on it.
+            placed_on(vol, "checkpoint_dir", settings.checkpoint_path(request.phase), request.phase)
+
+    @abstractmethod
+    def render(self, spec: LaunchSpec, agent_b64: str | None, agent_name: str | None, job: JobOptions) -> str:
+        """The manifest (YAML, one or more documents) for `spec`."""
+
+    def write(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
+        agent = jobs.agent_for(spec)
+        manifest = self.render(
+            spec, base64.b64encode(agent[0]).decode() if agent else None, agent[1] if agent else None, job
+        )
+        path = folder / f"train-phase{spec.phase}.yaml"
+        write_atomic(path, manifest)
+        return [path]
+
+    def submit_command(self, paths: list[Path]) -> str:
+        return f"kubectl apply -f {shlex.quote(str(paths[0]))}"
+
+    def notes(self, spec: LaunchSpec, job: JobOptions) -> list[str]:
+        return [] if spec.script else [TORCH_NOTE]
