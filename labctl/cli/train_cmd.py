@@ -80,15 +80,18 @@ def train(
         Backend,
         typer.Option(
             "--backend",
-            help="ssh launches now; slurm / k8s write a job file for the same run; kaggle / sagemaker a cloud session.",
+            help="ssh launches now; slurm / k8s (PyTorchJob) / trainjob (Kubeflow Trainer v2) write a job file for the same run; kaggle / sagemaker a cloud session.",
         ),
     ] = Backend("ssh"),
     output: Annotated[
         Optional[Path],
-        typer.Option("--output", "-o", help="Folder for --backend slurm/k8s/kaggle/sagemaker files."),
+        typer.Option(
+            "--output", "-o", help="Folder for --backend slurm/k8s/trainjob/kaggle/sagemaker files."
+        ),
     ] = None,
     image: Annotated[
-        Optional[str], typer.Option("--image", help="Container image for --backend k8s or sagemaker.")
+        Optional[str],
+        typer.Option("--image", help="Container image for --backend k8s, trainjob or sagemaker."),
     ] = None,
     partition: Annotated[
         Optional[str], typer.Option("--partition", help="Slurm partition for --backend slurm.")

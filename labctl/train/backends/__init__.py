@@ -30,6 +30,7 @@ BUILTIN: dict[str, str] = {
     "ssh": "labctl.train.backends.ssh:SshBackend",
     "slurm": "labctl.train.backends.slurm:SlurmBackend",
     "k8s": "labctl.train.backends.k8s:K8sBackend",
+    "trainjob": "labctl.train.backends.trainjob:TrainJobBackend",
     "kaggle": "labctl.train.backends.kaggle:KaggleBackend",
     "sagemaker": "labctl.train.backends.sagemaker:SageMakerBackend",
 }

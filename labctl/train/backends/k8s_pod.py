@@ -85,7 +85,7 @@ def checkpoint_volume(job: JobOptions) -> CheckpointVolume:
             "Name a ReadWriteMany PersistentVolumeClaim: --pvc NAME, or `k8s: {checkpoint_pvc: NAME}` "
             "in the phases file (mounted at --mount-path, default /checkpoints).",
         )
-    if len(job.pvc) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(job.pvc):
+    if not is_dns_subdomain(job.pvc):
         raise InputError(
             f"--pvc {job.pvc!r} is not a PersistentVolumeClaim name.",
             "Use the claim's name as `kubectl get pvc` lists it (lower case letters, digits, '-', '.').",
@@ -149,6 +149,11 @@ def resources(device: str, nproc: int, job: JobOptions) -> dict[str, Any]:
     if device == "cuda":
         out["limits"] = {GPU_RESOURCE: nproc}
     return out
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """Whether `name` can name a Kubernetes object (a claim, a runtime): a DNS-1123 subdomain."""
+    return len(name) <= 253 and bool(_DNS1123_SUBDOMAIN.fullmatch(name))
 
 
 def is_under(path: str, folder: str) -> bool:
