@@ -23,6 +23,7 @@ from labctl.train.backends.jobs import for_cluster
 from labctl.train.backends.k8s import K8sBackend
 from labctl.train.backends.slurm import SlurmBackend
 from labctl.train.backends.ssh import SshBackend
+from labctl.train.backends.trainjob import TrainJobBackend
 from labctl.train.phases import Settings
 from labctl.train.request import JobOptions, TrainRequest, parse_ranks
 from labctl.train.results import Attached, JobFiles, Stopped, count_restarts
@@ -73,10 +74,11 @@ def test_job_options_given_in_field_order() -> None:
 
 
 def test_builtin_backends_by_name_and_the_cli_offers_exactly_those() -> None:
-    assert backends.names() == ("ssh", "slurm", "k8s", "kaggle", "sagemaker")
+    assert backends.names() == ("ssh", "slurm", "k8s", "trainjob", "kaggle", "sagemaker")
     assert isinstance(backends.get("ssh"), SshBackend)
     assert isinstance(backends.get("slurm"), SlurmBackend)
     assert isinstance(backends.get("k8s"), K8sBackend)
+    assert isinstance(backends.get("trainjob"), TrainJobBackend)
     assert all(backends.get(n).name == n for n in backends.names())
     assert [b.value for b in BackendChoice] == list(backends.names())
 
