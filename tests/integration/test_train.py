@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.conftest import REPO, TRAIN_TINY, labctl
 
@@ -279,7 +280,7 @@ def test_detached_run_has_status_and_stops_everywhere(lab: Any) -> None:
 def test_slurm_and_k8s_backends_write_job_files_instead_of_launching(lab: Any, tmp_path: Path) -> None:
     # The claim is mounted where the run's chosen checkpoint folder lies.
     k8s = ("--pvc", "cet-ckpt", "--mount-path", "/var/lib/labctl/train")
-    for backend, extra in (("slurm", ()), ("k8s", k8s)):
+    for backend, extra in (("slurm", ()), ("k8s", k8s), ("trainjob", k8s)):
         proc = labctl("--json", *train_args(lab, "--backend", backend, "-o", str(tmp_path / backend), *extra))
         assert proc.returncode == 0, proc.stderr
         files = [Path(f) for f in json.loads(proc.stdout)["files"]]
@@ -287,3 +288,5 @@ def test_slurm_and_k8s_backends_write_job_files_instead_of_launching(lab: Any, t
         assert run_processes(json.loads(proc.stdout)["run_id"]) == []
     sbatch = next((tmp_path / "slurm").glob("*.sbatch"))
     assert subprocess.run(["bash", "-n", str(sbatch)]).returncode == 0
+    kinds = {d["kind"] for d in yaml.safe_load_all(next((tmp_path / "trainjob").glob("*.yaml")).read_text())}
+    assert kinds == {"ConfigMap", "TrainJob"}
