@@ -75,6 +75,9 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) exec -l m5,irina -- rm -rf /var/lib/labctl/train/demo-phase1
 	$(BIN)/labctl -i $(SIM_INV) train --phase 1 --limit m5,irina --device cpu --python $(CURDIR)/$(BIN)/python $(DEMO_TRAIN)
 	$(BIN)/labctl -i $(SIM_INV) train status
+	@echo "== the same run for a Kubernetes cluster: a Kubeflow Trainer v2 TrainJob, checkpoints on a ReadWriteMany claim (written, not applied) =="
+	$(BIN)/labctl -i $(SIM_INV) train --phase 1 --limit m5,irina --device cpu --python $(CURDIR)/$(BIN)/python $(DEMO_TRAIN) \
+		--backend trainjob --pvc cet-ckpt --mount-path /var/lib/labctl/train -o $(SIM_DIR)/jobs
 	@echo "== checkpoints off the training host: each run's newest into irina's library (host to host), listed, re-hashed =="
 	$(BIN)/labctl -i $(SIM_INV) ckpt backup
 	$(BIN)/labctl -i $(SIM_INV) ckpt list
