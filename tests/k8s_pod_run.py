@@ -8,10 +8,13 @@ local folder; everything else is the manifest's own. Shared by the PyTorchJob an
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +105,51 @@ def kill(pod: subprocess.Popen[str]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    """The trainer's metrics events so far (none before the file exists)."""
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
+
+
+def configmap_folder(configmap: dict[str, Any], folder: Path) -> Path:
+    """A ConfigMap volume as the kubelet lays it out: one file per key."""
+    folder.mkdir()
+    for key, b64 in configmap.get("binaryData", {}).items():
+        (folder / key).write_bytes(base64.b64decode(b64))
+    return folder
+
+
+def train_kill_resume(
+    container: dict[str, Any],
+    injected: dict[str, str],
+    cwd: Path,
+    folders: dict[str, Path],
+    metrics: Path,
+    last_step: int,
+) -> None:
+    """Start the pod, SIGKILL it once a checkpoint is on the claim, start it again: the second run
+    resumes from that checkpoint or a later one, trains only past it, and reaches `last_step`."""
+    pod = start(container, injected, cwd, folders)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(e["event"] == "checkpoint" for e in events(metrics)) and pod.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint in 120 s"
+            time.sleep(0.02)
+    finally:
+        kill(pod)  # the node goes away: no time to save anything more
+        output = pod.communicate()[0]
+    first = events(metrics)
+    assert not any(e["event"] == "done" for e in first), output
+    saved = max(e["step"] for e in first if e["event"] == "checkpoint")
+    again = start(container, injected, cwd, folders)
+    output = again.communicate(timeout=180)[0]
+    assert again.returncode == 0, output
+    second = events(metrics)[len(first) :]
+    [start_event] = [e for e in second if e["event"] == "start"]
+    assert start_event["resumed_from"] is not None and start_event["resumed_from"] >= saved
+    steps = [e["step"] for e in second if e["event"] == "step"]
+    assert steps and min(steps) > start_event["resumed_from"]
+    assert second[-1]["event"] == "done" and second[-1]["step"] == last_step

@@ -16,7 +16,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -73,9 +72,9 @@ def planned(
     return PlannedRun(request, settings, spec, [], None, out / "runs")
 
 
-def write(run: PlannedRun) -> tuple[list[dict[str, Any]], str, Any]:
-    """The documents of the manifest the backend writes for `run`, its text and the result."""
-    backend = K8sBackend()
+def write(run: PlannedRun, backend: Any = None) -> tuple[list[dict[str, Any]], str, Any]:
+    """The documents of the manifest the backend (default: k8s) writes for `run`, its text and the result."""
+    backend = backend or K8sBackend()
     backend.check_request(run.request, run.settings)  # what train/run.py does before preflight
     result = backend.submit(cast(Any, None), run, None)
     [path] = result.files
@@ -414,12 +413,6 @@ def free_port() -> int:
         return port
 
 
-def events(path: Path) -> list[dict[str, Any]]:
-    return (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    )
-
-
 def test_the_pod_command_trains_is_killed_and_resumes_from_the_claim(tmp_path: Path, tiny: Path) -> None:
     pytest.importorskip("torch")
     volume = tmp_path / "claim"  # the ReadWriteMany claim, as the pod's mount path
@@ -433,37 +426,10 @@ def test_the_pod_command_trains_is_killed_and_resumes_from_the_claim(tmp_path: P
     [c] = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     # The ConfigMap volume: its zip where the pod's PYTHONPATH points, in a local folder.
     [agent_mount] = [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "labctl-agent"]
-    config_folder = tmp_path / "configmap"
-    config_folder.mkdir()
-    for key, b64 in cm["binaryData"].items():
-        (config_folder / key).write_bytes(base64.b64decode(b64))
+    config_folder = k8s_pod_run.configmap_folder(cm, tmp_path / "configmap")
     # What the operator adds for a one-node job; the pod's own name resolves to the pod, here localhost.
     injected = {**operator_env(job), "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
     metrics = volume / "labctl-runs" / run.spec.run_id / "metrics.jsonl"
 
-    def start() -> subprocess.Popen[str]:
-        return k8s_pod_run.start(c, injected, tmp_path, {agent_mount: config_folder})
-
-    pod = start()
-    try:
-        deadline = time.monotonic() + 120
-        while not any(e["event"] == "checkpoint" for e in events(metrics)) and pod.poll() is None:
-            assert time.monotonic() < deadline, "no checkpoint in 120 s"
-            time.sleep(0.02)
-    finally:
-        k8s_pod_run.kill(pod)  # the node goes away: no time to save anything more
-        output = pod.communicate()[0]
-    first = events(metrics)
-    assert not any(e["event"] == "done" for e in first), output
-    saved = max(e["step"] for e in first if e["event"] == "checkpoint")
+    k8s_pod_run.train_kill_resume(c, injected, tmp_path, {agent_mount: config_folder}, metrics, 40)
     assert (volume / "phase2").is_dir()
-
-    again = start()
-    output = again.communicate(timeout=180)[0]
-    assert again.returncode == 0, output
-    second = events(metrics)[len(first) :]
-    [start_event] = [e for e in second if e["event"] == "start"]
-    assert start_event["resumed_from"] is not None and start_event["resumed_from"] >= saved
-    steps = [e["step"] for e in second if e["event"] == "step"]
-    assert steps and min(steps) > start_event["resumed_from"]
-    assert second[-1]["event"] == "done" and second[-1]["step"] == 40

@@ -9,12 +9,10 @@ trainer fields and runtimePatches the way the controller does, then run on this 
 
 from __future__ import annotations
 
-import base64
 import re
 import subprocess
-import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import yaml
@@ -30,7 +28,6 @@ from tests.unit.test_backend_kaggle import labctl_train
 from tests.unit.test_k8s_manifest import (
     PVC,
     configmap_errors,
-    events,
     free_port,
     nodes_for,
     planned,
@@ -38,6 +35,7 @@ from tests.unit.test_k8s_manifest import (
     trainer_settings,
     unreachable_lab,  # noqa: F401 (a fixture)
 )
+from tests.unit.test_k8s_manifest import write as k8s_write
 from tests.unit.test_train_backends import node
 
 CRD = "trainer.kubeflow.org_trainjobs.trainer-v2.3.0.yaml"
@@ -48,12 +46,7 @@ MANAGED_BY = {"trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multik
 
 
 def write(run: PlannedRun) -> tuple[list[dict[str, Any]], str, Any]:
-    backend = TrainJobBackend()
-    backend.check_request(run.request, run.settings)  # what train/run.py does before preflight
-    result = backend.submit(cast(Any, None), run, None)
-    [path] = result.files
-    text = path.read_text()
-    return list(yaml.safe_load_all(text)), text, result
+    return k8s_write(run, TrainJobBackend())
 
 
 def trainjob(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -322,10 +315,7 @@ def test_the_pod_command_trains_is_killed_and_resumes_from_the_claim(
     container, _ = merged_container(job, runtime)
     [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
     [agent_mount] = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "labctl-agent"]
-    config_folder = tmp_path / "configmap"
-    config_folder.mkdir()
-    for key, b64 in cm["binaryData"].items():
-        (config_folder / key).write_bytes(base64.b64decode(b64))
+    config_folder = k8s_pod_run.configmap_folder(cm, tmp_path / "configmap")
     # What the torch plugin sets for a one-node job (torch.go EnforceMLPolicy); the master's
     # headless-service name resolves to the pod itself, here localhost.
     trainer = job["spec"]["trainer"]
@@ -338,28 +328,4 @@ def test_the_pod_command_trains_is_killed_and_resumes_from_the_claim(
     }
     metrics = volume / "labctl-runs" / run.spec.run_id / "metrics.jsonl"
 
-    def start() -> subprocess.Popen[str]:
-        return k8s_pod_run.start(container, injected, tmp_path, {agent_mount: config_folder})
-
-    pod = start()
-    try:
-        deadline = time.monotonic() + 120
-        while not any(e["event"] == "checkpoint" for e in events(metrics)) and pod.poll() is None:
-            assert time.monotonic() < deadline, "no checkpoint in 120 s"
-            time.sleep(0.02)
-    finally:
-        k8s_pod_run.kill(pod)
-        output = pod.communicate()[0]
-    first = events(metrics)
-    assert not any(e["event"] == "done" for e in first), output
-    saved = max(e["step"] for e in first if e["event"] == "checkpoint")
-
-    again = start()
-    output = again.communicate(timeout=180)[0]
-    assert again.returncode == 0, output
-    second = events(metrics)[len(first) :]
-    [start_event] = [e for e in second if e["event"] == "start"]
-    assert start_event["resumed_from"] is not None and start_event["resumed_from"] >= saved
-    steps = [e["step"] for e in second if e["event"] == "step"]
-    assert steps and min(steps) > start_event["resumed_from"]
-    assert second[-1]["event"] == "done" and second[-1]["step"] == 40
+    k8s_pod_run.train_kill_resume(container, injected, tmp_path, {agent_mount: config_folder}, metrics, 40)
