@@ -18,12 +18,13 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # System packages the tests need (Debian/Ubuntu, as root): the simulated lab, Docker sandboxes, netplan's
-# parser, tmux (status --watch), Prometheus and node_exporter (they read what `labctl metrics` writes).
+# parser, tmux (status --watch), Prometheus and node_exporter (they read what `labctl metrics` writes),
+# Slurm and munge (a one-node cluster runs the sbatch scripts `train --backend slurm` writes).
 deps:
 	@{ command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd; } && test -x /usr/sbin/cron && test -x /usr/sbin/dockerd && test -x /usr/sbin/debootstrap \
-		&& test -x /usr/sbin/netplan && command -v tmux >/dev/null && command -v prometheus >/dev/null && command -v prometheus-node-exporter >/dev/null \
+		&& test -x /usr/sbin/netplan && command -v tmux >/dev/null && command -v prometheus >/dev/null && command -v prometheus-node-exporter >/dev/null && test -x /usr/sbin/slurmctld && test -x /usr/sbin/munged \
 		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 iptables cron \
-			docker.io debootstrap netplan.io tmux prometheus prometheus-node-exporter; }
+			docker.io debootstrap netplan.io tmux prometheus prometheus-node-exporter slurm-wlm munge; }
 
 lint: install
 	$(BIN)/ruff check labctl tests bench

@@ -108,10 +108,10 @@ def kill(pod: subprocess.Popen[str]) -> None:
 
 
 def events(path: Path) -> list[dict[str, Any]]:
-    """The trainer's metrics events so far (none before the file exists)."""
-    return (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    )
+    """The trainer's metrics events so far (none before the file exists). A line still being
+    written (no newline yet) is not one."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def configmap_folder(configmap: dict[str, Any], folder: Path) -> Path:

@@ -32,6 +32,9 @@ class JobOptions:
     memory: str | None = None  # k8s/trainjob: memory request per pod ("32Gi")
     runtime: str | None = None  # trainjob: the ClusterTrainingRuntime it names
     requeue: bool | None = None  # slurm: requeue a preempted job, which resumes from its checkpoint
+    # slurm: the interface the phase's own `env:` names for NCCL/Gloo (from the phases file, not a
+    # flag); None: each node decides at job start
+    named_iface: str | None = None
 
     def given(self) -> list[str]:
         """The options set, by field name, in field order."""

@@ -144,7 +144,7 @@ def test_sbatch_script_is_valid_bash_with_the_run_s_allocation(tmp_path: Path) -
     opts = sbatch_options(text)
     assert opts["nodes"] == "3"
     assert opts["ntasks-per-node"] == "1"
-    assert opts["gpus-per-node"] == "4"
+    assert opts["gres"] == "gpu:4"
     assert opts["cpus-per-task"] == str(4 * 6)  # each worker gets its OMP_NUM_THREADS
     assert opts["job-name"] == f"labctl-{spec.run_id}"
     assert opts["output"].endswith("%j.out")
@@ -157,7 +157,7 @@ def test_sbatch_script_is_valid_bash_with_the_run_s_allocation(tmp_path: Path) -
 def test_sbatch_without_gpus_asks_for_none(tmp_path: Path) -> None:
     spec = make_spec(nodes=(node("m5", 3, "cpu"), node("irina", 3, "cpu")), dist_backend="gloo")
     opts = sbatch_options(render_sbatch(spec, None))
-    assert "gpus-per-node" not in opts
+    assert "gres" not in opts and "gpus-per-node" not in opts
     assert "partition" not in opts and "time" not in opts
     assert opts["nodes"] == "2"
 
@@ -179,7 +179,7 @@ def test_sbatch_runs_torchrun_with_the_settings_json_intact(tmp_path: Path, slur
     assert opts["nproc-per-node"] == "2"
     assert opts["rdzv-backend"] == "c10d"
     assert opts["rdzv-endpoint"] == f"gpu-a07:{spec.port}"  # the allocation's first node
-    assert opts["rdzv-id"] == "4242"
+    assert opts["rdzv-id"] == "4242-0"  # the job and its restart count: a requeued job meets anew
     assert opts["rdzv-conf"] == f"join_timeout={spec.rdzv_timeout}"
     assert opts["max-restarts"] == str(spec.max_restarts)
     assert opts["tee"] == "3"  # torchrun puts the rank prefix on tee'd lines only
@@ -188,7 +188,10 @@ def test_sbatch_runs_torchrun_with_the_settings_json_intact(tmp_path: Path, slur
     assert env[RUN_ENV] == spec.run_id
     assert env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == LOG_PREFIX_TEMPLATE
     assert env["LABCTL_TRAIN_DEVICE"] == "cuda"
-    assert env["NCCL_SOCKET_IFNAME"] == "bond0"
+    # The lab host's bond0 means nothing on a cluster's node: each node decides at start, and
+    # gpu-a07 resolves nowhere here, so torch picks and the job says so.
+    assert env["NCCL_SOCKET_IFNAME"] is None
+    assert "no interface found towards gpu-a07" in done.stderr
     assert env["OMP_NUM_THREADS"] == "6"
     assert env["CUDA_VISIBLE_DEVICES"] is None  # Slurm picks the GPUs
 
@@ -252,17 +255,17 @@ def test_sbatch_runs_a_user_script_without_the_agent(tmp_path: Path, slurm: dict
 
 
 def test_sbatch_leaves_out_settings_the_hosts_disagree_on(tmp_path: Path, slurm: dict[str, Any]) -> None:
-    spec = make_spec(nodes=(node("m5", NCCL_SOCKET_IFNAME="bond0"), node("irina", NCCL_SOCKET_IFNAME="eno1")))
+    spec = make_spec(nodes=(node("m5", OMP_NUM_THREADS="6"), node("irina", OMP_NUM_THREADS="3")))
     script = write_job(spec, "slurm", tmp_path)[0]
     assert run_sbatch(script, slurm).returncode == 0
-    assert recorded(slurm)["env"]["NCCL_SOCKET_IFNAME"] is None
-    assert "eno1" in script.read_text()  # said in a comment, so a person can set it
+    assert recorded(slurm)["env"]["OMP_NUM_THREADS"] is None
+    assert "irina: 3" in script.read_text()  # said in a comment, so a person can set it
 
 
 def test_sbatch_uses_the_largest_process_count_of_a_mixed_lab(tmp_path: Path, slurm: dict[str, Any]) -> None:
     spec = make_spec(nodes=(node("m5", 1), node("irina", 2)))
     script = write_job(spec, "slurm", tmp_path)[0]
-    assert sbatch_options(script.read_text())["gpus-per-node"] == "2"
+    assert sbatch_options(script.read_text())["gres"] == "gpu:2"
     assert run_sbatch(script, slurm).returncode == 0
     assert "--nproc-per-node=2" in recorded(slurm)["argv"]
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from labctl.errors import InputError
 from labctl.fsutil import write_atomic
@@ -12,22 +14,47 @@ from labctl.train.backends import jobs
 from labctl.train.request import JobOptions
 from labctl.train.spec import LaunchSpec
 
+if TYPE_CHECKING:
+    from labctl.train.phases import Settings
+
 # Slurm confines the job to --cpus-per-task CPUs; with nothing else to go on, give each worker
 # process room for its own threads and a DataLoader worker or two.
 _CPUS_PER_WORKER = 4
 # fullmatch, not `$`: `$` also matches before a final newline, which would end the #SBATCH line.
 _SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|(?i:unlimited|infinite)")
 _SLURM_PARTITION = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
+IFACE_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# Run on each node inside the job step, before torchrun: NCCL and Gloo use the interface that
+# reaches the head node. On the head node itself that is the interface holding its address (a
+# route to one's own address says `lo`, which other nodes cannot reach); a head address on
+# loopback is a one-node job, where `lo` is right. No `ip` or no answer: torch picks.
+_IFACE_AT_START = (
+    'a="$LABCTL_HEAD_ADDR"; '
+    "dev=$(ip -o addr show to \"$a\" 2>/dev/null | awk '{print $2; exit}'); "
+    '[ -n "$dev" ] || dev=$(ip -o route get "$a" 2>/dev/null | sed -n \'s/.* dev \\([^ ]*\\).*/\\1/p\'); '
+    'if [ -n "$dev" ]; then export GLOO_SOCKET_IFNAME="$dev" NCCL_SOCKET_IFNAME="$dev"; '
+    'else echo "labctl: $(hostname): no interface found towards $a; NCCL and Gloo pick one" >&2; fi; '
+    'exec "$@"'
+)
 
 
 class SlurmBackend(jobs.JobFileBackend):
     name = "slurm"
-    options = ("partition", "time_limit")
+    options = ("partition", "time_limit", "requeue")
+
+    def with_phase(self, job: JobOptions, settings: Settings) -> JobOptions:
+        named = next((settings.env[k] for k in IFACE_ENV if settings.env.get(k)), None)
+        return dataclasses.replace(job, named_iface=named)
 
     def write(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
         agent = jobs.agent_for(spec)
         script = render_sbatch(
-            spec, agent[1] if agent else None, partition=job.partition, time_limit=job.time_limit
+            spec,
+            agent[1] if agent else None,
+            partition=job.partition,
+            time_limit=job.time_limit,
+            requeue=job.requeue is not False,
+            named_iface=job.named_iface,
         )
         written = [folder / f"train-phase{spec.phase}.sbatch"]
         write_atomic(written[0], script, mode=0o755)
@@ -42,11 +69,21 @@ class SlurmBackend(jobs.JobFileBackend):
 
 
 def render_sbatch(
-    spec: LaunchSpec, agent_name: str | None, *, partition: str | None = None, time_limit: str | None = None
+    spec: LaunchSpec,
+    agent_name: str | None,
+    *,
+    partition: str | None = None,
+    time_limit: str | None = None,
+    requeue: bool = True,
+    named_iface: str | None = None,
 ) -> str:
     """The Slurm batch script: one torchrun per allocated node, rendezvous at the first one.
 
     `agent_name` is the agent zip's file name next to the script (None for a user's script).
+    `requeue`: Slurm may requeue the job (preemption, a node failing), and it resumes from the
+    newest checkpoint. `named_iface`: the interface the phase names for NCCL/Gloo; None: each node
+    takes the one that reaches the head node, at job start (the lab host's probed one means
+    nothing on a cluster's nodes).
     """
     nproc, device = jobs.uniform(spec)
     if partition is not None and not _SLURM_PARTITION.fullmatch(partition):
@@ -63,6 +100,11 @@ def render_sbatch(
         time_limit = slurm_time(jobs.job_limit_s(spec) or 0)
     name = "labctl-" + re.sub(r"[^A-Za-z0-9._-]", "-", spec.run_id)
     env, differing = jobs.portable_env(spec, device)
+    for key in IFACE_ENV:
+        env.pop(key, None)
+        differing.pop(key, None)
+        if named_iface:
+            env[key] = named_iface
 
     lines = [
         "#!/bin/bash",
@@ -78,6 +120,16 @@ def render_sbatch(
             + (f"; --time leaves {jobs.JOB_GRACE_S} s more for start-up." if derived else ".")
             + " Submit again to resume."
         )
+    if named_iface:
+        lines.append(f"# NCCL/Gloo interface: {named_iface}, as the phase's env names it, on every node.")
+    else:
+        lines.append(
+            "# NCCL/Gloo interface: on each node, the one that reaches the head node, decided at job start."
+        )
+    if requeue:
+        lines.append(
+            "# Requeued (preemption, a failed node): the job starts again and resumes from its newest checkpoint."
+        )
     lines += jobs.heterogeneity_note(spec, nproc)
     lines += [f"# {note}" for note in jobs.differing_notes(differing)]
     lines += [
@@ -86,7 +138,7 @@ def render_sbatch(
         "#SBATCH --ntasks-per-node=1",  # one torchrun per node; it forks the workers itself
     ]
     if device == "cuda":
-        lines.append(f"#SBATCH --gpus-per-node={nproc}")
+        lines.append(f"#SBATCH --gres=gpu:{nproc}")
     lines += [
         f"#SBATCH --cpus-per-task={nproc * _cpus_per_worker(env)}",
         f"#SBATCH --output={name}-%j.out",
@@ -95,6 +147,8 @@ def render_sbatch(
         lines.append(f"#SBATCH --partition={partition}")
     if time_limit:
         lines.append(f"#SBATCH --time={time_limit}")
+    # A requeued job writes the same output file again: append, so the first attempt's lines stay.
+    lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"] if requeue else ["#SBATCH --no-requeue"]
     lines += [
         "set -euo pipefail",
         ': "${SLURM_JOB_ID:?submit this script with sbatch}"',
@@ -117,18 +171,27 @@ def render_sbatch(
         # a long node list, and pipefail would then end the job.
         'nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "head_node=${nodes%%$'\\n'*}",
-        "",
     ]
+    if not named_iface:
+        lines += [
+            # A name that does not resolve (or no getent) is passed on as it is.
+            "LABCTL_HEAD_ADDR=$(getent ahostsv4 \"$head_node\" | awk '{print $1; exit}') || true",
+            'export LABCTL_HEAD_ADDR="${LABCTL_HEAD_ADDR:-$head_node}"',
+        ]
+    lines.append("")
     command = [
         # --kill-on-bad-exit: once one node's torchrun gives up, the others would otherwise sit
         # in rendezvous until join_timeout.
-        f'srun --kill-on-bad-exit=1 "$PYTHON" -m {jobs.TORCHRUN}',
+        "srun --kill-on-bad-exit=1"
+        + ("" if named_iface else f" bash -c {shlex.quote(_IFACE_AT_START)} labctl-node")
+        + f' "$PYTHON" -m {jobs.TORCHRUN}',
         '--nnodes="$SLURM_NNODES"',
         f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d",
         f'--rdzv-endpoint="$head_node":{spec.port}',
-        # The job id, not the run id: a resubmitted job must not join the last one's rendezvous.
-        '--rdzv-id="$SLURM_JOB_ID"',
+        # The job id and its restart count, not the run id: neither a resubmitted nor a requeued
+        # job may join the last one's rendezvous.
+        '--rdzv-id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"',
         f"--rdzv-conf=join_timeout={spec.rdzv_timeout}",
         f"--max-restarts={spec.max_restarts}",
         "--tee=3",  # the rank prefix (LOG_PREFIX_ENV) is applied to tee'd output only
