@@ -3,8 +3,8 @@
 The sbatch script labctl writes is submitted with sbatch for real: it trains to its last step;
 cancelled mid-run and submitted again it resumes past its last checkpoint; requeued by Slurm
 (`scontrol requeue`, what preemption does) it starts again by itself and resumes too.
-Two nodes are not tried: Debian's slurmd is built without multiple-slurmd support, so a second
-`slurmd -N NAME` on this machine cannot join.
+Two nodes are not tried yet: two `slurmd -N NAME` do start side by side here (distinct ports and
+spool folders), but the node names must resolve for the rendezvous, which needs /etc/hosts entries.
 """
 
 from __future__ import annotations
