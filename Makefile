@@ -110,6 +110,7 @@ bench: install deps
 	$(BIN)/python bench/train_launch.py --out docs/benchmarks.md
 	$(BIN)/python bench/network.py --out docs/benchmarks.md
 	$(BIN)/python bench/network_txn.py --out docs/benchmarks.md
+	$(BIN)/python bench/slurm_launch.py
 
 sim-down: install
 	$(BIN)/labctl sim down
