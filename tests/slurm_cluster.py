@@ -87,12 +87,35 @@ def _stop(pid_file: Path) -> None:
 @contextmanager
 def one_node_cluster() -> Iterator[dict[str, str]]:
     """A running one-node cluster; yields the environment its clients need (SLURM_CONF)."""
+    with cluster(1) as env:
+        yield env
+
+
+@contextmanager
+def cluster(nodes: int) -> Iterator[dict[str, str]]:
+    """A running cluster of `nodes` nodes on this machine; yields its clients' environment.
+
+    One node is this host under its own name. Several are one slurmd each (`slurmd -N NAME`),
+    named labctl-n1..., each with its own port, spool and pid files, all reached at 127.0.0.1
+    (their NodeAddr, which the sbatch script's rendezvous goes by).
+    """
     root = Path(tempfile.mkdtemp(prefix="labctl-slurm-"))
     host = socket.gethostname().split(".")[0]
     cpus = os.cpu_count() or 1
-    mem_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
-    for sub in ("state", "spool"):
-        (root / sub).mkdir()
+    mem_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8 / nodes)
+    (root / "state").mkdir()
+    if nodes == 1:
+        names = [host]
+        node_lines = f"NodeName={host} CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN"
+    else:
+        names = [f"labctl-n{i + 1}" for i in range(nodes)]
+        node_lines = "\n".join(
+            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus} "
+            f"RealMemory={mem_mb} State=UNKNOWN"
+            for n in names
+        )
+    for n in names:
+        (root / f"spool-{n}").mkdir()
     conf = root / "slurm.conf"
     conf.write_text(
         f"""\
@@ -108,17 +131,17 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
 ReturnToService=2
 MpiDefault=none
 JobRequeue=1
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
-NodeName={host} CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
+{node_lines}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
     )
@@ -126,7 +149,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     munged = _start_munged()
     try:
         subprocess.run([SLURMCTLD, "-f", str(conf), "-c"], env=env, check=True, timeout=30)
-        subprocess.run([SLURMD, "-f", str(conf), "-c"], env=env, check=True, timeout=30)
+        for n in names:
+            subprocess.run([SLURMD, "-f", str(conf), "-c", "-N", n], env=env, check=True, timeout=30)
         deadline = time.monotonic() + 60
         while True:
             state = subprocess.run(
@@ -141,7 +165,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         yield env
     finally:
         subprocess.run(["scancel", "--full", "--user=root"], env=env, capture_output=True, timeout=30)
-        _stop(root / "slurmd.pid")
+        for n in names:
+            _stop(root / f"slurmd-{n}.pid")
         _stop(root / "slurmctld.pid")
         if munged:
             try:

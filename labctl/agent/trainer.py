@@ -290,7 +290,7 @@ class Trainer:
         import torch
 
         mine = None
-        if self.ckdir is not None and self.env.local_rank == 0:
+        if self.ckdir is not None and self.keeps_checkpoints:
             # One process per host hashes the host's checkpoints; its local peers read the same folder.
             self.ckdir.clean_temp()
             valid, skipped = self.ckdir.scan()
@@ -619,13 +619,19 @@ class Trainer:
         else:
             dist.barrier()
 
+    @property
+    def keeps_checkpoints(self) -> bool:
+        """Whether this process writes and scans the checkpoint folder: every host's local rank 0,
+        or rank 0 alone when the folder is shared by every node."""
+        return self.env.rank == 0 if self.s["shared_checkpoints"] else self.env.local_rank == 0
+
     def save(self, step: int) -> None:
-        """Every host's local rank 0 writes its copy; rank 0 reports once all hosts have."""
+        """Each keeper writes its copy (see keeps_checkpoints); rank 0 reports once all have."""
         if self.ckdir is None:
             return
         start = time.perf_counter()
         info = None
-        if self.env.local_rank == 0:
+        if self.keeps_checkpoints:
             info = self.ckdir.save(step, self._state(step), self.model_config)
             self.ckdir.prune(self.s["keep_checkpoints"])
         if self.env.distributed:

@@ -47,6 +47,10 @@ DEFAULTS: Dict[str, Any] = {
     # Seconds the run may take (null: no limit): it stops before them at a step every rank
     # agrees on, with a checkpoint there, and says "paused" (trainer_limit.py).
     "time_limit": None,
+    # The checkpoint folder is one folder every node sees (a cluster's shared filesystem, a
+    # Kubernetes claim): one process (rank 0) writes, prunes and scans it, where on the lab's
+    # hosts every host's local rank 0 keeps its own copy. Two nodes writing one file would race.
+    "shared_checkpoints": False,
 }
 MIN_LR_RATIO = 0.1  # the cosine decays to 10% of lr
 EXIT_PAUSED = 75  # EX_TEMPFAIL: the time limit ended the run; the same command resumes it
@@ -110,7 +114,7 @@ def resolve_settings(raw: Mapping[str, Any]) -> Dict[str, Any]:
     s["ema_decay"] = _float(s, "ema_decay", 0.0)
     if s["ema_decay"] >= 1.0:
         raise _fail("ema_decay", "below 1", s["ema_decay"])
-    for key in ("mixed_precision", "ema", "dynamic_batch_sizing"):
+    for key in ("mixed_precision", "ema", "dynamic_batch_sizing", "shared_checkpoints"):
         _bool(s, key)
     for key in ("checkpoint_dir", "metrics_path"):
         if s[key] is not None and not isinstance(s[key], str):

@@ -3,12 +3,14 @@
 The sbatch script labctl writes is submitted with sbatch for real: it trains to its last step;
 cancelled mid-run and submitted again it resumes past its last checkpoint; requeued by Slurm
 (`scontrol requeue`, what preemption does) it starts again by itself and resumes too.
-Two nodes are not tried yet: two `slurmd -N NAME` do start side by side here (distinct ports and
-spool folders), but the node names must resolve for the rendezvous, which needs /etc/hosts entries.
+Two nodes: two `slurmd -N NAME` side by side on this machine (distinct ports and spool folders,
+both at NodeAddr 127.0.0.1) run one torchrun each, which meet at the head node's NodeAddr.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -49,11 +51,15 @@ def cluster() -> Iterator[dict[str, str]]:
         yield env
 
 
-def write_job(tmp_path: Path, *extra: str) -> Path:
-    """`labctl train --backend slurm` for a one-host CPU run; the folder with the script."""
+def write_job(tmp_path: Path, *extra: str, hosts: int = 1) -> Path:
+    """`labctl train --backend slurm` for a CPU run on `hosts` hosts; the folder with the script."""
     inv = tmp_path / "inv.yaml"
     inv.write_text(
-        f"lab: t\nhosts:\n  here: {{address: 127.0.0.1, connection: local, python: {sys.executable}, roles: [train]}}\n"
+        "lab: t\nhosts:\n"
+        + "".join(
+            f"  h{i}: {{address: 127.0.0.1, connection: local, python: {sys.executable}, roles: [train]}}\n"
+            for i in range(hosts)
+        )
     )
     phases = tmp_path / "phases.yaml"
     phases.write_text(PHASES.replace("CKPT", str(tmp_path / "ckpt")))
@@ -175,3 +181,24 @@ def test_no_requeue_is_written_as_slurm_reads_it(cluster: dict[str, str], tmp_pa
     assert "Requeue=0" in shown
     slurm_cluster.wait_for(job_id, cluster, {"COMPLETED", "FAILED", "CANCELLED"})
     assert os.path.exists(tmp_path / "ckpt" / "phase1")
+
+
+def test_two_nodes_train_together_and_one_of_them_writes_the_shared_checkpoints(tmp_path: Path) -> None:
+    why = slurm_cluster.missing()
+    if why:
+        pytest.skip(why)
+    job = write_job(tmp_path, hosts=2)
+    assert "#SBATCH --nodes=2" in next(job.glob("*.sbatch")).read_text()
+    with slurm_cluster.cluster(2) as env:
+        job_id = sbatch(job, env)
+        state = slurm_cluster.wait_for(job_id, env, {"COMPLETED", "FAILED", "CANCELLED"})
+        assert state == "COMPLETED", output(job)
+    [only] = runs(events(job))
+    assert only[0]["world_size"] == 2 and only[-1]["event"] == "done" and only[-1]["step"] == STEPS
+    # One writer on the shared folder: every checkpoint reported once, and each file matches its manifest.
+    saved = [e["step"] for e in only if e["event"] == "checkpoint"]
+    assert saved == sorted(set(saved)) and saved[-1] == STEPS
+    folder = tmp_path / "ckpt" / "phase1"
+    manifest = json.loads((folder / f"step-{STEPS:08d}.json").read_text())
+    data = (folder / f"step-{STEPS:08d}.pt").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == manifest["sha256"] and len(data) == manifest["bytes"]

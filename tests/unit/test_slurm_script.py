@@ -111,3 +111,14 @@ def test_requeue_is_a_slurm_option_only(tmp_path: Path) -> None:
     with pytest.raises(InputError) as e:
         K8sBackend().refuse_foreign(JobOptions(requeue=True))
     assert "--requeue" in e.value.message and "--backend slurm" in e.value.hint
+
+
+def test_cluster_jobs_share_one_checkpoint_folder_with_one_writer() -> None:
+    from labctl.agent.trainer_settings import TrainerError, resolve_settings
+    from labctl.train.backends.jobs import for_cluster
+
+    # On the lab's hosts each host keeps its own copy; on a cluster's shared folder rank 0 alone writes.
+    assert resolve_settings({})["shared_checkpoints"] is False
+    assert for_cluster(make_spec(), True).settings["shared_checkpoints"] is True
+    with pytest.raises(TrainerError, match="shared_checkpoints"):
+        resolve_settings({"shared_checkpoints": "yes"})

@@ -163,7 +163,12 @@ def for_cluster(spec: LaunchSpec, default_checkpoint: bool) -> LaunchSpec:
 
     A checkpoint folder the user chose stays; labctl's default one is a lab host's path.
     """
-    settings = {**spec.settings, "metrics_path": f"labctl-runs/{spec.run_id}/metrics.jsonl"}
+    # A cluster's nodes see one checkpoint folder (a shared filesystem, a claim): one writer.
+    settings = {
+        **spec.settings,
+        "metrics_path": f"labctl-runs/{spec.run_id}/metrics.jsonl",
+        "shared_checkpoints": True,
+    }
     if default_checkpoint:
         settings["checkpoint_dir"] = f"checkpoints/phase{spec.phase}"
     return dataclasses.replace(spec, settings=settings, log_dir="")

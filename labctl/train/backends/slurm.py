@@ -172,13 +172,15 @@ def render_sbatch(
         'nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "head_node=${nodes%%$'\\n'*}",
     ]
-    if not named_iface:
-        lines += [
-            # A name that does not resolve (or no getent) is passed on as it is.
-            "LABCTL_HEAD_ADDR=$(getent ahostsv4 \"$head_node\" | awk '{print $1; exit}') || true",
-            'export LABCTL_HEAD_ADDR="${LABCTL_HEAD_ADDR:-$head_node}"',
-        ]
-    lines.append("")
+    lines += [
+        # The head node's address as Slurm itself reaches it (NodeAddr), else as its name resolves,
+        # else the name: the rendezvous and the interface choice both go by it.
+        'LABCTL_HEAD_ADDR=$(scontrol show node "$head_node" 2>/dev/null'
+        " | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p') || true",
+        '[ -n "$LABCTL_HEAD_ADDR" ] || LABCTL_HEAD_ADDR=$(getent ahostsv4 "$head_node" | awk \'{print $1; exit}\') || true',
+        'export LABCTL_HEAD_ADDR="${LABCTL_HEAD_ADDR:-$head_node}"',
+        "",
+    ]
     command = [
         # --kill-on-bad-exit: once one node's torchrun gives up, the others would otherwise sit
         # in rendezvous until join_timeout.
@@ -188,7 +190,7 @@ def render_sbatch(
         '--nnodes="$SLURM_NNODES"',
         f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d",
-        f'--rdzv-endpoint="$head_node":{spec.port}',
+        f'--rdzv-endpoint="$LABCTL_HEAD_ADDR":{spec.port}',
         # The job id and its restart count, not the run id: neither a resubmitted nor a requeued
         # job may join the last one's rendezvous.
         '--rdzv-id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"',
