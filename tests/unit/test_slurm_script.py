@@ -71,6 +71,28 @@ def test_a_one_node_job_on_loopback_takes_lo(tmp_path: Path, slurm: dict[str, An
     assert recorded(slurm)["env"]["NCCL_SOCKET_IFNAME"] == "lo"
 
 
+def test_a_head_whose_node_addr_is_a_name_is_resolved_on_the_node(
+    tmp_path: Path,
+    slurm: dict[str, Any],  # noqa: F811
+) -> None:
+    # What a real slurm.conf without NodeAddr reports: the node's own name, which `ip` refuses.
+    # CI's one-node Slurm said "no interface found towards <hostname>" before the name was resolved.
+    (slurm["bin"] / "scontrol").write_text(
+        "#!/bin/sh\n"
+        'case "$1 $2" in\n'
+        '  "show hostnames") echo head-1 ;;\n'
+        '  "show node") echo "NodeName=$3 Arch=x86_64 CoresPerSocket=1"; echo "   NodeAddr=localhost NodeHostName=$3" ;;\n'
+        "esac\n"
+    )
+    done = run_sbatch(script_for(tmp_path), slurm, SLURM_NNODES="1")
+    assert done.returncode == 0, done.stderr
+    assert "no interface found" not in done.stderr
+    got = recorded(slurm)
+    assert got["env"]["NCCL_SOCKET_IFNAME"] == "lo"
+    # The rendezvous keeps the name: every node resolves it with its own resolver.
+    assert options(got["argv"][2:])["rdzv-endpoint"].startswith("localhost:")
+
+
 def test_an_interface_the_phase_names_is_used_on_every_node(tmp_path: Path, slurm: dict[str, Any]) -> None:  # noqa: F811
     settings = Settings.model_validate({"env": {"NCCL_SOCKET_IFNAME": "ib0"}})
     job = SlurmBackend().with_phase(JobOptions(), settings)

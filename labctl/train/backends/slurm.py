@@ -25,13 +25,18 @@ _SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|(?i:unlimited|infinite)")
 _SLURM_PARTITION = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 IFACE_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # Run on each node inside the job step, before torchrun: NCCL and Gloo use the interface that
-# reaches the head node. On the head node itself that is the interface holding its address (a
-# route to one's own address says `lo`, which other nodes cannot reach); a head address on
-# loopback is a one-node job, where `lo` is right. No `ip` or no answer: torch picks.
+# reaches the head node. The head's NodeAddr is often a name (the node's own name when slurm.conf
+# gives none), which `ip` does not take: each node resolves it itself, as its own resolver says
+# (resolved once on the head, a Debian head's 127.0.1.1 would reach the others). On the head node
+# itself the interface is the one holding its address (a route to one's own address says `lo`,
+# which other nodes cannot reach); a head address on loopback is a one-node job, where `lo` is
+# right. No `ip` or no answer: torch picks.
 _IFACE_AT_START = (
     'a="$LABCTL_HEAD_ADDR"; '
-    "dev=$(ip -o addr show to \"$a\" 2>/dev/null | awk '{print $2; exit}'); "
-    '[ -n "$dev" ] || dev=$(ip -o route get "$a" 2>/dev/null | sed -n \'s/.* dev \\([^ ]*\\).*/\\1/p\'); '
+    "to=$(getent ahostsv4 \"$a\" 2>/dev/null | awk '{print $1; exit}'); "
+    'to="${to:-$a}"; '
+    "dev=$(ip -o addr show to \"$to\" 2>/dev/null | awk '{print $2; exit}'); "
+    '[ -n "$dev" ] || dev=$(ip -o route get "$to" 2>/dev/null | sed -n \'s/.* dev \\([^ ]*\\).*/\\1/p\'); '
     'if [ -n "$dev" ]; then export GLOO_SOCKET_IFNAME="$dev" NCCL_SOCKET_IFNAME="$dev"; '
     'else echo "labctl: $(hostname): no interface found towards $a; NCCL and Gloo pick one" >&2; fi; '
     'exec "$@"'
@@ -173,11 +178,10 @@ def render_sbatch(
         "head_node=${nodes%%$'\\n'*}",
     ]
     lines += [
-        # The head node's address as Slurm itself reaches it (NodeAddr), else as its name resolves,
-        # else the name: the rendezvous and the interface choice both go by it.
+        # The head node as Slurm itself reaches it (NodeAddr), else its name: the rendezvous and
+        # the interface choice both go by it, and each node resolves a name itself.
         'LABCTL_HEAD_ADDR=$(scontrol show node "$head_node" 2>/dev/null'
         " | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p') || true",
-        '[ -n "$LABCTL_HEAD_ADDR" ] || LABCTL_HEAD_ADDR=$(getent ahostsv4 "$head_node" | awk \'{print $1; exit}\') || true',
         'export LABCTL_HEAD_ADDR="${LABCTL_HEAD_ADDR:-$head_node}"',
         "",
     ]
