@@ -93,8 +93,13 @@ def output(job: Path) -> str:
 
 
 def wait_for_checkpoint(job: Path, job_id: str, env: dict[str, str]) -> None:
+    """Until a checkpoint is in the metrics file and in the job's output file. The output has it
+    only once torchrun's tail has passed it on, and whatever it had not when the step is killed is
+    lost: a test that kills the job then still has the first attempt's lines to look for."""
     deadline = time.monotonic() + 120
-    while not any(e["event"] == "checkpoint" for e in events(job)):
+    while not (
+        any(e["event"] == "checkpoint" for e in events(job)) and '"event": "checkpoint"' in output(job)
+    ):
         state = slurm_cluster.job_state(job_id, env)
         assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {state}: {output(job)}"
         assert time.monotonic() < deadline, "no checkpoint within 120 s"
@@ -154,13 +159,6 @@ def test_a_requeued_job_starts_again_by_itself_and_resumes(cluster: dict[str, st
     job = write_job(tmp_path)
     job_id = sbatch(job, cluster)
     wait_for_checkpoint(job, job_id, cluster)
-    # The metrics file has the checkpoint at once; the job's output only once torchrun's tail has
-    # passed it on, and whatever it had not when the step is killed is lost. Wait for the first
-    # attempt's lines to be in the output file: the second attempt must not truncate them.
-    deadline = time.monotonic() + 30
-    while '"event": "checkpoint"' not in output(job):
-        assert time.monotonic() < deadline, f"no checkpoint line in the job's output: {output(job)}"
-        time.sleep(0.05)
     subprocess.run(["scontrol", "requeue", job_id], env=cluster, check=True, timeout=30)
     saved_before = max(e["step"] for e in events(job) if e["event"] == "checkpoint")
     # Slurm holds a requeued job back (its begin time a couple of minutes on) before it may run

@@ -42,8 +42,17 @@ def script_for(tmp_path: Path, **kw: Any) -> Path:
     return script
 
 
-def with_head(slurm: dict[str, Any], head: str) -> None:  # noqa: F811
-    (slurm["bin"] / "scontrol").write_text(f"#!/bin/sh\necho {head}\n")
+def with_head(slurm: dict[str, Any], head: str, node_addr: str | None = None) -> None:  # noqa: F811
+    """scontrol names `head` as the job's first node; `show node` gives `node_addr` as its NodeAddr,
+    as a real one does (without it, no NodeAddr line: the script falls back to the name)."""
+    node = (
+        f'echo "NodeName=$3 Arch=x86_64"; echo "   NodeAddr={node_addr} NodeHostName=$3"'
+        if node_addr
+        else "echo"
+    )
+    (slurm["bin"] / "scontrol").write_text(
+        f'#!/bin/sh\ncase "$1 $2" in\n  "show hostnames") echo {head} ;;\n  "show node") {node} ;;\nesac\n'
+    )
 
 
 def test_the_interface_is_the_one_holding_the_head_nodes_address_not_the_lab_hosts(
@@ -77,13 +86,7 @@ def test_a_head_whose_node_addr_is_a_name_is_resolved_on_the_node(
 ) -> None:
     # What a real slurm.conf without NodeAddr reports: the node's own name, which `ip` refuses.
     # CI's one-node Slurm said "no interface found towards <hostname>" before the name was resolved.
-    (slurm["bin"] / "scontrol").write_text(
-        "#!/bin/sh\n"
-        'case "$1 $2" in\n'
-        '  "show hostnames") echo head-1 ;;\n'
-        '  "show node") echo "NodeName=$3 Arch=x86_64 CoresPerSocket=1"; echo "   NodeAddr=localhost NodeHostName=$3" ;;\n'
-        "esac\n"
-    )
+    with_head(slurm, "head-1", node_addr="localhost")
     done = run_sbatch(script_for(tmp_path), slurm, SLURM_NNODES="1")
     assert done.returncode == 0, done.stderr
     assert "no interface found" not in done.stderr
