@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 SIM_DIR := .labctl/sim
 SIM_INV := $(SIM_DIR)/inventory.yaml
 
-.PHONY: install deps lint test test-unit test-integration demo bench sim-down clean
+.PHONY: install deps lint test test-unit test-integration demo bench gpu-check gpu-wheels sim-down clean
 
 install: $(VENV)/.installed
 
@@ -111,6 +111,16 @@ bench: install deps
 	$(BIN)/python bench/network.py --out docs/benchmarks.md
 	$(BIN)/python bench/network_txn.py --out docs/benchmarks.md
 	$(BIN)/python bench/slurm_launch.py
+
+# Every GPU claim on a real card in one command (bench/gpu_check.py): JSON, tables and a log in
+# $(GPU_OUT). Without a GPU it prints what it would check and exits 0. On a GPU machine with no
+# network, first `make gpu-wheels` here and copy .whl/ along with the checkout.
+GPU_OUT ?= .labctl/gpu-check
+gpu-check:
+	bash bench/gpu_check.sh $(GPU_OUT)
+
+gpu-wheels: install
+	$(BIN)/python bench/gpu_wheels.py
 
 sim-down: install
 	$(BIN)/labctl sim down
