@@ -9,7 +9,6 @@ same number of bytes measured in the same run, as the issue defines it:
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -188,5 +187,4 @@ def run(env: CheckEnv) -> Section:
         if s.get("seed_seconds") is not None:
             against.append(f"seed, scaled to this size: {fmt(s['seed_seconds'], 's', 3)}")
         sec.row(f"bench model-load: {stage}", figure, "; ".join(against))
-    (env.out / "bench_model_load.json").write_text(json.dumps(doc, indent=1))
     return sec

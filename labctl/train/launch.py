@@ -286,8 +286,13 @@ class Outcome:
     first_step_seconds: float | None = None
 
 
-def _command(spec: LaunchSpec, node: NodeSpec, grace: int) -> str:
+def _command(spec: LaunchSpec, node: NodeSpec, grace: int, local: bool = False) -> str:
     inner = f"mkdir -p {shlex.quote(spec.log_dir)} && cd {shlex.quote(spec.log_dir)} && exec {spec.shell_line(node)}"
+    if local:
+        # The watchdog ends the run when its stdin (an SSH channel) closes; a `connection: local`
+        # command's stdin is /dev/null, so it would end the run at once. LocalConnection runs it
+        # in its own session instead and stops that session on Ctrl-C, a timeout or a failed host.
+        return inner
     return wrap_with_watchdog(inner, grace=grace)
 
 
@@ -315,7 +320,7 @@ def run_attached(
 
         threading.Thread(target=relay, daemon=True).start()
         res = run.conn.run(
-            _command(spec, nodes[name], grace),
+            _command(spec, nodes[name], grace, local=run.host.connection == "local"),
             timeout=timeout,
             cancel=abort,
             on_line=lambda s, t: stream.line(name, s, t),
