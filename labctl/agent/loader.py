@@ -463,10 +463,21 @@ def _load_cuda(
     return _carve(torch, dev_buf, header)
 
 
+def default_readers() -> int:
+    """Reader threads for a load: one per CPU, between 4 and 16.
+
+    A read from the page cache is a memory copy that one thread does at a few GB/s; on the
+    16-core H100 machine (docs/benchmarks.md, GPU check) 4 readers fed the card 19 GB/s,
+    8 gave 31 and 16 gave 36, against a 55 GB/s pinned copy. Past the core count threads
+    only contend.
+    """
+    return max(4, min(16, os.cpu_count() or 4))
+
+
 def load_file(
     path: Union[str, os.PathLike[str]],
     device: Any = "cpu",
-    readers: int = 4,
+    readers: Optional[int] = None,
     ring_bytes: int = 256 << 20,
     streams: int = 2,
     stats: Optional[Dict[str, Any]] = None,
@@ -474,7 +485,8 @@ def load_file(
 ) -> Dict[str, torch.Tensor]:
     """Load the safetensors file at `path` onto `device`: name -> tensor, all views of one buffer.
 
-    readers: threads reading the file (CPU: each its own slice; CUDA: each filling ring slots).
+    readers: threads reading the file (CPU: each its own slice; CUDA: each filling ring slots);
+    default `default_readers()`.
     ring_bytes, streams: the pinned host ring and the number of CUDA streams copying from it.
     stats: when given, gets bytes, seconds, read_seconds (summed over reader threads) and,
     for CUDA, h2d_seconds (GPU time of the copies) and pipeline_seconds; values accumulate
@@ -485,6 +497,7 @@ def load_file(
     import torch
 
     t0 = time.perf_counter()
+    readers = default_readers() if readers is None else readers
     path = os.fspath(path)
     header = read_header(path)
     dev = torch.device(device)
