@@ -89,7 +89,9 @@ def driver_version() -> str | None:
 
 def markdown(doc: dict[str, Any]) -> str:
     card = doc.get("gpu") or {}
-    title = f"## GPU check on {card.get('name', 'no GPU (CPU smoke run)')}, {doc['date']}"
+    ran = [s["key"] for s in doc["sections"]]
+    only = "" if ran == SECTIONS else f" (only {', '.join(ran)})"
+    title = f"## GPU check on {card.get('name', 'no GPU (CPU smoke run)')}, {doc['date']}{only}"
     out = [
         title,
         "",
@@ -127,6 +129,9 @@ def record(benchmarks: Path, result: Path) -> int:
     from bench.common import update_section
 
     card = re.sub(r"[^a-z0-9]+", "-", doc["gpu"]["name"].lower()).strip("-")
+    ran = [sec["key"] for sec in doc["sections"]]
+    if ran != SECTIONS:  # a run of some sections has its own place beside the card's full run
+        card += "-only-" + "-".join(ran)
     begin, end = BEGIN.format(card=card), END.format(card=card)
     update_section(benchmarks, f"{begin}\n{markdown(doc)}{end}", begin, end)
     print(f"recorded {doc['gpu']['name']} ({doc['date']}) in {benchmarks}")

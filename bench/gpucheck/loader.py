@@ -22,7 +22,8 @@ PLAN = [
     "time, medians of 5: the pinned host-to-device copy ceiling (torch.empty(pin_memory=True) -> .cuda(non_blocking=True)),"
     " labctl's loader (its default: a reader per core up to 16; and 4 or 8 readers, a 1 GB ring, 4 streams), safetensors load_file(device='cuda'), torch.load(map_location='cuda')",
     "check labctl's tensors are bit-identical to safetensors'",
-    "a probe, not labctl's loader: the mapped file registered with CUDA (cudaHostRegister) and copied straight to the card",
+    "probes, not labctl's loader: the mapped file registered with CUDA (cudaHostRegister) and copied straight to the card,"
+    " whole and pipelined in chunks",
     "goals: labctl >= 90% of pinned H2D, >= 2x safetensors to CUDA",
     "`labctl bench model-load --file ... --device cuda`: every stage of the CLI's own measurement, warm-up and forward included",
 ]
@@ -57,6 +58,59 @@ def _timed(torch: Any, fn: Any, reps: int) -> tuple[float, list[float], float]:
         times.append(time.perf_counter() - t0)
         del out
     return statistics.median(times), times, first
+
+
+def _register_pipeline_probe(
+    torch: Any, files: list[str], device: str, threads: int, chunk: int
+) -> dict[str, Any]:
+    """Not labctl's loader: the zero-copy path pipelined. `threads` register chunks of the
+    mapped file with CUDA while this thread copies each registered chunk to the card, so
+    pinning overlaps the copy; the chunks are unregistered after the last copy."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cudart = torch.cuda.cudart()
+    _sync(torch)
+    start = time.perf_counter()
+    total = 0
+    keep = []
+    regs: list[tuple[int, int]] = []
+    stream = torch.cuda.Stream()
+
+    def reg(ptr: int, n: int) -> int:
+        rc = int(cudart.cudaHostRegister(ptr, n, 8))  # cudaHostRegisterReadOnly
+        return rc if rc == 0 else int(cudart.cudaHostRegister(ptr, n, 0))
+
+    with ThreadPoolExecutor(threads) as pool:
+        for f in files:
+            size = os.path.getsize(f)
+            host = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage.from_file(f, True, size))
+            base = host.data_ptr()
+            first = len(regs)  # the chunks of earlier files end here
+            dev = torch.empty(size, dtype=torch.uint8, device=device)
+            chunks = [(a, min(size, a + chunk)) for a in range(0, size, chunk)]
+            futures = [pool.submit(reg, base + a, b - a) for a, b in chunks]
+            stream.wait_stream(torch.cuda.current_stream())  # dev's memory may be a freed tensor's
+            with torch.cuda.stream(stream):
+                for (a, b), fut in zip(chunks, futures, strict=True):
+                    rc = fut.result()
+                    if rc != 0:
+                        # Every chunk that did register is released again before raising.
+                        stream.synchronize()
+                        here = [
+                            base + c[0] for c, f2 in zip(chunks, futures, strict=True) if f2.result() == 0
+                        ]
+                        for ptr in [r[0] for r in regs[:first]] + here:
+                            cudart.cudaHostUnregister(ptr)
+                        raise RuntimeError(f"cudaHostRegister of a chunk failed: error {rc}")
+                    regs.append((base + a, b - a))
+                    dev[a:b].copy_(host[a:b], non_blocking=True)
+            keep.append((host, dev))
+            total += size
+        stream.synchronize()
+        copied = time.perf_counter() - start
+        list(pool.map(lambda r: cudart.cudaHostUnregister(r[0]), regs))
+    done = time.perf_counter() - start
+    return {"bytes": total, "to_card_s": copied, "seconds": done, "threads": threads, "chunk": chunk}
 
 
 def _register_probe(torch: Any, files: list[str], device: str) -> dict[str, Any]:
@@ -228,6 +282,24 @@ def run(env: CheckEnv) -> Section:
             )
         except Exception as exc:  # a probe: its failure is a finding, not the section's
             sec.skip("zero-copy probe (cudaHostRegister on the mapped file)", f"{type(exc).__name__}: {exc}")
+        probes = []
+        for threads, chunk in ((8, 64 << 20), (16, 32 << 20)):
+            try:
+                runs = [_register_pipeline_probe(torch, files, device, threads, chunk) for _ in range(3)]
+                _sync(torch)
+                torch.cuda.empty_cache()
+            except Exception as exc:
+                sec.skip(f"pipelined zero-copy probe ({threads} threads)", f"{type(exc).__name__}: {exc}")
+                continue
+            med = sorted(runs, key=lambda r: r["seconds"])[1]
+            probes.append(med)
+            sec.row(
+                f"probe (not labctl's loader): pipelined registration, {threads} threads, {chunk >> 20} MB chunks",
+                f"{fmt(med['bytes'] / med['seconds'] / GB, 'GB/s')} ({fmt(med['seconds'], 's', 3)}, median of 3)",
+                f"{med['bytes'] / med['seconds'] / GB / top * 100:.0f}% of ceiling; on the card after"
+                f" {fmt(med['to_card_s'], 's', 3)} ({med['bytes'] / med['to_card_s'] / GB / top * 100:.0f}%), the rest unregistering",
+            )
+        sec.figures["zero_copy_pipeline_probes"] = probes
         _sync(torch)
         torch.cuda.empty_cache()
     sec.row("labctl tensors == safetensors tensors", "yes" if same else "NO", "every tensor, torch.equal")
