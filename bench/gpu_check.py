@@ -87,11 +87,18 @@ def driver_version() -> str | None:
         return None
 
 
+def only(doc: dict[str, Any]) -> list[str]:
+    """The sections a run of some (--only) ran; [] for a run of all."""
+    if "only" in doc:
+        return list(doc["only"] or [])
+    ran = [s["key"] for s in doc["sections"]]
+    return [] if len(ran) == len(SECTIONS) else ran
+
+
 def markdown(doc: dict[str, Any]) -> str:
     card = doc.get("gpu") or {}
-    ran = [s["key"] for s in doc["sections"]]
-    only = "" if ran == SECTIONS else f" (only {', '.join(ran)})"
-    title = f"## GPU check on {card.get('name', 'no GPU (CPU smoke run)')}, {doc['date']}{only}"
+    some = f" (only {', '.join(only(doc))})" if only(doc) else ""
+    title = f"## GPU check on {card.get('name', 'no GPU (CPU smoke run)')}, {doc['date']}{some}"
     out = [
         title,
         "",
@@ -110,6 +117,9 @@ def markdown(doc: dict[str, Any]) -> str:
         ]
         for g in s["goals"]:
             verdict = "met" if g["met"] else "MISSED"
+            if g["unit"] == "bool":  # a yes/no goal: the verdict is the figure
+                out.append(f"\nGoal, {g['why'] or g['name']}: **{verdict}**.")
+                continue
             value = "n/a" if g["value"] is None else f"{g['value']:.2f}{g['unit']}"
             out.append(
                 f"\nGoal, {g['why'] or g['name']}: {value} against {g['target']}{g['unit']}: **{verdict}**."
@@ -129,9 +139,8 @@ def record(benchmarks: Path, result: Path) -> int:
     from bench.common import update_section
 
     card = re.sub(r"[^a-z0-9]+", "-", doc["gpu"]["name"].lower()).strip("-")
-    ran = [sec["key"] for sec in doc["sections"]]
-    if ran != SECTIONS:  # a run of some sections has its own place beside the card's full run
-        card += "-only-" + "-".join(ran)
+    if only(doc):  # a run of some sections has its own place beside the card's full run
+        card += "-only-" + "-".join(only(doc))
     begin, end = BEGIN.format(card=card), END.format(card=card)
     update_section(benchmarks, f"{begin}\n{markdown(doc)}{end}", begin, end)
     print(f"recorded {doc['gpu']['name']} ({doc['date']}) in {benchmarks}")
@@ -172,6 +181,7 @@ def main() -> int:
         f"Python {platform.python_version()}",
         "gpu": card or None,
         "smoke": bool(args.smoke and not card),
+        "only": names if args.only else None,
         "sections": [],
         "seconds": 0.0,
     }

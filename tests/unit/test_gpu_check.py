@@ -113,6 +113,20 @@ def test_record_writes_one_section_per_card_and_replaces_it(tmp_path: Path) -> N
     assert text.startswith("# Benchmarks\n\n## CPU figures\nkept\n")
 
 
+def test_a_run_of_some_sections_is_recorded_beside_the_full_run(tmp_path: Path) -> None:
+    bench_md = tmp_path / "benchmarks.md"
+    full = dict(_run_doc("NVIDIA H100 80GB HBM3", 0.62), only=None)
+    some = dict(_run_doc("NVIDIA H100 80GB HBM3", 0.7), only=["loader"])
+    for doc in (full, some):
+        run = tmp_path / "run.json"
+        run.write_text(json.dumps(doc))
+        assert gpu_check.record(bench_md, run) == 0
+    text = bench_md.read_text()
+    assert "## GPU check on NVIDIA H100 80GB HBM3, 2026-11-26\n" in text
+    assert "## GPU check on NVIDIA H100 80GB HBM3, 2026-11-26 (only loader)\n" in text
+    assert "0.62x against 0.9x" in text and "0.70x against 0.9x" in text
+
+
 def test_record_refuses_a_run_without_a_gpu(tmp_path: Path) -> None:
     bench_md = tmp_path / "benchmarks.md"
     bench_md.write_text("# Benchmarks\n")
