@@ -83,7 +83,7 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) ckpt backup
 	$(BIN)/labctl -i $(SIM_INV) ckpt list
 	$(BIN)/labctl -i $(SIM_INV) ckpt verify
-	@echo "== the week over free cloud GPUs (seed 001's Kaggle and SageMaker quotas), with a Gantt chart =="
+	@echo "== the week over free cloud GPUs (Kaggle's and SageMaker's free quotas), with a Gantt chart =="
 	$(BIN)/labctl -i $(SIM_INV) plan week --plot $(SIM_DIR)/week.png
 	@echo "== the LLM orchestra: 3 of 4 small models kept warm on m5 (CPU servers), one rotation, phase 3's check =="
 	for m in demo-a demo-b demo-c demo-d; do $(BIN)/labctl -i $(SIM_INV) bench make-model --size-gb 0.05 --host irina --name $$m; done
@@ -93,7 +93,7 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) orchestra status -f $(DEMO_ORCH)
 	$(BIN)/labctl -i $(SIM_INV) train --phase 3 --dry-run --limit m5 --device cpu --python $(CURDIR)/$(BIN)/python
 	$(BIN)/labctl -i $(SIM_INV) bench rotation -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
-	@echo "== the lab at a glance (warm models, alerts), its checks against seed 004 and seed 003's dev tier (the sim has no GPU: failures expected), its metrics for Prometheus =="
+	@echo "== the lab at a glance (warm models, alerts), its checks before training and against the dev tier (the sim has no GPU: failures expected), its metrics for Prometheus =="
 	$(BIN)/labctl -i $(SIM_INV) status
 	-$(BIN)/labctl -i $(SIM_INV) doctor --tier dev
 	$(BIN)/labctl -i $(SIM_INV) metrics --textfile $(SIM_DIR)

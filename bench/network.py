@@ -206,7 +206,7 @@ def render(r: dict[str, Any]) -> str:
         f"Its explanation: {r['explanation']} The whole command (SSH to both hosts, facts, both agents, "
         f"{len(r['rows'])} stream counts of {r['seconds']:g} s) took {r['wall_s']:.1f} s (median).",
         "",
-        "Seed 000 figures for the 48 GB model: 384 s over 1 Gb, 192 s over the bonded pair; they count the "
+        "The lab's planned figures for the 48 GB model: 384 s over 1 Gb, 192 s over the bonded pair; they count the "
         "line rate, so TCP payload at ~96% of it takes ~4% longer. The sim has no "
         "bonding driver, so only the one-link figure can be checked here; on the seed's 802.3ad bond with "
         "layer3+4 hashing one stream stays near one link's rate and 2+ streams are the ones to reach 2 Gbit.",

@@ -35,3 +35,29 @@ class HostError(LabctlError):
     """A host failed or could not be reached. Exit code 1."""
 
     exit_code = EXIT_HOST
+
+
+def install_extra(extra: str) -> str:
+    """The command that adds labctl's optional `extra` (torch, plot, cloud, ...) to the environment
+    this labctl runs from, whichever way it was installed (a wheel in a venv, pipx, a checkout):
+    this interpreter's pip with the extra's pinned packages, as the installed metadata lists them."""
+    import re
+    import shlex
+    import sys
+    from importlib import metadata
+    from pathlib import Path
+
+    python = shlex.quote(sys.executable)
+    try:
+        requires = metadata.requires("labctl") or []
+    except metadata.PackageNotFoundError:
+        requires = []
+    marker = re.compile(rf"""extra\s*==\s*["']{re.escape(extra)}["']""")
+    pins = [r.split(";")[0].strip() for r in requires if marker.search(r)]
+    if pins:
+        return f"{python} -m pip install {' '.join(shlex.quote(p) for p in pins)}"
+    # Run from a checkout without installing it (PYTHONPATH): the extra of that checkout.
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file():
+        return f"{python} -m pip install {shlex.quote(f'{checkout}[{extra}]')}"
+    return f"{python} -m pip install 'labctl[{extra}]' from the wheel or checkout labctl came from"

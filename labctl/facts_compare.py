@@ -60,7 +60,7 @@ def _gb(value_bytes: int | None) -> float | None:
 def _fmt_gb(value: float | None) -> str:
     if value is None:
         return "unknown"
-    return f"{value:.0f} GB" if abs(value - round(value)) < 0.05 else f"{value:.1f} GB"
+    return f"{value:.0f} GiB" if abs(value - round(value)) < 0.05 else f"{value:.1f} GiB"
 
 
 @dataclass
@@ -183,7 +183,7 @@ def _ram_messages(declared_ram_gb: float | None, facts: dict[str, Any]) -> list[
     over = found - declared > RAM_TOLERANCE_OVER * declared + RAM_TOLERANCE_ABS_GB
     under = declared - found > RAM_TOLERANCE_UNDER * declared + RAM_TOLERANCE_ABS_GB
     if over or under:
-        return [f"declared {_fmt_gb(declared)} RAM, host reports {found:.1f} GB"]
+        return [f"declared {_fmt_gb(declared)} RAM, host reports {found:.1f} GiB"]
     return []
 
 

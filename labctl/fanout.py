@@ -180,11 +180,16 @@ def fan_out(
 
     def worker(h: Host) -> None:
         with limit:
-            r = (
-                HostResult(h.name, "cancelled", error="cancelled before it started")
-                if cancel.is_set()
-                else _run_one(ctx, h, step, cancel)
-            )
+            try:
+                r = (
+                    HostResult(h.name, "cancelled", error="cancelled before it started")
+                    if cancel.is_set()
+                    else _run_one(ctx, h, step, cancel)
+                )
+            except BaseException as e:
+                # SystemExit (rich raises it on a broken pipe) would end this thread silently,
+                # and fan_out would wait for its result for ever.
+                r = HostResult(h.name, "failed", error=f"internal error: {type(e).__name__}: {e}")
         with lock:
             results[h.name] = r
             if len(results) == len(hosts):

@@ -1,8 +1,10 @@
 """`labctl init`: a starter lab folder (the seed lab's inventory and the default playbooks).
 
 The files are labctl's own package data (labctl/data/), so an installed labctl writes the same
-files the repository holds. Nothing is overwritten unless asked: with a file already there,
-nothing at all is written.
+files the repository holds, in the repository's layout: DIR/inventory/lab.yaml beside
+DIR/playbooks/. From DIR, the default inventory (inventory/lab.yaml) is then the new one, and
+the playbooks are found beside it (labctl/defaults.py looks in the inventory's parent).
+Nothing is overwritten unless asked: with a file already there, nothing at all is written.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from labctl.errors import InputError
 
-INVENTORY = "lab.yaml"
+INVENTORY = "inventory/lab.yaml"
 # (name in labctl/data, where it goes in the lab folder)
 FILES = [
     ("lab.yaml", INVENTORY),
@@ -62,7 +64,7 @@ def write_starter(folder: Path, force: bool = False) -> list[Path]:
 
     written = []
     for path, text in targets.items():
-        if path.name == INVENTORY:
+        if path == folder / INVENTORY:
             text = HEADER.format(path=path) + text
         # A rename: with --force, a symlink there is replaced itself, never the file it points to.
         write_atomic(path, text, 0o644)

@@ -23,13 +23,17 @@ def _library_error(exc: lib.LibraryError) -> AgentError:
 
 def newest_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """The newest valid checkpoint in a run's checkpoint folder on this host (re-hashed),
-    and the newer ones skipped with their reason."""
+    and the newer ones skipped with their reason. With `step`: that step, if it is valid
+    (a damaged library copy is copied again from a folder that still holds it)."""
     path = str(args["dir"])
     if not os.path.isdir(path):
         return {"dir": path, "exists": False, "step": None, "skipped": []}
     folder = CheckpointDir(path)
     skipped: List[Dict[str, Any]] = []
-    for step in reversed(folder.steps_present()):
+    steps = folder.steps_present()
+    if args.get("step") is not None:
+        steps = [s for s in steps if s == int(args["step"])]
+    for step in reversed(steps):
         reason = folder.check(step)
         if reason is None:
             manifest = folder.manifest(step)
@@ -56,6 +60,7 @@ def _entry_json(e: Dict[str, Any]) -> Dict[str, Any]:
         "backed_up_at": record.get("backed_up_at"),
         "origin": record.get("origin"),
         "source_host": record.get("source_host"),
+        "damaged": e.get("damaged"),
         "record": record,
     }
 
@@ -93,6 +98,7 @@ def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
         raise AgentError(str(exc), "damaged") from None
     out = _entry_json(entry)
     out["existed"] = entry["existed"]
+    out["replaced"] = entry.get("replaced")
     return out
 
 
@@ -111,16 +117,29 @@ def remove_command(args: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def verify_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """Re-hash every committed copy against its manifest: each one's status and reason."""
+    """Re-hash every committed copy (of `run_id`, or only `copies`: [[run_id, step]]) against
+    its manifest: each one's status and reason.
+
+    `mark`: record each finding in the copy (damaged.json, cleared when intact), so that the
+    next backup or pull replaces it. `remove_damaged`: drop the copies found damaged now.
+    """
     root = str(args["lib"])
     try:
         found = lib.entries(root, args.get("run_id"))
     except lib.LibraryError as exc:
         raise _library_error(exc) from None
+    if args.get("copies") is not None:
+        wanted = {(str(r), int(s)) for r, s in args["copies"]}
+        found = [e for e in found if (e["run_id"], e["step"]) in wanted]
     out = []
     for e in found:
         reason = lib.check_entry(e["path"], e["step"])
         item = _entry_json(e)
-        item.update(status="ok" if reason is None else "damaged", reason=reason)
+        item.update(status="ok" if reason is None else "damaged", reason=reason, damaged=reason)
+        if reason is not None and args.get("remove_damaged"):
+            lib.remove(root, e["run_id"], e["step"])
+            item["status"] = "removed"
+        elif args.get("mark"):
+            lib.mark(e["path"], reason)
         out.append(item)
     return {"lib": root, "exists": os.path.isdir(root), "entries": out}

@@ -91,7 +91,9 @@ def _parts(args: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def ckpt_state_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """{lib, run_id, steps} -> per step: the committed copy's sha256 (or None), parts already here."""
+    """{lib, run_id, steps} -> per step: the committed copy (its sha256, and why it is damaged:
+    re-hashed here, so a pull replaces a damaged copy rather than calling it present), or
+    None; the parts already here."""
     lib = _abs(args, "lib")
     run_id = _run_id(args)
     out: Dict[str, Any] = {}
@@ -100,7 +102,12 @@ def ckpt_state_command(args: Dict[str, Any]) -> Dict[str, Any]:
         committed = None
         if os.path.isdir(final):
             record = ckpt_library.read_record(final) or {}
-            committed = {"sha256": record.get("sha256"), "path": final, "origin": record.get("origin")}
+            committed = {
+                "sha256": record.get("sha256"),
+                "path": final,
+                "origin": record.get("origin"),
+                "damaged": ckpt_library.check_entry(final, int(step)),
+            }
         part_dir = os.path.join(ckpt_library.incoming_dir(lib, run_id, int(step)), PARTS)
         out[str(step)] = {"committed": committed, "parts": _files(part_dir)}
     return {"lib": lib, "run_id": run_id, "steps": out}
@@ -115,13 +122,15 @@ def _run_id(args: Dict[str, Any]) -> str:
 
 def ckpt_commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """{lib, run_id, step, parts, record}: join the .pt from its parts beside its uploaded
-    manifest, then `ckpt_library.commit` (which verifies it against the manifest)."""
+    manifest, then `ckpt_library.commit` (which verifies it against the manifest, and
+    replaces a committed copy that is damaged)."""
     lib = _abs(args, "lib")
     run_id = _run_id(args)
     step = int(args["step"])
     record = dict(args.get("record") or {})
     incoming = ckpt_library.incoming_dir(lib, run_id, step)
-    if not os.path.isdir(ckpt_library.step_dir(lib, run_id, step)):
+    final = ckpt_library.step_dir(lib, run_id, step)
+    if not os.path.isdir(final) or ckpt_library.check_entry(final, step) is not None:
         _join(incoming, pt_name(step), _parts(args))
         shutil.rmtree(os.path.join(incoming, PARTS), ignore_errors=True)
     try:

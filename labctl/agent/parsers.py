@@ -79,6 +79,8 @@ def memory_from_meminfo(info: Dict[str, int]) -> Dict[str, Any]:
         "swap_total_bytes": info.get("SwapTotal", 0),
         "swap_free_bytes": info.get("SwapFree", 0),
         "shmem_bytes": info.get("Shmem"),
+        "total_gib": round(total / 1024.0**3, 2),
+        # The same GiB figure under its first, misleading name: scripts reading --json keep working.
         "total_gb": round(total / 1024.0**3, 2),
     }
 

@@ -8,8 +8,12 @@ incoming folder: verified, resumable chunks; the data never passes through this 
 and `ckpt_library.commit` re-verifies the copy and renames it into sight. Then, and only for
 runs whose copy did not fail, retention prunes the library (labctl/ckpt/retention.py).
 
-A step already in the library is not copied again; a killed copy leaves only its incoming
-folder, which the next backup resumes.
+A step already in the library is not copied again unless it is damaged: the copies a backup
+would otherwise call present are re-hashed on the storage host, and the ones `ckpt verify`
+marked damaged are known from their mark. A damaged copy is copied again from a host that
+still holds that checkpoint (the same sha256) and replaced atomically by the commit; one that
+no host holds any more is named with the command that drops it. A killed copy leaves only
+its incoming folder, which the next backup resumes.
 """
 
 from __future__ import annotations
@@ -19,7 +23,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from labctl.ckpt.clock import iso, parse_record_time
-from labctl.ckpt.library import Library, copies, newest_on_hosts, run_records, superseded
+from labctl.ckpt.library import (
+    Library,
+    copies,
+    find_sources,
+    newest_on_hosts,
+    rehash,
+    repair_hints,
+    run_records,
+    superseded,
+)
 from labctl.errors import HostError, InputError, LabctlError
 
 if TYPE_CHECKING:
@@ -116,8 +129,9 @@ def copy_step(
         "ckpt_lib_commit",
         {"lib": lib.path, "run_id": run_id, "step": step, "record": record},
     )
+    action = "present" if committed.get("existed") else "replaced" if committed.get("replaced") else "copied"
     return {
-        "action": "present" if committed.get("existed") else "copied",
+        "action": action,
         "path": committed["path"],
         "backed_up_at": committed.get("backed_up_at"),
         "bytes": committed.get("bytes"),
@@ -140,8 +154,9 @@ def backup(
     on_progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Back up each run's newest checkpoint, then prune; JSON-ready. Per run: `action` is
-    copied, present, would copy, nothing (no valid checkpoint anywhere), superseded (a newer
-    run writes into its checkpoint folder now: `by`) or failed."""
+    copied, present, would copy, replaced / would replace (the library's copy was `damaged`),
+    damaged (no host holds it any more: `hint`), nothing (no valid checkpoint anywhere),
+    superseded (a newer run writes into its checkpoint folder now: `by`) or failed."""
     from labctl.ckpt import clock
 
     now = clock.now()
@@ -158,12 +173,41 @@ def backup(
         listing = pool.submit(copies, ctx, lib)
         found = newest_on_hosts(ctx, records)
         held = listing.result()["entries"]
-    have = {(e["run_id"], e["step"]) for e in held}
+    have = {(e["run_id"], e["step"]): e for e in held}
+    picked = {r["run_id"]: choose(found[r["run_id"]]) for r in records}
+    # Never trust a copy for being there: the ones this backup would call present are re-hashed.
+    present = [(run, p["step"]) for run, ps in picked.items() for p in ps if (run, p["step"]) in have]
+    damaged = {k: str(e["damaged"]) for k, e in have.items() if e.get("damaged")}
+    for k, why in rehash(ctx, lib, present, mark=not dry_run).items():
+        damaged.pop(k, None)
+        if why:
+            damaged[k] = why
     failed: set[str] = set()
+
+    def copy_into(item: dict[str, Any], src: str, folder: str, step: int) -> None:
+        try:
+            item.update(
+                copy_step(
+                    ctx,
+                    lib,
+                    item["run_id"],
+                    ctx.inventory.hosts[src],
+                    folder,
+                    step,
+                    chunk_size=chunk_size,
+                    streams=streams,
+                    backed_up_at=stamp,
+                    on_progress=on_progress,
+                )
+            )
+        except LabctlError as e:
+            item.update(action="failed", error=e.message, hint=e.hint)
+            failed.add(item["run_id"])
+
     for r in records:
         run_id = r["run_id"]
         hosts = found[run_id]
-        picks = choose(hosts)
+        picks = picked[run_id]
         errors = [{"host": h["host"], "error": h["error"]} for h in hosts if h.get("error")]
         if not picks:
             item = {"run_id": run_id, "action": "nothing", "hosts": hosts}
@@ -182,30 +226,33 @@ def backup(
                 "bytes": pick.get("bytes"),
                 "unreachable": errors,
             }
-            if (run_id, step) in have:
+            if (run_id, step) in damaged:
+                item["damaged"] = damaged[(run_id, step)]
+            if (run_id, step) in have and "damaged" not in item:
                 item["action"] = "present"
             elif dry_run:
-                item["action"] = "would copy"
+                item["action"] = "would replace" if "damaged" in item else "would copy"
             else:
-                try:
-                    item.update(
-                        copy_step(
-                            ctx,
-                            lib,
-                            run_id,
-                            ctx.inventory.hosts[src],
-                            pick["dir"],
-                            step,
-                            chunk_size=chunk_size,
-                            streams=streams,
-                            backed_up_at=stamp,
-                            on_progress=on_progress,
-                        )
-                    )
-                except LabctlError as e:
-                    item.update(action="failed", error=e.message, hint=e.hint)
-                    failed.add(run_id)
+                copy_into(item, src, pick["dir"], step)
             out_runs.append(item)
+    # Damaged copies of older steps: copied again from a host that still holds them.
+    handled = {(run, p["step"]) for run, ps in picked.items() for p in ps}
+    rest = [have[k] for k in sorted(damaged) if k not in handled and k[0] in picked]
+    sources = find_sources(ctx, rest)
+    hints = repair_hints(ctx, lib, rest, sources)
+    for e in rest:
+        key = (e["run_id"], e["step"])
+        src = sources.get(key)
+        item = {"run_id": e["run_id"], "step": e["step"], "damaged": damaged[key]}
+        if src is None:
+            item.update(action="damaged", path=e["path"], hint=hints[key]["text"])
+        else:
+            item.update(source_host=src["host"], source_path=src["dir"])
+            if dry_run:
+                item["action"] = "would replace"
+            else:
+                copy_into(item, src["host"], src["dir"], e["step"])
+        out_runs.append(item)
     new = [
         {"run_id": r["run_id"], "step": r["step"], "backed_up_at": r.get("backed_up_at") or stamp}
         for r in out_runs
@@ -221,6 +268,7 @@ def backup(
         "pruned": pruned,
         "kept": plan,
         "failed": sorted(failed),
+        "damaged": [{"run_id": r["run_id"], "step": r["step"]} for r in out_runs if r["action"] == "damaged"],
     }
 
 

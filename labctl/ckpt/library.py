@@ -150,3 +150,119 @@ def copies(ctx: Context, lib: Library, run_id: str | None = None) -> dict[str, A
         args["run_id"] = run_id
     answer: dict[str, Any] = ask_agent(ctx, lib.host, "ckpt_lib_list", args, timeout=120)
     return answer
+
+
+def rehash(
+    ctx: Context, lib: Library, pairs: list[tuple[str, int]], *, mark: bool
+) -> dict[tuple[str, int], str | None]:
+    """Re-hash these library copies on the storage host: (run, step) -> why damaged, or None.
+    `mark`: record the finding in each copy, as `ckpt verify` does."""
+    from labctl.agent_ship import ask_agent
+
+    if not pairs:
+        return {}
+    args = {"lib": lib.path, "copies": [list(p) for p in pairs], "mark": mark}
+    answer = ask_agent(ctx, lib.host, "ckpt_lib_verify", args, timeout=24 * 3600.0)
+    return {(e["run_id"], e["step"]): e.get("reason") for e in answer["entries"]}
+
+
+def find_sources(ctx: Context, damaged: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, str] | None]:
+    """For each damaged library copy ({run_id, step, record}), a training host folder that still
+    holds that step valid and with the copy's sha256 ({host, dir}), or None.
+
+    Tried in order: the folder the copy was backed up from, then the run's hosts and folder. A
+    step with other bytes under the same run id is another checkpoint, never a repair.
+    """
+    from labctl.agent_ship import ask_agent
+
+    if not damaged:
+        return {}
+    try:
+        records = {r["run_id"]: r for r in run_records(ctx, None)}
+    except LabctlError:
+        records = {}
+
+    def candidates(e: dict[str, Any]) -> list[tuple[str, str]]:
+        rec = e.get("record") or {}
+        out: list[tuple[str, str]] = []
+        if rec.get("origin") == "backup" and rec.get("source_host") and rec.get("source_path"):
+            out.append((str(rec["source_host"]), str(rec["source_path"])))
+        run = records.get(e["run_id"])
+        folder = checkpoint_dir(run) if run else None
+        if run and folder:
+            out += [(str(h), folder) for h in run.get("hosts") or []]
+        return list(dict.fromkeys(out))
+
+    def ask(e: dict[str, Any]) -> dict[str, str] | None:
+        want = (e.get("record") or {}).get("sha256")
+        for name, folder in candidates(e):
+            host = ctx.inventory.hosts.get(name)
+            if host is None:
+                continue
+            try:
+                got = ask_agent(ctx, host, "ckpt_newest", {"dir": folder, "step": e["step"]}, timeout=3600)
+            except LabctlError:
+                continue
+            if got.get("step") == e["step"] and want in (None, got.get("sha256")):
+                return {"host": name, "dir": folder}
+        return None
+
+    with ThreadPoolExecutor(max_workers=min(8, len(damaged))) as pool:
+        found = list(pool.map(ask, damaged))
+    return {(e["run_id"], e["step"]): f for e, f in zip(damaged, found, strict=True)}
+
+
+def pulled_from(record: dict[str, Any]) -> str | None:
+    """The folder or archive on this machine a pulled copy came from, if it is still here: what
+    `labctl ckpt pull` takes again to replace a damaged copy."""
+    import os
+    import socket
+
+    where = record.get("source_path")
+    if record.get("origin") != "pull" or not isinstance(where, str):
+        return None
+    if record.get("source_host") != socket.gethostname():
+        return None
+    # An archive's member is recorded as ARCHIVE::MEMBER, a folder's checkpoint as its path.
+    path = where.split("::", 1)[0] if "::" in where else os.path.dirname(where)
+    return path if os.path.exists(path) else None
+
+
+def repair_hints(
+    ctx: Context,
+    lib: Library,
+    damaged: list[dict[str, Any]],
+    sources: dict[tuple[str, int], dict[str, str] | None] | None = None,
+) -> dict[tuple[str, int], dict[str, Any]]:
+    """For each damaged copy, the command that mends it ({text, mends}): a backup from a host
+    that still holds the checkpoint, a pull from the source still on this machine (`mends`:
+    the copy is good again), or, when the checkpoint is nowhere else any more, removing the
+    copy, which nothing can mend. `sources`: what `find_sources` answered, if asked already."""
+    if sources is None:
+        sources = find_sources(ctx, damaged)
+    # --storage only where the command needs it to find this library (several storage hosts).
+    several = sum(1 for h in ctx.inventory.hosts.values() if h.storage is not None) > 1
+    storage = f" --storage {lib.host.name}" if several else ""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for e in damaged:
+        key = (e["run_id"], e["step"])
+        run, step = shlex.quote(e["run_id"]), e["step"]
+        src = sources.get(key)
+        pulled = pulled_from(e.get("record") or {})
+        if src is not None:
+            text = (
+                f"`labctl ckpt backup --run {run}{storage}` copies step {step} again from "
+                f"{src['host']}:{src['dir']}, which still holds it."
+            )
+        elif pulled is not None:
+            text = (
+                f"`labctl ckpt pull {shlex.quote(pulled)} --run {run}{storage}` sends step {step} again "
+                "from where it was pulled."
+            )
+        else:
+            text = (
+                f"No training host holds step {step} any more, so it cannot be copied again: "
+                f"`labctl ckpt verify --run {run} --remove-damaged{storage}` drops the copy."
+            )
+        out[key] = {"text": text, "mends": src is not None or pulled is not None}
+    return out

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from labctl.agent import ckpt_library
 from labctl.agent.ckpt import FORMAT, CheckpointDir, manifest_name
-from labctl.errors import InputError
+from labctl.errors import InputError, install_extra
 
 if TYPE_CHECKING:
     from labctl.context import Context
@@ -191,7 +191,7 @@ def _load_state(path: Path) -> dict[str, Any]:
     except ImportError:
         raise InputError(
             f"Reading {path.name} needs torch, which is not installed here.",
-            "Install labctl's torch extra (pip install 'labctl[torch]'), or give --run RUN.",
+            f"Install labctl's torch extra ({install_extra('torch')}), or give --run RUN.",
         ) from None
     state = torch.load(str(path), map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -313,7 +313,7 @@ def pull(
                 f"step {f.step} (library {str(s['committed'].get('sha256'))[:12]}..., pulled {f.sha256[:12]}...)"
                 for f in found
                 if (s := state["steps"][str(f.step)])["committed"]
-                and s["committed"].get("sha256") != f.sha256
+                and s["committed"].get("sha256") not in (f.sha256, None)
             ]
             if clash:
                 raise InputError(
@@ -326,14 +326,20 @@ def pull(
             for f in sorted(found, key=lambda f: f.step):
                 info = state["steps"][str(f.step)]
                 item = {"step": f.step, "source": f.rel, "bytes": f.bytes, "sha256": f.sha256}
-                if info["committed"]:
+                damaged = (info["committed"] or {}).get("damaged")
+                if info["committed"] and not damaged:
                     pulled.append({**item, "action": "present", "path": info["committed"]["path"]})
                     tell(f"{run_id} step {f.step}: already in {host.name}'s library")
                     continue
+                if damaged:
+                    item["replaces_damaged"] = damaged
                 if check:
                     where = ckpt_library.step_dir(lib, run_id, f.step)
-                    pulled.append({**item, "action": "would commit", "path": where})
-                    tell(f"{run_id} step {f.step}: would be sent ({f.bytes} bytes) and committed to {where}")
+                    verb = "would replace the damaged copy" if damaged else "would commit"
+                    pulled.append(
+                        {**item, "action": "would replace" if damaged else "would commit", "path": where}
+                    )
+                    tell(f"{run_id} step {f.step}: {verb} ({f.bytes} bytes to send) at {where}")
                     continue
                 incoming = ckpt_library.incoming_dir(lib, run_id, f.step)
                 hr.conn.put_bytes(
@@ -352,8 +358,12 @@ def pull(
                     },
                     timeout=max(120.0, f.bytes / 50e6),
                 )
-                pulled.append({**item, "action": "committed", "path": entry["path"], "sent_bytes": sent})
-                tell(f"{run_id} step {f.step}: committed to {entry['path']} on {host.name}")
+                action = "replaced" if entry.get("replaced") else "committed"
+                pulled.append({**item, "action": action, "path": entry["path"], "sent_bytes": sent})
+                was = f" (the copy there was damaged: {entry['replaced']})" if entry.get("replaced") else ""
+                tell(
+                    f"{run_id} step {f.step}: {action} {'at' if was else 'to'} {entry['path']} on {host.name}{was}"
+                )
             out: dict[str, Any] = {
                 "run_id": run_id,
                 "storage": host.name,

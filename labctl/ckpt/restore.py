@@ -4,15 +4,17 @@ The storage host serves the step folder's two files, HOST pulls them into the ru
 checkpoint folder (or --dir) with the cache's transfer. Partial copies live in a hidden
 folder there; only when both files are complete and verified are they renamed into place,
 the .pt first: the trainer, which takes a checkpoint only with its manifest, never sees a
-half-copied one. A stopped restore resumes from its verified chunks.
+half-copied one. A stopped restore resumes from its verified chunks. The library's copy is
+re-hashed first: a damaged one is never restored.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from labctl.ckpt.library import Library, checkpoint_dir, copies
+from labctl.ckpt.library import Library, checkpoint_dir, copies, rehash, repair_hints
 from labctl.errors import HostError, InputError
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ def restore(
     from labctl.ckpt.library import run_records
     from labctl.fanout import on_host
 
+    folder_given = folder is not None
     if folder is None:
         try:
             record = run_records(ctx, [run_id])[0]
@@ -78,8 +81,28 @@ def restore(
         raise InputError(
             f"--dir {folder!r} is not an absolute path.", "For example: --dir /data/ckpt/phase1."
         )
-    entry = pick_step(copies(ctx, lib, run_id)["entries"], run_id, step, lib)
+    held = copies(ctx, lib, run_id)["entries"]
+    entry = pick_step(held, run_id, step, lib)
     n = int(entry["step"])
+    # Re-hashed before it is served: a damaged copy restored would overwrite that step on the
+    # host (perhaps a good one) with one the trainer then skips.
+    damage = rehash(ctx, lib, [(run_id, n)], mark=True).get((run_id, n))
+    if damage:
+        entry["record"] = entry.get("record") or {}
+        fix = repair_hints(ctx, lib, [entry])[(run_id, n)]
+        then = " Then run this restore again." if fix["mends"] else ""
+        intact = [e["step"] for e in held if e["step"] != n and not e.get("damaged")]
+        other = ""
+        if intact:
+            again = f"labctl ckpt restore {shlex.quote(run_id)} --to {to.name} --step {max(intact)}"
+            if folder_given:
+                again += f" --dir {shlex.quote(folder)}"
+            other = f" Or restore another step: `{again}`."
+        raise HostError(
+            f"The library's copy of {run_id} step {n} on {lib.host.name} ({entry['path']}) is damaged "
+            f"({damage}); nothing was restored.",
+            f"{fix['text']}{then}{other}",
+        )
     names = [pt_name(n), manifest_name(n)]
     server = FileServer(ctx, lib.host, entry["path"], names, chunk_size, hash_cache=False).begin()
     pulled: dict[str, Any] | None = None

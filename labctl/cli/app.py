@@ -44,7 +44,8 @@ app = typer.Typer(
         "Start with `labctl sim up` for a simulated lab on this machine, or point -i at your inventory."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion / --show-completion SHELL (bash, zsh, fish, powershell): Typer's own.
+    add_completion=True,
     rich_markup_mode="markdown",
     context_settings={"help_option_names": ["-h", "--help"]},
 )

@@ -164,8 +164,8 @@ def network(
     its share of the link (an up bond's speed from facts, else the slower end's NIC speed,
     else the inventory's nics[].speed_mbps), a line on why (802.3ad with layer3+4 hashing
     keeps one stream on one member, so only several streams reach the sum; balance-rr
-    spreads one stream; no bond: one link), and seed 000's 48 GB model at the best rate
-    beside the seed's 384 s over 1 Gb and 192 s bonded.
+    spreads one stream; no bond: one link), and the time a 48 GB model takes at the best rate,
+    beside the lab's plan: 384 s over one 1 Gb link, 192 s over the 2 Gb bond.
 
     Example: labctl bench network --from irina --to m5 --streams 1,2,4 --seconds 5
     """

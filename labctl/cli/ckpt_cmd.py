@@ -152,7 +152,8 @@ def backup_cmd(
 
     The training host serves, the storage host pulls (verified, resumable chunks; never
     through this machine); the copy is listed only once verified. A step already in the
-    library is not copied again; an interrupted backup resumes. Then the library is pruned:
+    library is not copied again unless it is damaged (re-hashed, or found so by `ckpt verify`):
+    then it is copied again and replaced. An interrupted backup resumes. Then the library is pruned:
     30 daily, 13 weekly, 12 monthly copies, and each run's newest, are kept.
 
     Examples:
@@ -193,11 +194,19 @@ def backup_cmd(
             what = r["action"]
             step = f" step {r['step']}" if "step" in r else ""
             line = f"{escape(r['run_id'])}{step}: {what}"
-            if what == "copied":
+            if what in ("copied", "replaced"):
                 line += f" from {r['source_host']} ({fmt_bytes(r.get('fetched_bytes') or 0)} moved"
                 line += f", {fmt_bytes(r['resumed_bytes'])} resumed)" if r.get("resumed_bytes") else ")"
+                if r.get("damaged"):
+                    line += f"; the damaged copy ({escape(r['damaged'])}) is gone"
+            elif what == "would replace":
+                line += f" from {r['source_host']} (the library's copy is damaged: {escape(r['damaged'])})"
+            elif what == "damaged":
+                line = f"[red]{line}[/] ({escape(r['path'])}): {escape(r['damaged'])}. {escape(r['hint'])}"
             elif what == "failed":
                 line = f"[red]{line}[/]: {escape(r.get('error') or '')}"
+                if r.get("damaged"):
+                    line += f" (the library's copy is damaged: {escape(r['damaged'])})"
                 if r.get("hint"):
                     line += f" {escape(r['hint'])}"
             elif what == "nothing":
@@ -209,20 +218,28 @@ def backup_cmd(
             verb = "would prune" if dry_run else "pruned"
             c.console.print(f"{verb} {escape(p['run_id'])} step {p['step']}")
 
-    _done(c, data, render, 1 if data["failed"] else 0)
+    _done(c, data, render, 1 if data["failed"] or data["damaged"] else 0)
 
 
 @app.command("verify")
 def verify_cmd(
     ctx: typer.Context,
     run: RunOpt = None,
+    remove_damaged: Annotated[
+        bool,
+        typer.Option(
+            "--remove-damaged",
+            help="Drop the copies found damaged now (for a checkpoint no host holds any more).",
+        ),
+    ] = False,
     storage: StorageOpt = None,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
-    """Re-hash every copy in the library against its manifest (seed 000's weekly check);
-    name each damaged one with the reason. Exit 1 when any is damaged.
+    """Re-hash every copy in the library against its manifest (the weekly check);
+    name each damaged one with the reason and the command that mends it. Exit 1 when any is
+    damaged. A damaged copy is marked, so the next backup copies it again.
 
     Examples:
 
@@ -231,15 +248,17 @@ def verify_cmd(
         labctl ckpt verify --run p1-20261123-213000-ab12 --json
     """
     from labctl.agent_ship import ask_agent
-    from labctl.ckpt.library import find_storage
+    from labctl.ckpt.library import find_storage, repair_hints
 
     c = make_context(ctx, inventory, json_out, verbose)
     try:
         lib = find_storage(c.inventory, storage)
-        args: dict[str, Any] = {"lib": lib.path}
+        args: dict[str, Any] = {"lib": lib.path, "mark": True, "remove_damaged": remove_damaged}
         if run:
             args["run_id"] = run
         answer = ask_agent(c, lib.host, "ckpt_lib_verify", args, timeout=7 * 24 * 3600.0)
+        bad = [e for e in answer["entries"] if e["status"] == "damaged"]
+        hints = repair_hints(c, lib, bad)
     except BaseException:
         c.close()
         raise
@@ -252,29 +271,36 @@ def verify_cmd(
             f"The library on {lib.host.name} ({lib.path}) holds no copy of run '{run}'.",
             "`labctl ckpt list` shows what it holds.",
         )
-    damaged = [e for e in entries if e["status"] != "ok"]
-    data = {"storage": lib.host.name, "library": lib.path, "entries": entries, "damaged": damaged}
+    for e in entries:
+        if (e["run_id"], e["step"]) in hints:
+            e["hint"] = hints[(e["run_id"], e["step"])]["text"]
+    damaged = [e for e in entries if e["status"] == "damaged"]
+    removed = [e for e in entries if e["status"] == "removed"]
+    data = {
+        "storage": lib.host.name,
+        "library": lib.path,
+        "entries": entries,
+        "damaged": damaged,
+        "removed": removed,
+    }
 
     def render() -> None:
         from rich.markup import escape
 
         for e in entries:
+            where = f"{escape(e['run_id'])} step {e['step']}"
             if e["status"] == "ok":
-                c.console.print(f"ok       {escape(e['run_id'])} step {e['step']}")
+                c.console.print(f"ok       {where}")
+            elif e["status"] == "removed":
+                c.console.print(f"removed  {where} ({escape(e['path'])}): {escape(e['reason'] or '')}")
             else:
                 c.console.print(
-                    f"[red]damaged[/]  {escape(e['run_id'])} step {e['step']} ({escape(e['path'])}): "
-                    f"{escape(e['reason'] or '')}",
+                    f"[red]damaged[/]  {where} ({escape(e['path'])}): {escape(e['reason'] or '')}. "
+                    f"{escape(e['hint'])}",
                     soft_wrap=True,
                 )
-        c.console.print(f"{len(entries)} copies checked on {lib.host.name}, {len(damaged)} damaged.")
-        if damaged:
-            c.console.print(
-                "A damaged copy is left as it is, for a person to look at: restore another step "
-                "(labctl ckpt restore RUN --to HOST --step N), and back the run up again while its "
-                "training host still holds a valid checkpoint.",
-                soft_wrap=True,
-            )
+        tail = f", {len(removed)} damaged removed" if removed else ""
+        c.console.print(f"{len(entries)} copies checked on {lib.host.name}, {len(damaged)} damaged{tail}.")
 
     _done(c, data, render, 1 if damaged else 0)
 

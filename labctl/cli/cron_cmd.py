@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -35,6 +36,16 @@ def install(
         Optional[str], typer.Option("--schedule", help="Cron fields instead, e.g. '0 */4 * * *'.")
     ] = None,
     daily: Annotated[bool, typer.Option("--daily", help="Once a day, at midnight: --every 1d.")] = False,
+    file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--file",
+            "-f",
+            help="rotate: the orchestra file the job rotates by, copied to the orchestrator. Default: "
+            "the one `labctl rotate` finds (playbooks/orchestra.yaml beside the inventory, else here).",
+            show_default=False,
+        ),
+    ] = None,
     host: HostOpt = None,
     check: Annotated[bool, typer.Option("--check", help="Show what would change; change nothing.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="Show file diffs.")] = False,
@@ -47,11 +58,13 @@ def install(
     host keys and playbooks, and the cron entry (flock-locked, logged to
     /var/log/labctl/JOB.log; a systemd timer where systemd runs). A second run changes nothing.
     A job may bring companions on their own schedule: ckpt-backup brings the weekly ckpt-verify
-    (Sundays 06:00, after that night's backup has finished).
+    (Sundays 06:00, after that night's backup has finished). rotate copies the orchestra file
+    (-f, else the default `labctl rotate` reads) and runs by it; its `every` is the default period.
+    The entry runs only where a cron daemon runs: `labctl doctor` checks it.
 
     Examples:
 
-        labctl cron install rotate --every 4h
+        labctl cron install rotate -f playbooks/orchestra.yaml
 
         labctl cron install facts --schedule '*/30 * * * *' --check --diff
 
@@ -66,13 +79,25 @@ def install(
         if every is not None or schedule is not None:
             raise InputError("Give --daily, --every or --schedule, not two of them.", "e.g. --daily.")
         every = "1d"
-    if job == "rotate" and every is None and schedule is None:
-        from labctl.orchestra.spec import default_path, load_orchestra
+    orchestra_file = None
+    if job == "rotate":
+        from labctl.orchestra.spec import default_path, load_orchestra, serving_hosts
 
-        every = load_orchestra(default_path(c.inventory_path)).every  # the cadence lives in one place
+        orchestra_file = file or default_path(c.inventory_path)
+        orch = load_orchestra(orchestra_file)
+        serving_hosts(orch, c.inventory, orchestra_file)  # a file for another lab fails here, not at 4am
+        if every is None and schedule is None:
+            every = orch.every  # the cadence lives in one place
+    elif file is not None:
+        raise InputError(
+            f"-f names an orchestra file, which only the rotate job reads ({job} does not).",
+            f"Leave out -f: labctl cron install {job} ...",
+        )
     when = resolve_schedule(every, schedule)
     try:
-        out = run_install(c, job, when, host, check, on_event=_events(c, check, diff))
+        out = run_install(
+            c, job, when, host, check, on_event=_events(c, check, diff), orchestra_file=orchestra_file
+        )
     finally:
         c.close()
     _finish(c, out, check, f"cron install {job}")
@@ -100,13 +125,18 @@ def list_(
             {
                 "jobs": [{"host": r.host, **j} for r in results for j in (r.data or [])],
                 "hosts": [
-                    {k: v for k, v in r.to_json().items() if k in ("host", "status", "error", "hint")}
+                    {
+                        k: v
+                        for k, v in r.to_json().items()
+                        if k in ("host", "status", "error", "hint", "daemons")
+                    }
                     for r in results
                 ],
             }
         )
     else:
         _print_jobs(c.console, results)
+        _print_idle(c.console, results)
         if not all(r.ok for r in results):
             print_recap(c.console, results, title="cron list")
     raise typer.Exit(exit_code(results))
@@ -178,6 +208,12 @@ def _finish(c: Any, out: Any, check: bool, title: str) -> None:
                 f"{escape(out.info['command'])}",
                 soft_wrap=True,
             )
+            if "orchestra_file" in out.info:
+                c.console.print(
+                    f"  by the orchestra file {escape(out.info['orchestra_file'])}, copied there as "
+                    f"{escape(out.info['orchestra_copy'])}",
+                    soft_wrap=True,
+                )
             for comp in out.info.get("companions", []):
                 c.console.print(
                     f"  with {escape(comp['job'])} ({escape(comp['schedule'])}): {escape(comp['command'])}",
@@ -192,19 +228,22 @@ def _print_jobs(console: Any, results: Any) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    def at(t: Any) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
     table = Table(title="labctl schedules", title_justify="left")
-    for col in ("host", "job", "schedule", "command", "last run", "result"):
+    for col in ("host", "job", "schedule", "command", "last run", "result", "next run"):
         table.add_column(col, overflow="fold")
     for r in results:
         for j in r.data or []:
             last = j.get("last") or {}
-            when = (
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last["end"]))
-                if last.get("end")
-                else "never"
-            )
+            when = at(last["end"]) if last.get("end") else "never"
             rc = last.get("rc")
             result = "" if not last else ("[green]0[/]" if rc == 0 else f"[red]{rc}[/]")
+            if j.get("daemon_running") is False:
+                upcoming = "[red]none: nothing runs it[/]"
+            else:
+                upcoming = at(j["next"]) if j.get("next") else ""
             table.add_row(
                 r.host,
                 escape(str(j.get("name"))),
@@ -212,5 +251,17 @@ def _print_jobs(console: Any, results: Any) -> None:
                 escape(str(j.get("command") or j.get("line") or "")),
                 when,
                 result,
+                upcoming,
             )
     console.print(table)
+
+
+def _print_idle(console: Any, results: Any) -> None:
+    from rich.markup import escape
+
+    from labctl.schedule.install import idle_jobs, idle_text
+
+    for r in results:
+        if idle_jobs(r.data or []):
+            what, fix = idle_text(r.host, r.data)
+            console.print(f"[red]{escape(what)}.[/] {escape(fix)}", soft_wrap=True)

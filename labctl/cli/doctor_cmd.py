@@ -15,7 +15,10 @@ def doctor(
     limit: LimitOpt = None,
     tier: Annotated[
         Optional[str],
-        typer.Option("--tier", help="Also check against seed 003's scale tier: dev, research or prod."),
+        typer.Option(
+            "--tier",
+            help="Also check the lab against a scale tier: dev (one development node), research (one research node) or prod (a cluster of 4 nodes).",
+        ),
     ] = None,
     alerts: Annotated[
         Optional[Path],
@@ -27,12 +30,13 @@ def doctor(
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
-    """Seed 004's infrastructure validation: one line per check, pass, warn or fail, with its fix.
+    """The lab's infrastructure checks before training: one line per check, pass, warn or fail, with its fix.
 
     Every declared GPU found with its memory; driver and CUDA; the torch build covers each GPU;
     one torch and NCCL on the training hosts; NICs and bonds; bandwidth and latency between two
     hosts (a 1-second `bench network`); disk for checkpoints; the model cache's mount; Docker and
-    sandbox images; clock skew; pinned host keys; seed 004's alerts firing now (critical ones fail). `--tier` adds seed 003's tier (GPUs and their
+    sandbox images; a cron daemon wherever `labctl cron install` put a job; clock skew; pinned
+    host keys; the alerts firing now (critical ones fail). `--tier` adds a scale tier's figures (GPUs and their
     memory, CPU cores, RAM, storage, network) and says what is missing to reach it. Exit 1 when
     any line fails.
 
@@ -53,7 +57,7 @@ def doctor(
 
     if tier is not None and tier not in TIERS:
         raise InputError(
-            f"--tier {tier!r} is not one of seed 003's tiers.",
+            f"--tier {tier!r} is not one of the scale tiers.",
             f"Give one of {', '.join(TIERS)}, e.g. --tier dev.",
         )
     c = make_context(ctx, inventory, json_out, verbose)

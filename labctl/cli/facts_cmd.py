@@ -57,8 +57,10 @@ def facts(
     raise typer.Exit(exit_code(results))
 
 
-def _gb(n: Any) -> str:
-    return f"{n / 1e9:.1f}" if isinstance(n, (int, float)) else "?"
+def _gib(n: Any) -> str:
+    # Memory in GiB, as the OS and nvidia-smi count it and as the inventory's memory_gb/ram_gb
+    # mean it: a 32 GB V100 shows 32.0, not 34.4.
+    return f"{n / (1 << 30):.1f}" if isinstance(n, (int, float)) else "?"
 
 
 def _render(console: Any, results: list[Any]) -> None:
@@ -66,7 +68,7 @@ def _render(console: Any, results: list[Any]) -> None:
     from rich.table import Table
 
     table = Table(title="facts", title_justify="left")
-    for col in ("host", "os", "cpus", "RAM GB (free)", "GPUs", "NICs", "python / torch", "docker"):
+    for col in ("host", "os", "cpus", "RAM GiB (free)", "GPUs", "NICs", "python / torch", "docker"):
         table.add_column(col, overflow="fold")
     for r in results:
         f = r.data
@@ -74,7 +76,7 @@ def _render(console: Any, results: list[Any]) -> None:
         gpus = f.get("gpus")
         if isinstance(gpus, list):
             gpu_txt = "\n".join(
-                f"{g.get('name')} {_gb(g.get('memory_total_bytes'))}GB cc{g.get('compute_capability')}"
+                f"{g.get('name')} {_gib(g.get('memory_total_bytes'))} GiB cc{g.get('compute_capability')}"
                 for g in gpus
             )
         else:
@@ -104,7 +106,7 @@ def _render(console: Any, results: list[Any]) -> None:
             r.host,
             escape(str(distro)),
             str(cpu.get("logical_cpus", "?")),
-            f"{_gb(mem.get('total_bytes'))} ({_gb(mem.get('available_bytes'))})",
+            f"{_gib(mem.get('total_bytes'))} ({_gib(mem.get('available_bytes'))})",
             gpu_txt or "none",
             nic_txt or "-",
             f"{f.get('python', {}).get('version', '?')}\n{torch_txt}",

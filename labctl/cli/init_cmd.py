@@ -18,18 +18,19 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="Replace files that are already there.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write a starter inventory (DIR/lab.yaml) and the default playbooks (DIR/playbooks/).
+    """Write a starter inventory (DIR/inventory/lab.yaml) and the default playbooks (DIR/playbooks/).
 
     The inventory is the seed lab's (four hosts: a training host with a RAM model cache, a
-    storage host, an orchestrator, a Windows workstation); make its hosts yours. The playbooks
-    are found beside the inventory by `labctl provision` and `labctl train`, from any folder.
-    Files already there are left alone (nothing is written) unless --force.
+    storage host, an orchestrator, a Windows workstation); make its hosts yours. In DIR,
+    labctl's default inventory (inventory/lab.yaml) is this one, so -i can be left out there.
+    The playbooks are found beside the inventory by `labctl provision` and `labctl train`,
+    from any folder. Files already there are left alone (nothing is written) unless --force.
 
     Examples:
 
-        labctl init mylab
+        labctl init mylab && cd mylab && labctl inventory validate
 
-        export LABCTL_INVENTORY=$PWD/mylab/lab.yaml
+        export LABCTL_INVENTORY=$PWD/mylab/inventory/lab.yaml
     """
     from labctl.console import emit_json, make_console
     from labctl.starter import INVENTORY, write_starter
@@ -49,7 +50,8 @@ def init(
         f"  2. labctl -i {inv} inventory validate\n"
         f"  3. labctl -i {inv} trust --yes            # pin each host's SSH key\n"
         f"  4. labctl -i {inv} provision --check --diff   # {folder / 'playbooks/provision.yaml'}\n"
-        f"Set LABCTL_INVENTORY={inv.absolute()} to leave out -i.",
+        f"In {folder} it is the default inventory; elsewhere set LABCTL_INVENTORY={inv.absolute()} "
+        "to leave out -i.",
         soft_wrap=True,
         markup=False,
     )

@@ -7,6 +7,8 @@ import threading
 from rich.console import Console
 from rich.markup import escape
 
+from labctl.console import make_stdout_console
+
 
 class HostLinePrinter:
     """Prints whole lines from concurrent hosts: stdout lines to stdout, the rest to `err_console`.
@@ -16,8 +18,7 @@ class HostLinePrinter:
     """
 
     def __init__(self, err_console: Console, width: int) -> None:
-        # soft_wrap: a long line stays one line, as the host printed it.
-        self.out_console = Console(highlight=False, soft_wrap=True)
+        self.out_console = make_stdout_console()
         self.err_console = err_console
         self.width = width
         self.lock = threading.Lock()

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(
     help=(
-        "The LLM orchestra (seed 000): models kept warm on the inference GPUs for phase-3 training. "
+        "The LLM orchestra: models kept warm on the inference GPUs for phase-3 training. "
         "plan places them, start/stop loads or unloads the warm set, status shows it; "
         "`labctl rotate` swaps part of it."
     ),
@@ -78,7 +78,7 @@ def plan_cmd(
     GPUs the hosts detect win over the inventory's declaration (--offline: declared only); the
     GPUs training keeps (playbooks/train.yaml: the V100) are left out. A model that fits no GPU
     is refused with the reason. The capacity view counts how many 7B fp16, 13B fp16 and 70B
-    4-bit models fit, beside seed 000's figures.
+    4-bit models fit, beside the lab's plan (15-20 7B fp16 models on M5's GPUs, for example).
 
     Examples:
 
@@ -119,16 +119,20 @@ def status_cmd(
 ) -> None:
     """What is warm where, since when, whether it answers; the last and next rotation; cache hits.
 
-    Exit 1 when a recorded model does not answer (the next rotation repairs it).
+    The next rotation is read from the schedule `labctl cron install rotate` installed (its
+    host's cron entry, and whether a cron daemon runs there); without one it says "not
+    scheduled". Exit 1 when a recorded model does not answer (the next rotation repairs it).
 
     Example: labctl orchestra status --json | jq '.models[] | {name, healthy}'
     """
+    from labctl.orchestra.spec import default_path
     from labctl.orchestra.status import orchestra_status
 
     c = make_context(ctx, inventory, json_out, verbose)
     try:
-        orch = load(c, file)
-        st = orchestra_status(c, orch)
+        path = file or default_path(c.inventory_path)
+        orch = load(c, path)
+        st = orchestra_status(c, orch, path)
     finally:
         c.close()
     code = 0 if all(r["healthy"] for r in st.rows) and not st.notes else 1
@@ -269,7 +273,8 @@ def bench_rotation(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Measure one real rotation by stage (cache, load, warm-up, health, stop) and as a share of
-    the cadence, beside seed 000's figures (15 s load + 40 s warm-up per model, under 1%).
+    the cadence, beside the lab's planned figures (15 s load from the RAM cache + 40 s warm-up per
+    model, about 2 minutes a rotation: under 1% of a 4-hour cadence).
 
     Runs `labctl rotate` once (the warm set is started first if nothing is warm).
 

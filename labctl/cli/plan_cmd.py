@@ -36,7 +36,7 @@ def week(
         typer.Option(
             "--file",
             "-f",
-            help="Plan file (default: playbooks/plan.yaml beside the inventory, then labctl's seed 001 example).",
+            help="Plan file (default: playbooks/plan.yaml beside the inventory, then labctl's example: Kaggle's and SageMaker's free quotas).",
         ),
     ] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also write a Gantt chart PNG here.")] = None,
@@ -58,7 +58,7 @@ def week(
 
         labctl plan week -f playbooks/plan.yaml --plot week.png --start 2026-11-30
     """
-    from labctl.errors import InputError
+    from labctl.errors import InputError, install_extra
     from labctl.plan import spec
     from labctl.plan.render import render
     from labctl.plan.schedule import schedule
@@ -82,7 +82,7 @@ def week(
         except ImportError:
             raise InputError(
                 "--plot needs matplotlib, which is not installed.",
-                "Install labctl's plot extra (pip install 'labctl[plot]'), or leave out --plot.",
+                f"Install labctl's plot extra ({install_extra('plot')}), or leave out --plot.",
             ) from None
     if c.json_mode:
         doc = result.to_json()

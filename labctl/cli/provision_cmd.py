@@ -57,11 +57,12 @@ def provision(
     from labctl.inventory.select import select_hosts
     from labctl.provision.engine import ResourceResult
     from labctl.provision.engine import provision as run_provision
-    from labctl.provision.playbook import load_playbook, parse_tags
+    from labctl.provision.playbook import load_playbook, parse_tags, skipped_plays
 
     c = make_context(ctx, inventory, json_out, verbose)
     book = load_playbook(playbook, c.inventory_path)
     hosts = select_hosts(c.inventory, limit)
+    skipped = skipped_plays(book, c.inventory)
 
     def on_event(r: ResourceResult) -> None:
         if not c.json_mode:
@@ -85,6 +86,7 @@ def provision(
             {
                 "playbook": str(book.path),
                 "check": check,
+                "skipped_plays": skipped,
                 "results": [r.to_json() for r in results],
                 "hosts": [
                     {k: v for k, v in hr.to_json().items() if k not in ("data", "stdout", "stderr", "rc")}
@@ -93,7 +95,9 @@ def provision(
             }
         )
     else:
-        print_recap(c.console, host_results, check)
+        if host_results or not skipped:
+            print_recap(c.console, host_results, check)
+        print_skipped_plays(c.console, book.path, skipped)
     raise typer.Exit(exit_code(host_results))
 
 
@@ -114,6 +118,18 @@ def print_event(console: Any, r: Any, check: bool, diff: bool) -> None:
         from rich.syntax import Syntax
 
         console.print(Syntax(r.diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True))
+
+
+def print_skipped_plays(console: Any, path: Path, skipped: list[dict[str, Any]]) -> None:
+    from rich.markup import escape
+
+    for p in skipped:
+        what = f"play {p['play'] + 1}" + (f" {p['name']!r}" if p["name"] else "")
+        where = f"{path}:{p['line']}"
+        console.print(
+            f"[cyan]skipped[/] {escape(what)} [dim]({escape(where)})[/]: {escape(p['reason'])}",
+            soft_wrap=True,
+        )
 
 
 def print_recap(console: Any, host_results: Any, check: bool) -> None:

@@ -109,8 +109,9 @@ def run_cmd(
             }
         )
     else:
-        sys.stdout.write(res["stdout"])
-        sys.stdout.flush()
+        from labctl.console import write_stdout
+
+        write_stdout(res["stdout"])
         sys.stderr.write(res["stderr"])
         sys.stderr.write(summary(res) + "\n")
     raise typer.Exit(exit_code(res))

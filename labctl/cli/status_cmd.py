@@ -68,7 +68,7 @@ def status(
         typer.Option(
             "--alerts",
             help="Alert rules YAML. Default: playbooks/alerts.yaml beside the inventory, else in the current "
-            "folder, else labctl's defaults (seed 004's thresholds).",
+            "folder, else labctl's defaults (the same thresholds as playbooks/alerts.yaml).",
             show_default=False,
         ),
     ] = None,
@@ -132,10 +132,12 @@ def _watch(c: Context, hosts: list[Any], rules: Any, every: float) -> None:
     from rich.live import Live
     from rich.text import Text
 
+    from labctl.console import has_no_reader
     from labctl.monitor.render import render_status
 
     def frames() -> Iterator[Any]:
-        while True:
+        # A watch whose reader has gone (`2>&1 | head`) ends, as Ctrl-C ends it: it only shows.
+        while not has_no_reader(c.console):
             started = time.monotonic()
             yield render_status(_collect(c, hosts, rules), every=every)
             time.sleep(max(0.0, every - (time.monotonic() - started)))
@@ -145,6 +147,7 @@ def _watch(c: Context, hosts: list[Any], rules: Any, every: float) -> None:
             # Live only draws its last frame off a terminal; a log of the watch gets every frame.
             for frame in frames():
                 c.console.print(frame)
+            return
         with Live(
             Text(f"collecting from {len(hosts)} hosts…"),
             console=c.console,

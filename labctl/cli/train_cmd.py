@@ -46,7 +46,10 @@ def train(
     set_: Annotated[
         Optional[list[str]],
         typer.Option(
-            "--set", "-s", help="Override a setting: --set steps=40, --set model.d_model=64. Repeatable."
+            "--set",
+            "-s",
+            help="Override a setting: --set steps=40, --set model.d_model=64. Repeatable. "
+            "`labctl train settings` lists every setting.",
         ),
     ] = None,
     limit: Annotated[
@@ -201,6 +204,9 @@ def train(
     --time-limit 3h50m time-boxes the run (a cloud session, a reservation): before the limit,
     leaving room for one checkpoint, every rank stops at the same step, writes a checkpoint and
     the run ends "time limit reached, resumable at step N". Run the same command again to resume.
+
+    A phase's settings are labctl's defaults, then the phases file's `defaults:`, then the
+    phase, then --set; `labctl train settings` lists every setting, its default and meaning.
 
     Exit code: 0 the run finished; 75 the time limit paused it (resumable); 1 preflight refused
     or a host failed; 2 bad input; 130 Ctrl-C.
@@ -358,6 +364,31 @@ def _print_dry_run(c: Context, spec: LaunchSpec) -> None:
         gpus = f" GPUs {', '.join(n.gpu_names)}" if n.gpu_names else ""
         c.console.print(f"\n[cyan]{n.host}[/] ({n.nproc} × {n.device}{gpus}):")
         typer.echo(spec.shell_line(n))
+
+
+@app.command("settings")
+def settings(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """Every setting a phase takes (in the phases file or with --set): its default, an example, what it means.
+
+    Nested settings are dotted as --set takes them (model.d_model); in the file they nest
+    (model: {d_model: 512}).
+    """
+    from rich.table import Table
+
+    from labctl.console import emit_json, make_console
+    from labctl.train.phases import describe_settings
+
+    rows = describe_settings()
+    root = ctx.find_root().obj or {}
+    if json_out or root.get("json"):
+        emit_json({"settings": rows})
+        return
+    table = Table(title="training settings (playbooks/train.yaml, --set KEY=VALUE)", title_justify="left")
+    for col in ("setting", "default", "e.g.", "what it is"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["setting"], r["default"], r["example"], r["meaning"])
+    make_console().print(table, markup=False)
 
 
 @app.command("status")

@@ -54,7 +54,7 @@ KAGGLE = Platform(
     weekly_s=30 * HOUR,
     daily_s=None,
     margin_s=30 * 60,
-    source="seed 001: 30 GPU h/week, sessions of at most 12 h",
+    source="Kaggle's free tier: 30 GPU h/week, sessions of at most 12 h",
 )
 SAGEMAKER = Platform(
     name="SageMaker",
@@ -63,7 +63,7 @@ SAGEMAKER = Platform(
     weekly_s=28 * HOUR,
     daily_s=4 * HOUR,
     margin_s=10 * 60,
-    source="seed 001: 4 h/day on ml.p3.2xlarge",
+    source="the SageMaker quota planned for: 4 h/day on ml.p3.2xlarge",
 )
 SAGEMAKER_INSTANCE = "ml.p3.2xlarge"
 PLATFORMS = {"kaggle": KAGGLE, "sagemaker": SAGEMAKER}

@@ -28,7 +28,8 @@ CACHE_SIZE_TOLERANCE = 0.05
 
 
 def _gb(n: Any) -> str:
-    return f"{n / GIB:.1f} GB" if isinstance(n, (int, float)) else "unknown"
+    # Memory (RAM, GPU memory, the tmpfs cache) in GiB, as facts show it; disk space in GB.
+    return f"{n / GIB:.1f} GiB" if isinstance(n, (int, float)) else "unknown"
 
 
 def _gpus(f: HostFound) -> list[dict[str, Any]]:
@@ -74,7 +75,9 @@ def check_gpus(f: HostFound) -> list[Line]:
         lines.append(Line(WARN, "RAM declared", name, m, f"Correct ram_gb: for {name} in the inventory."))
     if h.ram_gb is not None and not any(x.check == "RAM declared" for x in lines):
         total = (facts.get("memory") or {}).get("total_bytes")
-        lines.append(Line(PASS, "RAM declared", name, f"declared {h.ram_gb:g} GB, host reports {_gb(total)}"))
+        lines.append(
+            Line(PASS, "RAM declared", name, f"declared {h.ram_gb:g} GiB, host reports {_gb(total)}")
+        )
     return lines
 
 
@@ -315,7 +318,7 @@ def check_checkpoint_disk(f: HostFound) -> list[Line]:
     if free < CKPT_FAIL_GB * 1e9:
         return [Line(FAIL, "checkpoint disk", name, text, f"Free space on {name} or keep fewer checkpoints.")]
     if free < CKPT_WARN_GB * 1e9:
-        return [Line(WARN, "checkpoint disk", name, text + f" (seed 003 §2.1: {CKPT_WARN_GB} GB)",
+        return [Line(WARN, "checkpoint disk", name, text + f" (a development node holds about {CKPT_WARN_GB} GB of checkpoints)",
                      f"Free space on {name}, or point the training checkpoints at a larger disk.")]  # fmt: skip
     return [Line(PASS, "checkpoint disk", name, text)]
 
@@ -333,7 +336,7 @@ def check_cache_mount(f: HostFound) -> list[Line]:
     if m is None:
         return [Line(WARN, "model cache", h.name, f"{path} is not mounted", f"Mount it: {fix}.")]
     size = m.get("size_bytes")
-    text = f"{path} {m.get('fstype')} {_gb(size)} (declared {h.model_cache.size_gb:g} GB)"
+    text = f"{path} {m.get('fstype')} {_gb(size)} (declared {h.model_cache.size_gb:g} GiB)"
     if not isinstance(size, int) or abs(size - want) > CACHE_SIZE_TOLERANCE * want:
         return [Line(WARN, "model cache", h.name, text, f"Remount it at the declared size: {fix}.")]
     return [Line(PASS, "model cache", h.name, text)]
@@ -425,6 +428,31 @@ def check_alerts(f: HostFound) -> list[Line]:
     ]
 
 
+def check_cron(f: HostFound) -> list[Line]:
+    """Where labctl installed a scheduled job, something runs it: a cron daemon that reads this
+    host's /etc/cron.d (systemd for a timer). Hosts with no job get no line."""
+    from labctl.schedule.install import idle_jobs, idle_text
+
+    name = f.host.name
+    if f.cron_error:
+        return [
+            Line(
+                WARN, "cron", name, f"could not list labctl's jobs: {f.cron_error}", "Run `labctl cron list`."
+            )
+        ]
+    jobs = [j for j in (f.cron or {}).get("jobs") or [] if isinstance(j, dict)]
+    if not jobs:
+        return []
+    names = ", ".join(str(j.get("name")) for j in jobs)
+    if idle_jobs(jobs):
+        what, fix = idle_text(name, jobs)
+        return [Line(FAIL, "cron", name, what, fix)]
+    pids = ((f.cron or {}).get("daemons") or {}).get("cron") or []
+    by = [f"cron (pid {', '.join(map(str, pids))})"] if any(j.get("backend") == "cron" for j in jobs) else []
+    by += ["systemd"] if any(j.get("backend") == "systemd" for j in jobs) else []
+    return [Line(PASS, "cron", name, f"{' and '.join(by) or 'a scheduler'} runs labctl's jobs {names}")]
+
+
 def check_host(f: HostFound) -> list[Line]:
     name = f.host.name
     if f.skipped:
@@ -436,7 +464,7 @@ def check_host(f: HostFound) -> list[Line]:
         return [*check_host_key(f), Line(FAIL, "reachable", name, f.error or "no facts", f.hint or "")]
     out = [Line(PASS, "reachable", name, "agent answered")]
     for check in (check_host_key, check_gpus, check_driver, check_torch_build, check_nics,
-                  check_checkpoint_disk, check_cache_mount, check_sandbox, check_alerts):  # fmt: skip
+                  check_checkpoint_disk, check_cache_mount, check_sandbox, check_cron, check_alerts):  # fmt: skip
         out += check(f)
     return out
 
@@ -473,7 +501,7 @@ def node_has(f: HostFound) -> NodeHas:
 
 
 def check_tier(found: list[HostFound], tier: Tier) -> list[Line]:
-    """Seed 003's tier figure by figure: met, or what is missing to reach it."""
+    """A scale tier (seed 003) figure by figure: met, or what is missing to reach it."""
     nodes = [node_has(f) for f in found if f.facts is not None]
     lines = []
     for need in check_tier_needs(nodes, tier):

@@ -1,7 +1,8 @@
 """What doctor asks the hosts, through the agent commands that already exist.
 
 One round per host (fan_out): a clock read (`ping`, timed on this side too), `facts` with
-torch, and `sandbox_images` where the host runs sandboxes. Then one short `bench network`
+torch, labctl's scheduled jobs (`cron_list`: what is installed and whether a daemon runs it),
+and `sandbox_images` where the host runs sandboxes. Then one short `bench network`
 between two of the hosts for bandwidth and latency. Nothing here judges what came back.
 """
 
@@ -41,6 +42,8 @@ class HostFound:
     images_error: str | None = None
     alerts: list[Alert] | None = None  # seed 004's alerts firing on this host (None: not sampled)
     alerts_error: str | None = None
+    cron: dict[str, Any] | None = None  # cron_list's answer: labctl's jobs and the daemons running
+    cron_error: str | None = None
     error: str | None = None  # the host could not be asked at all
     hint: str | None = None
     skipped: str | None = None
@@ -81,6 +84,10 @@ def _step(run: HostRun, rules: AlertRules | None) -> Any:
     found: dict[str, Any] = {"facts": facts}
     if isinstance(ping, dict) and isinstance(ping.get("time"), (int, float)):
         found["clock"] = Clock(before, float(ping["time"]), after)
+    try:
+        found["cron"] = call_agent(run, "cron_list", {}, read_only=True)
+    except LabctlError as e:
+        found["cron_error"] = e.message
     if runs_sandboxes(host):
         try:
             found["images"] = list(call_agent(run, "sandbox_images", {}).get("images") or [])
@@ -116,6 +123,8 @@ def gather_hosts(ctx: Context, hosts: Sequence[Host], rules: AlertRules | None =
             f.images_error = r.data.get("images_error")
             f.alerts = r.data.get("alerts")
             f.alerts_error = r.data.get("alerts_error")
+            f.cron = r.data.get("cron")
+            f.cron_error = r.data.get("cron_error")
         out.append(f)
     return out
 

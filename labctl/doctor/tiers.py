@@ -1,7 +1,7 @@
-"""Seed 003's scale tiers as data: what one tier needs, each figure with the seed's section.
+"""The scale tiers as data (seed 003): what one tier needs, each figure with what it describes.
 
-Dev and research are single-node tiers (§1.1, §1.2), so one host must hold all of a node's
-figures; production (§1.3) needs a number of such nodes. What a host has is what its facts
+Dev and research are single-node tiers (a development box, a research node), so one host must
+hold all of a node's figures; production needs a number of such nodes. What a host has is what its facts
 report (the GPUs really there, not the inventory's), so a tier is reached on hardware, not
 on paper.
 """
@@ -22,7 +22,7 @@ SHORTFALL = 0.08
 class Tier:
     name: str
     title: str
-    section: str  # where the node's hardware is in seed 003
+    section: str  # the node the figures describe, in words (seed 003 §1.x)
     gpus: int  # per node
     gpu_memory_gb: float  # each of those GPUs
     cpu_cores: int  # physical cores per node
@@ -36,22 +36,22 @@ class Tier:
 
 TIERS: dict[str, Tier] = {
     "dev": Tier(
-        "dev", "development (minimum)", "seed 003 §1.1 Minimum Configuration",
+        "dev", "development (minimum)", "a development node's minimum",
         gpus=1, gpu_memory_gb=24, cpu_cores=16, ram_gb=64, storage_tb=1, network_mbps=1000,
-        storage_section="seed 003 §1.1 (1TB NVMe SSD; §2.1: ~200GB per developer)",
-        network_section="seed 003 §1.1 (1Gbps Ethernet), §3.1",
+        storage_section="a development node: a 1 TB NVMe SSD, about 200 GB of data per developer",
+        network_section="a development node: 1 Gbps Ethernet",
     ),
     "research": Tier(
-        "research", "research", "seed 003 §1.2 Configuration",
+        "research", "research", "a research node",
         gpus=4, gpu_memory_gb=40, cpu_cores=64, ram_gb=512, storage_tb=4, network_mbps=25000,
-        storage_section="seed 003 §1.2 (4TB NVMe SSD + 20TB distributed; §2.2: ~2TB per setup)",
-        network_section="seed 003 §1.2 (25Gbps+ Ethernet or InfiniBand), §3.2",
+        storage_section="a research node: a 4 TB NVMe SSD and 20 TB distributed, about 2 TB of data per setup",
+        network_section="a research node: 25 Gbps+ Ethernet or InfiniBand",
     ),
     "prod": Tier(
-        "prod", "production (minimum cluster)", "seed 003 §1.3 Node Configuration",
+        "prod", "production (minimum cluster)", "each node of a production cluster",
         gpus=8, gpu_memory_gb=80, cpu_cores=128, ram_gb=2048, storage_tb=8, network_mbps=200000, nodes=4,
-        storage_section="seed 003 §1.3 (8TB NVMe local per node; §2.3: ~100TB shared)",
-        network_section="seed 003 §1.3 (200Gbps InfiniBand HDR), §3.3",
+        storage_section="a production node: 8 TB of local NVMe, about 100 TB shared by the cluster",
+        network_section="a production node: 200 Gbps InfiniBand HDR",
     ),
 }  # fmt: skip
 

@@ -53,8 +53,9 @@ def load_inventory(path: Path) -> Inventory:
     pos = read_document(
         path,
         "inventory",
-        "Pass one with -i/--inventory, set $LABCTL_INVENTORY, or start from inventory/lab.yaml "
-        "(`labctl sim up` writes one for the simulated lab).",
+        "Pass one with -i/--inventory, set $LABCTL_INVENTORY, or write a starter one with "
+        "`labctl init DIR` (DIR/inventory/lab.yaml: run labctl in DIR to leave out -i); "
+        "`labctl sim up` writes one for the simulated lab.",
     )
     return build_inventory(pos, path)
 

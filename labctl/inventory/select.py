@@ -2,10 +2,35 @@
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
+from dataclasses import dataclass, field
 
 from labctl.errors import InputError
 from labctl.inventory.model import Host, Inventory
+
+# Roles labctl itself gives a meaning to: its shipped playbooks, phase and orchestra files
+# select hosts by them, and its commands look for them. Any lab may lack any of them, so a
+# file naming one selects no host there rather than being a typo.
+KNOWN_ROLES = ("train", "inference", "cache", "storage", "sandbox", "orchestrator", "edge")
+
+
+@dataclass
+class Selection:
+    """What a selector written in a file (a play's or phase's `hosts:`) picks in this lab.
+
+    `absent` are the roles it names that labctl knows but no host of this lab has; when they
+    leave it no host, `why_empty` says so ("no host has role train").
+    """
+
+    hosts: list[Host]
+    absent: list[str] = field(default_factory=list)
+
+    @property
+    def why_empty(self) -> str | None:
+        if self.hosts or not self.absent:
+            return None
+        return f"no host has role {' or '.join(self.absent)}"
 
 
 def select_hosts(inv: Inventory, limit: str | None, label: str = "--limit") -> list[Host]:
@@ -17,8 +42,36 @@ def select_hosts(inv: Inventory, limit: str | None, label: str = "--limit") -> l
     an expression that leaves no host (`!*`). `label` names where the expression was written
     (`--limit`, `--host`; "" where the error is shown after its file, line and field).
     """
+    return _select(inv, limit, label, absent_ok=False).hosts
+
+
+def select_in_lab(inv: Inventory, expr: str, label: str = "") -> Selection:
+    """`select_hosts` for a selector that a file ships for any lab (`hosts: role:train`).
+
+    A `role:NAME` term naming one of KNOWN_ROLES that no host here has matches nothing
+    instead of being an error, and an expression it leaves without a host is an empty
+    Selection saying why: a lab without a trainer has nothing to train, it has no typo.
+    Host names, globs and other roles that match nothing stay errors (with did-you-mean).
+    """
+    return _select(inv, expr, label, absent_ok=True)
+
+
+def require_role_hosts(inv: Inventory, expr: str, what: str, label: str = "", hint: str = "") -> list[Host]:
+    """The hosts `expr` picks for `what` ("phase 1 trains"); when the lab has no host of its
+    role, an InputError naming that precondition (exit 2) instead of a selector error."""
+    chosen = select_in_lab(inv, expr, label)
+    if chosen.why_empty:
+        role = chosen.absent[0]
+        raise InputError(
+            f"{what} on {expr!r}, and {chosen.why_empty} in {inv.path}.",
+            hint or f"Give a host the role in the inventory (roles: [{role}]), or name hosts with --limit.",
+        )
+    return chosen.hosts
+
+
+def _select(inv: Inventory, limit: str | None, label: str, absent_ok: bool) -> Selection:
     if limit is None:
-        return list(inv.hosts.values())
+        return Selection(list(inv.hosts.values()))
     where = f"{label} " if label else ""
     hint = f"Hosts: {', '.join(inv.hosts)}. Roles (use role:NAME): {', '.join(inv.roles()) or 'none'}."
     terms = [t.strip() for t in limit.split(",")]
@@ -29,22 +82,37 @@ def select_hosts(inv: Inventory, limit: str | None, label: str = "--limit") -> l
         )
     include: set[str] = set()
     exclude: set[str] = set()
+    absent: list[str] = []
     any_include = False
     for term in terms:
         negate = term.startswith("!")
         pattern = term[1:] if negate else term
         matched = _match(inv, pattern)
         if not matched:
-            raise InputError(f"{where}{term!r} matches no host in {inv.path}.", hint)
+            role = pattern[5:] if pattern.startswith("role:") else ""
+            if not (absent_ok and role in KNOWN_ROLES):
+                raise InputError(
+                    f"{where}{term!r} matches no host in {inv.path}.{_did_you_mean(inv, pattern)}", hint
+                )
+            if not negate and role not in absent:
+                absent.append(role)
         if negate:
             exclude |= matched
         else:
             any_include = True
             include |= matched
     chosen = (include if any_include else set(inv.hosts)) - exclude
-    if not chosen:
+    if not chosen and not absent:
         raise InputError(f"{where}{limit!r} leaves no host to act on in {inv.path}.", hint)
-    return [h for name, h in inv.hosts.items() if name in chosen]
+    return Selection([h for name, h in inv.hosts.items() if name in chosen], absent)
+
+
+def _did_you_mean(inv: Inventory, pattern: str) -> str:
+    # Roles are compared without their shared `role:`, which would make any two look alike.
+    role = pattern.startswith("role:")
+    word, known = (pattern[5:], [*inv.roles(), *KNOWN_ROLES]) if role else (pattern, list(inv.hosts))
+    close = difflib.get_close_matches(word, list(dict.fromkeys(known)), n=1)
+    return f" Did you mean '{'role:' if role else ''}{close[0]}'?" if close else ""
 
 
 def _match(inv: Inventory, pattern: str) -> set[str]:

@@ -46,8 +46,8 @@ def render_network(console: Console, report: dict[str, Any]) -> None:
     seed, best = report["seed"], report["best"]
     if best and seed["seconds_at_best"]:
         console.print(
-            f"seed 000's 48 GB model at the best rate ({best['mbps']:.0f} Mbit/s, {best['streams']} "
+            f"the lab's 48 GB model at the best rate ({best['mbps']:.0f} Mbit/s, {best['streams']} "
             f"stream{'s' if best['streams'] != 1 else ''}): [bold]{seed['seconds_at_best']:.0f} s[/] "
-            f"(the seed: {seed['seed_seconds_1g']:.0f} s over 1 Gb, {seed['seed_seconds_bonded']:.0f} s bonded)",
+            f"(the lab's plan: {seed['seed_seconds_1g']:.0f} s over 1 Gb, {seed['seed_seconds_bonded']:.0f} s bonded)",
             soft_wrap=True,
         )

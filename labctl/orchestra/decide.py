@@ -220,7 +220,7 @@ class PlacementView:
         cap = Table(
             title="capacity (models held at once)", title_justify="left", show_edge=False, pad_edge=False
         )
-        for col in ("model", "needs", "here", "seed 000", "how"):
+        for col in ("model", "needs", "here", "planned", "how"):
             cap.add_column(col)
         for c in self.capacity:
             how = "; ".join([*(f"{n} on {label}" for label, n in c.whole), *c.split]) or "-"
@@ -231,7 +231,7 @@ class PlacementView:
                 console.print(f"[dim]{escape(c.label)}: {escape(c.note)}[/]", soft_wrap=True)
         console.print(
             f"{len(self.warm)} warm of a {self.library}-model library; needs from size x (1 + overhead) + CUDA context "
-            "(seed 000 §2.7), or each model's gpu_gb.",
+            "(overhead: KV cache and activations as a share of the weights), or each model's gpu_gb.",
             soft_wrap=True,
         )
 

@@ -46,12 +46,14 @@ class Gpu:
 def training_claims(phases: PhasesFile, inventory: Inventory) -> dict[str, list[str]]:
     """{host: GPU models training keeps there} over every phase of the phases file; an empty
     list means every GPU of the host (a phase with no `gpus:` trains on all of them)."""
-    from labctl.inventory.select import select_hosts
+    from labctl.inventory.select import select_in_lab
 
     claims: dict[str, list[str]] = {}
     for number in sorted(phases.phases):
         settings = phases.settings(number)
-        for host in select_hosts(inventory, settings.hosts, label=f"{phases.path} phase {number} hosts:"):
+        # A lab with no trainer keeps no GPU for training.
+        chosen = select_in_lab(inventory, settings.hosts, label=f"{phases.path} phase {number} hosts:")
+        for host in chosen.hosts:
             had = claims.get(host.name)
             if not settings.gpus or had == []:
                 claims[host.name] = []
@@ -341,7 +343,7 @@ def capacity(gpus: Sequence[Gpu], overhead: Overhead) -> list[CapacityRow]:
         seed = f"{low}-{high}"
         verdict = "within" if low <= count <= high else ("below" if count < low else "above")
         note = (
-            f"{count} is {verdict} seed 000's {seed}: here a {label} needs {need:.1f} GB "
+            f"{count} is {verdict} the lab's plan of {seed}: here a {label} needs {need:.1f} GB "
             f"({weights:g} GB of weights + {overhead.fraction:.0%} for KV cache and activations + "
             f"{overhead.context_gb:g} GB of CUDA context)"
         )

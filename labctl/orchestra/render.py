@@ -41,12 +41,39 @@ def render_status(console: Console, st: Status) -> None:
         console.print("Nothing is warm. Load the warm set with `labctl orchestra start`.")
     console.print(
         f"{st.healthy} of {st.warm_size} warm models answer. Last rotation: {_when((st.last or {}).get('at'))}; "
-        f"next: {_when(st.next_at) if st.next_at else '-'} (every {fmt_duration(st.every_s)}). "
+        f"next: {_next_rotation(st)}. "
         f"RAM cache over the recorded rotations: {st.cache_hits} hits, {st.cache_misses} misses.",
         soft_wrap=True,
     )
     for n in st.notes:
         console.print(f"[yellow]needs repair[/] {escape(n)} (the next rotation repairs it)", soft_wrap=True)
+    sch = st.schedule
+    if sch.get("hint"):
+        lead = "to run it" if sch.get("installed") else "schedule it with"
+        console.print(f"[yellow]{lead}:[/] {escape(sch['hint'])}", soft_wrap=True)
+    if sch.get("also_on"):
+        console.print(
+            f"[yellow]rotation[/] also scheduled on {escape(', '.join(sch['also_on']))}: two schedules rotate "
+            f"the same warm set; remove one with `labctl cron remove rotate --host HOST`.",
+            soft_wrap=True,
+        )
+
+
+def _next_rotation(st: Status) -> str:
+    """The next rotation as the installed schedule has it, or why there is none."""
+    sch = st.schedule
+    asked = f" (could not ask {', '.join(sch['unanswered'])})" if sch.get("unanswered") else ""
+    if not sch.get("installed"):
+        return (
+            f"[red]not scheduled[/]: no host has labctl's rotate job{escape(asked)}, so nothing "
+            f"rotates every {fmt_duration(st.every_s)} as the file says"
+        )
+    where = f"{escape(str(sch.get('schedule')))} on {escape(str(sch.get('host')))}"
+    if not sch.get("daemon_running"):
+        return f"[red]never[/]: {where} is installed, but no daemon there runs it"
+    if not st.next_at:
+        return f"[red]never[/]: {where} matches no date"
+    return f"{_when(st.next_at)} ({where})"
 
 
 def render_rotation(console: Console, result: RotationResult, orch: Orchestra) -> None:
@@ -105,7 +132,7 @@ def render_bench(console: Console, report: dict[str, Any]) -> None:
     table = Table(
         title="bench rotation (per joining model)", title_justify="left", show_edge=False, pad_edge=False
     )
-    for col in ("stage", "measured", "seed 000"):
+    for col in ("stage", "measured", "planned"):
         table.add_column(col, justify="right" if col != "stage" else "left")
     pm = report["per_model"]
     rows = [

@@ -123,9 +123,9 @@ class Options:
 def serving_hosts(ctx: Context, orch: Orchestra) -> list[Host]:
     """The orchestra's hosts (its `hosts:` expression), each with a model cache to serve from."""
     from labctl.cache.targets import has_cache
-    from labctl.inventory.select import select_hosts
+    from labctl.orchestra import spec
 
-    hosts = [h for h in select_hosts(ctx.inventory, orch.hosts, label="") if not h.is_windows]
+    hosts = [h for h in spec.serving_hosts(orch, ctx.inventory) if not h.is_windows]
     if not hosts:
         raise InputError(
             f"The orchestra's hosts ({orch.hosts}) are all Windows hosts; the orchestra serves from Linux hosts.",

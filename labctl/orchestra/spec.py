@@ -242,10 +242,18 @@ def default_path(inventory_path: Path | None = None) -> Path:
 
 
 def serving_hosts(orch: Orchestra, inventory: Inventory, path: Path | None = None) -> list[Host]:
-    """The hosts `orch.hosts` names; one that matches nothing is an InputError naming the file."""
-    from labctl.inventory.select import select_hosts
+    """The hosts `orch.hosts` names; a term that matches nothing is an InputError naming the
+    file, and a lab with no host of its role (no inference host) one naming that."""
+    from labctl.inventory.select import require_role_hosts
 
-    return select_hosts(inventory, orch.hosts, label=f"{path or 'the orchestra file'} hosts:")
+    return require_role_hosts(
+        inventory,
+        orch.hosts,
+        "The orchestra serves",
+        label=f"{path or 'the orchestra file'} hosts:",
+        hint="Give the hosts that serve models `roles: [inference]` and a model_cache in the "
+        "inventory, or name them in the orchestra file's `hosts:`.",
+    )
 
 
 def load_orchestra(path: Path) -> Orchestra:

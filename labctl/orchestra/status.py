@@ -1,18 +1,26 @@
 """`labctl orchestra status`: what is warm where, since when, whether it answers, the last and
 next rotation, and the RAM cache's hits and misses over the recorded rotations.
 
-Read-only: one `orch_state` round trip per serving host, no lock, nothing written.
+The next rotation is the one the installed schedule will start: the rotate job `labctl cron
+install` put on a host, read back there (its cron fields, the host's clock and time zone, and
+whether a cron daemon runs it), never a guess from the file's `every`.
+
+Read-only: one `orch_state` round trip per serving host and one `cron_list` per Linux host,
+no lock, nothing written.
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.orchestra.hoststate import HostView, find_repair, read_views
 
 if TYPE_CHECKING:
     from labctl.context import Context
+    from labctl.fanout import HostResult
     from labctl.orchestra.spec import Orchestra
 
 
@@ -20,12 +28,13 @@ if TYPE_CHECKING:
 class Status:
     rows: list[dict[str, Any]]  # one per warm model or stray server
     last: dict[str, Any] | None  # newest history entry of a rotation (or start)
-    next_at: float | None  # last rotation + the cadence
+    next_at: float | None  # when the installed schedule starts the next rotation; None: it never will
     every_s: float
     warm_size: int
     cache_hits: int
     cache_misses: int
     notes: list[str] = field(default_factory=list)  # what a repair would change
+    schedule: dict[str, Any] = field(default_factory=dict)  # see scheduled_rotation
 
     @property
     def healthy(self) -> int:
@@ -41,11 +50,52 @@ class Status:
             "every_s": self.every_s,
             "cache": {"hits": self.cache_hits, "misses": self.cache_misses},
             "problems": self.notes,
+            "schedule": self.schedule,
         }
 
 
-def summarize(views: dict[str, HostView], every_s: float, warm_size: int) -> Status:
-    """Pure: the status from what the hosts answered."""
+def scheduled_rotation(lists: list[HostResult], file: str | None = None) -> dict[str, Any]:
+    """Pure: the installed rotate job from every host's `cron_list` answer (`cron list`'s
+    results), as {installed, host, schedule, next_at, daemon_running, command, unanswered,
+    hint}. `installed` is False when no host that answered holds one; `next_at` is None
+    unless a daemon there will start it. `file`: the orchestra file, for the hint."""
+    found = [(r.host, j) for r in lists if r.ok for j in r.data or [] if j.get("name") == "rotate"]
+    out: dict[str, Any] = {
+        "installed": bool(found),
+        "host": None,
+        "schedule": None,
+        "next_at": None,
+        "daemon_running": None,
+        "command": None,
+        "also_on": [],
+        "unanswered": [r.host for r in lists if not r.ok],
+        "hint": None,
+    }
+    if not found:
+        out["hint"] = f"labctl cron install rotate -f {shlex.quote(file or 'ORCHESTRA_FILE')}"
+        return out
+    # Two hosts that both rotate are a problem of their own; the sooner one is what happens next.
+    host, job = min(found, key=lambda hj: hj[1].get("next") or float("inf"))
+    running = bool(job.get("daemon_running"))
+    out.update(
+        host=host,
+        schedule=job.get("schedule"),
+        next_at=job.get("next") if running else None,
+        daemon_running=running,
+        command=job.get("command"),
+        also_on=[h for h, _ in found if h != host],
+    )
+    if not running:
+        from labctl.schedule.install import idle_text
+
+        out["hint"] = idle_text(host, [job])[1]
+    return out
+
+
+def summarize(
+    views: dict[str, HostView], every_s: float, warm_size: int, schedule: dict[str, Any] | None = None
+) -> Status:
+    """Pure: the status from what the hosts answered; `schedule` from scheduled_rotation."""
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     history: list[dict[str, Any]] = []
@@ -77,12 +127,14 @@ def summarize(views: dict[str, HostView], every_s: float, warm_size: int) -> Sta
     last = rotations[-1] if rotations else None
     hits = sum(len(h.get("cache_hits") or []) for h in rotations)
     misses = sum(len(h.get("cache_misses") or []) for h in rotations)
-    next_at = float(last["at"]) + every_s if last and isinstance(last.get("at"), (int, float)) else None
-    return Status(rows, last, next_at, every_s, warm_size, hits, misses, notes)
+    schedule = schedule if schedule is not None else scheduled_rotation([])
+    return Status(rows, last, schedule["next_at"], every_s, warm_size, hits, misses, notes, schedule)
 
 
-def orchestra_status(ctx: Context, orch: Orchestra) -> Status:
+def orchestra_status(ctx: Context, orch: Orchestra, file: Path | None = None) -> Status:
     from labctl.orchestra.rotate import serving_hosts
+    from labctl.schedule.install import list_jobs
 
     views = read_views(ctx, serving_hosts(ctx, orch), orch.server.health, gpus=False)
-    return summarize(views, orch.every_s, orch.warm)
+    schedule = scheduled_rotation(list_jobs(ctx), str(file) if file else None)
+    return summarize(views, orch.every_s, orch.warm, schedule)

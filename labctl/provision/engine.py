@@ -60,8 +60,10 @@ def entries_for_hosts(
 ) -> dict[str, list[Entry]]:
     """Each of `hosts`' entries in playbook order; a play outside `hosts` (--limit) adds nothing.
 
-    A play whose `hosts:` matches nothing in `inventory` is a DocumentError (exit 2), and so
-    is a tag that names no resource of the playbook (InputError).
+    A play whose `hosts:` has a term that matches nothing in `inventory` is a DocumentError
+    (exit 2), unless the term is a role labctl knows that this lab lacks (the play adds
+    nothing; `skipped_plays` says why); so is a tag that names no resource of the playbook
+    (InputError).
     """
     check_tags(playbook, tags, "--tags")
     check_tags(playbook, skip, "--skip-tags")

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from labctl.errors import InputError
 from labctl.inventory.model import Inventory
-from labctl.inventory.select import select_hosts
+from labctl.inventory.select import Selection, select_in_lab
 from labctl.provision.resource import Params, load_registry
 from labctl.validation import (
     DocumentError,
@@ -233,21 +233,37 @@ def check_tags(book: Playbook, tags: set[str], label: str) -> None:
         )
 
 
-def play_members(book: Playbook, inventory: Inventory) -> list[set[str]]:
-    """The names each play's `hosts:` selects from the whole inventory.
+def play_selections(book: Playbook, inventory: Inventory) -> list[Selection]:
+    """What each play's `hosts:` selects from the whole inventory.
 
     A term that matches no host is an error, as for --limit: a typo in a playbook must not
-    silently shrink the run. The whole inventory, not the --limit subset, is what a selector
-    must match, so narrowing a run with --limit is never an error.
+    silently shrink the run. Only a role labctl knows that this lab has no host for selects
+    nothing without error (the play is skipped, and says why). The whole inventory, not the
+    --limit subset, is what a selector must match, so narrowing a run with --limit is never
+    an error.
     """
-    members: list[set[str]] = []
+    selections: list[Selection] = []
     problems: list[Problem] = []
     for i, play in enumerate(book.plays):
         try:
-            members.append({h.name for h in select_hosts(inventory, play.hosts, label="")})
+            selections.append(select_in_lab(inventory, play.hosts))
         except InputError as e:
-            members.append(set())
+            selections.append(Selection([]))
             problems.append((play.line, dotted(("plays", i, "hosts")), e.paragraph()))
     if problems:
         raise playbook_error(book.path, problems)
-    return members
+    return selections
+
+
+def play_members(book: Playbook, inventory: Inventory) -> list[set[str]]:
+    """The names each play's `hosts:` selects (see play_selections)."""
+    return [{h.name for h in s.hosts} for s in play_selections(book, inventory)]
+
+
+def skipped_plays(book: Playbook, inventory: Inventory) -> list[dict[str, Any]]:
+    """The plays this lab has no host for, each with why ("no host has role train")."""
+    return [
+        {"play": i, "name": play.name, "hosts": play.hosts, "line": play.line, "reason": sel.why_empty}
+        for i, (play, sel) in enumerate(zip(book.plays, play_selections(book, inventory), strict=True))
+        if sel.why_empty
+    ]

@@ -4,6 +4,7 @@ provision engine, and every host's labctl jobs read back in one agent round trip
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.agent_ship import ask_agent, call_agent
@@ -11,7 +12,7 @@ from labctl.errors import InputError
 from labctl.fanout import HostResult, HostRun, fan_out
 from labctl.provision.engine import Event, ResourceResult, provision
 from labctl.schedule import plan
-from labctl.schedule.jobs import JOBS, companions, get_job
+from labctl.schedule.jobs import JOBS, ORCHESTRA_COPY, companions, get_job
 
 if TYPE_CHECKING:
     from labctl.context import Context
@@ -59,15 +60,26 @@ def install(
     host_name: str | None,
     check: bool,
     on_event: Event | None = None,
+    orchestra_file: Path | None = None,
 ) -> Outcome:
+    """`orchestra_file`: the file the rotate job rotates by, copied into the lab copy in place
+    of whatever orchestra.yaml the playbooks folder beside the inventory holds."""
     import yaml
 
     job = get_job(job_name)
+    if job.name == "rotate" and orchestra_file is None:
+        from labctl.orchestra.spec import default_path
+
+        orchestra_file = default_path(ctx.inventory_path)
     inv = ctx.inventory
     orch = plan.orchestrator(inv, host_name)
     hosts = plan.driven_hosts(inv)
     out = Outcome()
     out.info = {"job": job.name, "host": orch.name, "schedule": schedule, "command": plan.job_command(job)}
+    playbooks = plan.lab_playbooks(ctx.inventory_path, orchestra_file)
+    if orchestra_file is not None:
+        out.info["orchestra_file"] = str(orchestra_file.absolute())
+        out.info["orchestra_copy"] = ORCHESTRA_COPY
     out.info["companions"] = [
         {"job": j.name, "schedule": when, "command": plan.job_command(j)} for j, when in companions(job)
     ]
@@ -95,7 +107,7 @@ def install(
         hosts,
         yaml.safe_load(ctx.inventory_path.read_text()),
         plan.known_hosts_copy([orch, *hosts]),
-        plan.playbook_files(ctx.inventory_path),
+        playbooks,
         key,
     )
     made_first = bool(out.results)
@@ -128,9 +140,33 @@ def list_jobs(ctx: Context) -> list[HostResult]:
 
     def step(run: HostRun) -> HostResult:
         answer = call_agent(run, "cron_list", {}, read_only=True)
-        return HostResult(run.host.name, "ok", data=answer.get("jobs", []))
+        daemons = answer.get("daemons") or {}
+        return HostResult(run.host.name, "ok", data=answer.get("jobs", []), extra={"daemons": daemons})
 
     return fan_out(ctx, plan.driven_hosts(ctx.inventory), step, label="cron list")
+
+
+def idle_jobs(jobs: list[dict[str, Any]]) -> list[str]:
+    """The jobs of one host that nothing there runs: cron.d files with no cron daemon, timers
+    with no systemd."""
+    return [str(j.get("name")) for j in jobs if j.get("daemon_running") is False]
+
+
+def idle_text(host: str, jobs: list[dict[str, Any]]) -> tuple[str, str]:
+    """What to say about a host whose jobs never run, and how to fix it (cron list, doctor)."""
+    names = idle_jobs(jobs)
+    if any(j.get("backend") == "systemd" for j in jobs if j.get("name") in names):
+        return (
+            f"systemd is not running on {host}, so its labctl timers ({', '.join(names)}) never fire",
+            f"Install the jobs again (`labctl cron install {names[0]} ...`): where systemd does not run, "
+            f"they go to /etc/cron.d; then start cron on {host}.",
+        )
+    return (
+        f"no cron daemon runs on {host} (no cron or crond process reads its /etc/cron.d), so its "
+        f"labctl jobs ({', '.join(names)}) never run",
+        f"Start cron on {host} and enable it at boot: `systemctl enable --now cron` (Debian, Ubuntu; "
+        "`crond` with cronie on Fedora, RHEL), or `service cron start` where systemd does not run.",
+    )
 
 
 def remove(

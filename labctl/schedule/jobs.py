@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from labctl.agent import paths
 from labctl.errors import InputError
 
+# The orchestra file `cron install rotate -f FILE` copies into the orchestrator's lab copy
+# (plan.PLAYBOOKS), named in the job's command so the entry says which file it rotates by.
+ORCHESTRA_COPY = paths.CONTROLLER_DIR + "/lab/playbooks/orchestra.yaml"
+
 
 @dataclass(frozen=True)
 class Job:
@@ -23,7 +27,11 @@ class Job:
 JOBS: dict[str, Job] = {
     j.name: j
     for j in (
-        Job("rotate", ("rotate",), "swap models of the LLM orchestra's warm set (labctl rotate)"),
+        Job(
+            "rotate",
+            ("rotate", "-f", ORCHESTRA_COPY),
+            "swap models of the LLM orchestra's warm set (labctl rotate), by the orchestra file -f",
+        ),
         Job(
             "facts",
             ("facts", "--no-torch", "--json"),

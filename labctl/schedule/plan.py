@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import copy
 import shlex
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from labctl.agent import paths
 from labctl.errors import InputError
 from labctl.inventory.model import Host, Inventory
 from labctl.provision.playbook import Entry, Play, Playbook
-from labctl.schedule.jobs import Job, companions
+from labctl.schedule.jobs import ORCHESTRA_COPY, Job, companions
 
 ORCHESTRATOR_ROLE = "orchestrator"
 BIN = paths.CONTROLLER_DIR + "/bin/labctl"
@@ -134,6 +134,18 @@ def playbook_files(inventory_path: Path) -> dict[str, str]:
                 if p.suffix in (".yaml", ".yml") and p.is_file()
             }
     return {}
+
+
+def lab_playbooks(inventory_path: Path, orchestra_file: Path | None) -> dict[str, str]:
+    """The playbooks of the lab copy: the default folder's, with the lab copy's orchestra file
+    (the one the rotate job runs by) replaced by `orchestra_file`'s content, or left out when
+    None: installing another job must not swap the file rotate was installed with."""
+    out = playbook_files(inventory_path)
+    name = PurePosixPath(ORCHESTRA_COPY).name
+    out.pop(name, None)
+    if orchestra_file is not None:
+        out[name] = Path(orchestra_file).read_text()
+    return out
 
 
 def entry(type_name: str, **params: Any) -> Entry:

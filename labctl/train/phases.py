@@ -43,19 +43,29 @@ class _Strict(Strict):
 
 
 class GradScaling(_Strict):
-    enabled: bool = True
-    initial_scale: float = Field(default=65536.0, gt=0)
-    growth_factor: float = Field(default=2.0, gt=1)
-    backoff_factor: float = Field(default=0.5, gt=0, lt=1)
-    growth_interval: int = Field(default=2000, ge=1)
+    enabled: bool = Field(default=True, description="enabled: true (scale the loss under mixed_precision)")
+    initial_scale: float = Field(
+        default=65536.0, gt=0, description="initial_scale: 65536.0 (the loss scale to start from)"
+    )
+    growth_factor: float = Field(
+        default=2.0,
+        gt=1,
+        description="growth_factor: 2.0 (the scale grows by this after growth_interval good steps)",
+    )
+    backoff_factor: float = Field(
+        default=0.5, gt=0, lt=1, description="backoff_factor: 0.5 (the scale shrinks by this on an overflow)"
+    )
+    growth_interval: int = Field(
+        default=2000, ge=1, description="growth_interval: 2000 (steps without overflow before it grows)"
+    )
 
 
 class ModelShape(_Strict):
     vocab: int = Field(default=256, ge=2, description="vocab: 256 (the reference corpus is bytes)")
-    d_model: int = Field(default=256, ge=8)
-    n_layers: int = Field(default=4, ge=1)
-    n_heads: int = Field(default=4, ge=1)
-    d_ff: int = Field(default=1024, ge=8)
+    d_model: int = Field(default=256, ge=8, description="d_model: 512 (the width of each layer)")
+    n_layers: int = Field(default=4, ge=1, description="n_layers: 8 (transformer blocks)")
+    n_heads: int = Field(default=4, ge=1, description="n_heads: 8 (attention heads; they divide d_model)")
+    d_ff: int = Field(default=1024, ge=8, description="d_ff: 2048 (the feed-forward layer's width)")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelShape:
@@ -84,59 +94,116 @@ class K8sSettings(_Strict):
 class Settings(_Strict):
     """Everything one phase needs. Every key has a default, so a file names only what differs."""
 
-    name: Optional[str] = None
-    strategy: Literal["single_gpu_debug", "multi_gpu_full", "multi_gpu_conservative"] = Field(
-        "multi_gpu_full", description="strategy: single_gpu_debug, multi_gpu_full or multi_gpu_conservative"
+    name: Optional[str] = Field(
+        default=None, description="name: cold_start (the phase's name, shown in its runs)"
     )
-    hosts: str = Field("role:train", description="hosts: role:train (the --limit syntax)")
+    strategy: Literal["single_gpu_debug", "multi_gpu_full", "multi_gpu_conservative"] = Field(
+        "multi_gpu_full",
+        description="strategy: single_gpu_debug, multi_gpu_full or multi_gpu_conservative "
+        "(one process per host, or one per training GPU; conservative places like full)",
+    )
+    hosts: str = Field("role:train", description="hosts: role:train (who trains, in the --limit syntax)")
     gpus: list[str] = Field(
         default_factory=list, description='gpus: ["Tesla V100"] (GPU models that train; empty = all)'
     )
-    device: Literal["auto", "cuda", "cpu"] = Field(default="auto", description="device: auto, cuda or cpu")
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        default="auto",
+        description="device: auto, cuda or cpu (auto: CUDA where the chosen GPUs are; cpu trains on gloo)",
+    )
     cpu_procs: int = Field(
         default=1, ge=1, description="cpu_procs: 1 (processes per host when training on CPU)"
     )
-    port: int = Field(default=29500, ge=0, le=65535, description="port: 29500 (0 picks a free one)")
-    max_restarts: int = Field(default=3, ge=0)
-    rdzv_timeout: int = Field(default=900, ge=10)
+    port: int = Field(
+        default=29500,
+        ge=0,
+        le=65535,
+        description="port: 29500 (the rendezvous port on the first host; 0 picks a free one)",
+    )
+    max_restarts: int = Field(
+        default=3, ge=0, description="max_restarts: 3 (torchrun restarts failed workers this often)"
+    )
+    rdzv_timeout: int = Field(
+        default=900, ge=10, description="rdzv_timeout: 900 (seconds hosts wait for each other at rendezvous)"
+    )
     stop_grace: int = Field(
         default=10, ge=1, description="stop_grace: 10 (seconds between SIGTERM and SIGKILL)"
     )
     python: Optional[str] = Field(
-        default=None, description="python: /opt/venv/bin/python (default: the torch_env)"
+        default=None,
+        description="python: /opt/venv/bin/python (the hosts' interpreter with torch; default: the torch_env)",
     )
-    script: Optional[str] = None
-    steps: int = Field(default=1000, ge=1)
-    batch_size_per_gpu: int = Field(default=32, ge=1)
-    accumulation_steps: int = Field(default=1, ge=1)
-    seq_len: int = Field(default=128, ge=2)
-    model: ModelShape = Field(default_factory=lambda: ModelShape())
-    lr: float = Field(default=3e-4, gt=0)
-    warmup_steps: int = Field(default=100, ge=0)
-    weight_decay: float = Field(default=0.1, ge=0)
-    grad_clip: Optional[float] = Field(default=1.0, gt=0)
-    mixed_precision: bool = False
-    gradient_scaling: GradScaling = Field(default_factory=lambda: GradScaling())
-    ema: bool = False
-    ema_decay: float = Field(default=0.999, gt=0, lt=1)
-    dynamic_batch_sizing: bool = False
-    bucket_cap_mb: int = Field(default=25, ge=1)
+    script: Optional[str] = Field(
+        default=None,
+        description="script: train.py (your training script instead of the reference trainer; like --script)",
+    )
+    steps: int = Field(default=1000, ge=1, description="steps: 2000 (optimizer steps in the whole run)")
+    batch_size_per_gpu: int = Field(
+        default=32, ge=1, description="batch_size_per_gpu: 2048 (samples per process per micro-batch)"
+    )
+    accumulation_steps: int = Field(
+        default=1, ge=1, description="accumulation_steps: 4 (micro-batches per optimizer step)"
+    )
+    seq_len: int = Field(default=128, ge=2, description="seq_len: 256 (tokens per sample)")
+    model: ModelShape = Field(
+        default_factory=lambda: ModelShape(),
+        description="model: {d_model: 512, n_layers: 8} (the reference trainer's transformer)",
+    )
+    lr: float = Field(default=3e-4, gt=0, description="lr: 3.0e-4 (the peak learning rate)")
+    warmup_steps: int = Field(
+        default=100, ge=0, description="warmup_steps: 100 (steps of linear warm-up to lr)"
+    )
+    weight_decay: float = Field(default=0.1, ge=0, description="weight_decay: 0.1 (AdamW's weight decay)")
+    grad_clip: Optional[float] = Field(
+        default=1.0, gt=0, description="grad_clip: 1.0 (clip the gradient norm to this; null: no clipping)"
+    )
+    mixed_precision: bool = Field(
+        default=False,
+        description="mixed_precision: true (autocast on CUDA: bf16 where every GPU has it, else fp16)",
+    )
+    gradient_scaling: GradScaling = Field(
+        default_factory=lambda: GradScaling(),
+        description="gradient_scaling: {enabled: true} (the loss scaler under mixed_precision)",
+    )
+    ema: bool = Field(
+        default=False, description="ema: true (keep an exponential moving average of the weights)"
+    )
+    ema_decay: float = Field(default=0.999, gt=0, lt=1, description="ema_decay: 0.999 (the average's decay)")
+    dynamic_batch_sizing: bool = Field(
+        default=False,
+        description="dynamic_batch_sizing: true (on CUDA out-of-memory: halve the micro-batch, double accumulation)",
+    )
+    bucket_cap_mb: int = Field(
+        default=25, ge=1, description="bucket_cap_mb: 25 (DDP's gradient bucket size in MB)"
+    )
     checkpoint_dir: HostPath = Field(
-        paths.TRAIN_DIR + "/phase{phase}", description="checkpoint_dir: /data/ckpt/phase{phase}"
+        paths.TRAIN_DIR + "/phase{phase}",
+        description="checkpoint_dir: /data/ckpt/phase{phase} (each host's checkpoint folder; {phase} is the number)",
     )
-    checkpoint_every: int = Field(default=200, ge=1)
-    keep_checkpoints: int = Field(default=3, ge=1)
-    log_every: int = Field(default=10, ge=1)
-    seed: int = 0
+    checkpoint_every: int = Field(
+        default=200, ge=1, description="checkpoint_every: 200 (steps between checkpoints)"
+    )
+    keep_checkpoints: int = Field(
+        default=3, ge=1, description="keep_checkpoints: 3 (newest checkpoints kept on each host)"
+    )
+    log_every: int = Field(default=10, ge=1, description="log_every: 10 (steps between metric lines)")
+    seed: int = Field(default=0, description="seed: 0 (the data order and the model's first weights)")
     requires_orchestra: bool = Field(
-        False, description="requires_orchestra: true (phase 3 needs the warm set)"
+        False,
+        description="requires_orchestra: true (the orchestra's warm set must be loaded first, as phase 3 needs)",
     )
-    nccl_debug: str = "WARN"
+    nccl_debug: str = Field(
+        default="WARN", description="nccl_debug: WARN (NCCL_DEBUG on every host: INFO tells more)"
+    )
     instance_type: Optional[str] = Field(
         None, description="instance_type: ml.p3.2xlarge (--backend sagemaker's machine)"
     )
-    k8s: K8sSettings = Field(default_factory=lambda: K8sSettings())
-    env: dict[str, str] = Field(default_factory=dict, description="env: {NCCL_IB_DISABLE: '1'}")
+    k8s: K8sSettings = Field(
+        default_factory=lambda: K8sSettings(),
+        description="k8s: {checkpoint_pvc: cet-ckpt} (--backend k8s and trainjob; their flags win)",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="env: {NCCL_IB_DISABLE: '1'} (more environment for every process)"
+    )
 
     @field_validator("env", mode="before")
     @classmethod
@@ -184,6 +251,33 @@ class Settings(_Strict):
 
     def checkpoint_path(self, phase: int) -> str:
         return self.checkpoint_dir.replace("{phase}", str(phase))
+
+
+def describe_settings(model: type[BaseModel] = Settings, prefix: str = "") -> list[dict[str, Any]]:
+    """Every setting a phase takes, nested ones dotted (model.d_model): its default, an example
+    and what it means, from the fields' descriptions (`key: example (meaning)`)."""
+    import json
+    import re
+
+    out: list[dict[str, Any]] = []
+    for key, field in model.model_fields.items():
+        desc = field.description or ""
+        m = re.match(rf"{re.escape(key)}: (.+) \((.+)\)$", desc, re.S)
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            default = ""  # its own settings follow, each with its default
+        out.append(
+            {
+                "setting": prefix + key,
+                "default": json.dumps(default) if not isinstance(default, str) else default,
+                "example": m.group(1) if m else "",
+                "meaning": m.group(2) if m else desc,
+            }
+        )
+        inner = field.annotation
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            out += describe_settings(inner, f"{prefix}{key}.")
+    return out
 
 
 class PhasesFile(BaseModel):

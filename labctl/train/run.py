@@ -13,7 +13,7 @@ from typing import Any
 
 from labctl.context import Context
 from labctl.errors import InputError
-from labctl.inventory.select import select_hosts
+from labctl.inventory.select import require_role_hosts, select_hosts
 from labctl.train import backends, launch, runs
 from labctl.train.backends import PlannedRun, RunView
 from labctl.train.phases import Settings, load_phases
@@ -37,7 +37,14 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
     if request.limit is not None:
         chosen = select_hosts(ctx.inventory, request.limit)
     else:
-        chosen = select_hosts(ctx.inventory, settings.hosts, label=f"phase {request.phase}'s hosts")
+        chosen = require_role_hosts(
+            ctx.inventory,
+            settings.hosts,
+            f"Phase {request.phase} trains",
+            label=f"phase {request.phase}'s hosts",
+            hint="Give the hosts that train `roles: [train]` in the inventory, or name them with "
+            "--limit (or `hosts:` in the phases file).",
+        )
     hosts = launch.linux_hosts(chosen)
     spec = launch.prepare(
         ctx,

@@ -63,7 +63,7 @@ def test_bench_network_prints_a_table_on_stderr_and_nothing_on_stdout(lab: Any) 
     err = proc.stderr
     assert "network: m5 → pharaoh" in err and "share of link" in err
     assert "why: no bond at either end" in err
-    assert "seed 000's 48 GB model at the best rate" in err and "384 s over 1 Gb" in err
+    assert "the lab's 48 GB model at the best rate" in err and "384 s over 1 Gb" in err
 
 
 @pytest.mark.parametrize(

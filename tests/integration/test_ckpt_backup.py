@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -220,3 +222,91 @@ def test_clear_errors_for_an_unknown_run_and_a_missing_copy(inv: Path) -> None:
     assert proc.returncode == 2 and "holds no copy" in proc.stderr, proc.stderr
     proc = labctl("-i", str(inv), "ckpt", "restore", run_id, "--to", "nowhere")
     assert proc.returncode == 2 and "No host 'nowhere'" in proc.stderr, proc.stderr
+
+
+def flip_byte(inv: Path, path: str) -> None:
+    sh(inv, "irina", f"printf 'Z' | dd of={path} bs=1 seek=100 conv=notrunc 2>/dev/null")
+
+
+def hinted(out: str) -> list[str]:
+    """The command a hint names (`labctl ...` in backticks), as argv."""
+    found = re.findall(r"`(labctl [^`]+)`", " ".join(out.split()))
+    assert len(found) == 1, out
+    return shlex.split(found[0])
+
+
+def as_written(inv: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """A hint's command run exactly as written; the inventory comes from $LABCTL_INVENTORY, as
+    for a user who set it (hints name no -i)."""
+    assert argv[0] == "labctl", argv
+    return subprocess.run(
+        [sys.executable, "-m", "labctl", *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "LABCTL_INVENTORY": str(inv)},
+    )
+
+
+def test_a_damaged_copy_is_mended_by_the_command_verify_names_and_never_trusted(inv: Path) -> None:
+    run_id, folder = fake_run(inv, ["m5"], 0.5, 10)
+    assert backup(inv, "--run", run_id, now="2026-11-01T03:00:00Z")[0] == 0
+    source = sha(inv, "m5", f"{folder}/step-00000010.pt")
+    copy = f"{LIB}/{run_id}/step-00000010"
+    pt = f"{copy}/step-00000010.pt"
+    flip_byte(inv, pt)
+    proc = labctl("-i", str(inv), "ckpt", "verify", "--run", run_id)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "damaged" in out and copy in out.replace("\n", ""), out
+    fix = hinted(out)
+    assert fix == ["labctl", "ckpt", "backup", "--run", run_id], fix
+    done = as_written(inv, fix)
+    assert done.returncode == 0 and "replaced" in done.stderr, done.stdout + done.stderr
+    assert labctl("-i", str(inv), "ckpt", "verify", "--run", run_id).returncode == 0
+    assert sha(inv, "irina", pt) == source
+    record = json.loads(sh(inv, "irina", f"cat {copy}/backup.json"))
+    # Retention still files it under the day it was first backed up.
+    assert (
+        record["backed_up_at"] == "2026-11-01T03:00:00Z" and "sha256 mismatch" in record["replaced"]["reason"]
+    )
+
+    # Damage no verify has seen yet: the backup re-hashes what it would call present.
+    flip_byte(inv, pt)
+    rc, doc = backup(inv, "--run", run_id)
+    assert rc == 0 and doc["runs"][0]["action"] == "replaced", doc
+    assert sha(inv, "irina", pt) == source
+
+    # A restore never puts a damaged copy back; its hint mends the library, then it works.
+    flip_byte(inv, pt)
+    there = f"{TRAIN}/ckpt-test-back-{uuid.uuid4().hex[:8]}"
+    proc = ckpt(inv, "restore", run_id, "--to", "m5", "--dir", there)
+    assert proc.returncode == 1 and "damaged" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "restore again" in proc.stderr
+    assert sh(inv, "m5", f"ls -A {there} 2>/dev/null || true").split() == []
+    assert as_written(inv, hinted(proc.stderr)).returncode == 0
+    rc, _ = run_json(inv, "ckpt", "restore", run_id, "--to", "m5", "--dir", there)
+    assert rc == 0 and sha(inv, "m5", f"{there}/step-00000010.pt") == sha(
+        inv, "m5", f"{folder}/step-00000010.pt"
+    )
+
+
+def test_a_damaged_copy_no_host_holds_any_more_is_named_and_its_hint_drops_it(inv: Path) -> None:
+    run_id, folder = fake_run(inv, ["m5"], 0.1, 10)
+    assert backup(inv, "--run", run_id, now="2026-11-01T03:00:00Z")[0] == 0
+    # The trainer moved on and pruned step 10; step 20 is backed up on the next day.
+    sh(inv, "m5", f"rm {folder}/step-00000010.*")
+    write_ckpt(inv, "m5", folder, 20, 0.1)
+    assert backup(inv, "--run", run_id, now="2026-11-02T03:00:00Z")[0] == 0
+    flip_byte(inv, f"{LIB}/{run_id}/step-00000010/step-00000010.pt")
+    proc = labctl("-i", str(inv), "ckpt", "verify", "--run", run_id)
+    assert proc.returncode == 1 and "No training host holds step 10" in proc.stderr, proc.stderr
+    # The next backup says so too (and fails: the library is not whole), rather than "present".
+    rc, doc = backup(inv, "--run", run_id, now="2026-11-03T03:00:00Z")
+    assert rc == 1 and doc["damaged"] == [{"run_id": run_id, "step": 10}], doc
+    fix = hinted(proc.stderr)
+    assert fix == ["labctl", "ckpt", "verify", "--run", run_id, "--remove-damaged"], fix
+    done = as_written(inv, fix)
+    assert done.returncode == 0 and "removed" in done.stderr, done.stdout + done.stderr
+    assert labctl("-i", str(inv), "ckpt", "verify", "--run", run_id).returncode == 0
+    assert library_steps(inv, run_id) == [20]

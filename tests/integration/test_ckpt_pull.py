@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import shlex
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.ckpt_session import session
-from tests.conftest import m5_cache, run_json, sh
+from tests.conftest import REPO, labctl, m5_cache, run_json, sh
 
 pytestmark = pytest.mark.integration
 LIB = "/srv/checkpoints"
@@ -131,3 +136,32 @@ def test_model_export_reaches_the_ram_cache_through_cache_sync(lab: Any, working
             assert config["model_type"] == "tinylm" and config["d_model"] == 32
     finally:
         sh(inv, "irina", f"rm -rf {LIB} {MODELS}/{name} {MODELS}/.incoming-{name}")
+
+
+def test_a_damaged_pulled_copy_is_replaced_by_the_pull_verify_names(lab: Any, working: Path) -> None:
+    inv = lab.inventory_path
+    copy = f"{LIB}/kaggle-mend/step-00000004"
+    try:
+        rc, doc = run_json(inv, "ckpt", "pull", str(working), "--run", "kaggle-mend", timeout=300)
+        assert rc == 0, doc
+        sh(inv, "irina", f"printf 'Z' | dd of={copy}/step-00000004.pt bs=1 seek=100 conv=notrunc 2>/dev/null")
+        proc = labctl("-i", str(inv), "ckpt", "verify", "--run", "kaggle-mend")
+        assert proc.returncode == 1 and "damaged" in proc.stderr, proc.stderr
+        [hint] = re.findall(r"`(labctl [^`]+)`", " ".join(proc.stderr.split()))
+        argv = shlex.split(hint)
+        assert argv == ["labctl", "ckpt", "pull", str(working / "checkpoints"), "--run", "kaggle-mend"], argv
+        # Run as written, the inventory from $LABCTL_INVENTORY (hints name no -i).
+        done = subprocess.run(
+            [sys.executable, "-m", "labctl", *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+            env={**os.environ, "LABCTL_INVENTORY": str(inv)},
+        )
+        assert done.returncode == 0 and "replaced" in done.stderr, done.stdout + done.stderr
+        assert labctl("-i", str(inv), "ckpt", "verify", "--run", "kaggle-mend").returncode == 0
+        there = sh(inv, "irina", f"sha256sum {copy}/step-00000004.pt").split()[0]
+        assert there == sha(working / "checkpoints" / "step-00000004.pt")
+    finally:
+        sh(inv, "irina", f"rm -rf {LIB}")

@@ -137,3 +137,73 @@ def test_install_rotate_check_changes_nothing(lab: Any) -> None:
     assert {
         h: sh(inv, h, "ls -la /etc/cron.d /root/.ssh /var/lib/labctl") for h in ("pharaoh", "m5")
     } == before
+
+
+def test_rotation_schedule_is_read_back_and_needs_a_cron_daemon(lab: Any, tmp_path: Path) -> None:
+    """`cron install rotate -f FILE` copies FILE; with no cron daemon on pharaoh `cron list`,
+    `orchestra status` and `doctor` say the entry never runs; once Debian's cron runs there,
+    status shows the entry's next run and doctor passes."""
+    import time
+
+    import yaml
+
+    from labctl.agent.cronjobs import next_run
+    from labctl.schedule.jobs import ORCHESTRA_COPY
+    from tests.conftest import labctl
+
+    inv = lab.inventory_path
+    book = tmp_path / "elsewhere.yaml"  # not the playbooks/orchestra.yaml beside the inventory
+    models = [{"name": n, "size_gb": 0.004} for n in ("x", "y", "z")]
+    doc = {"hosts": "m5", "warm": 2, "rotate": 1, "every": "4h", "models": models}
+    book.write_text("# the file this test installs\n" + yaml.safe_dump(doc))
+    cron_pid = None
+    try:
+        proc = labctl("-i", str(inv), "orchestra", "status", "-f", str(book), timeout=120)
+        assert "not scheduled" in proc.stderr and f"labctl cron install rotate -f {book}" in proc.stderr
+        assert "(in " not in proc.stderr, proc.stderr  # no promise drawn from `every: 4h`
+        rc, st = run_json(inv, "orchestra", "status", "-f", str(book))
+        assert st["next_rotation_at"] is None and st["schedule"]["installed"] is False, st
+
+        rc, done = run_json(
+            inv, "cron", "install", "rotate", "-f", str(book), "--schedule", "17 3 * * *", timeout=600
+        )
+        assert rc == 0, done
+        assert done["orchestra_file"] == str(book) and f"-f {ORCHESTRA_COPY}" in done["command"]
+        assert sh(inv, "pharaoh", f"cat {ORCHESTRA_COPY}") == book.read_text()
+
+        # No cron runs on pharaoh: every view says the entry never runs.
+        proc = labctl("-i", str(inv), "cron", "list")
+        assert "no cron daemon runs on pharaoh" in proc.stderr.replace("\n", " "), proc.stderr
+        rc, listed = run_json(inv, "cron", "list")
+        (job,) = [j for j in listed["jobs"] if j["host"] == "pharaoh" and j["name"] == "rotate"]
+        assert job["daemon_running"] is False and job["last"] is None
+        rc, st = run_json(inv, "orchestra", "status", "-f", str(book))
+        sch = st["schedule"]
+        assert (sch["installed"], sch["host"], sch["schedule"]) == (True, "pharaoh", "17 3 * * *"), sch
+        assert sch["daemon_running"] is False and st["next_rotation_at"] is None
+        rc, dr = run_json(inv, "doctor", "--limit", "pharaoh", timeout=300)
+        (line,) = [x for x in dr["lines"] if x["check"] == "cron"]
+        assert line["status"] == "fail" and "no cron daemon" in line["found"] and "cron" in line["fix"], line
+
+        # Debian's cron on pharaoh, with a /run of its own (its pid file must not meet another cron's).
+        cron_pid = sh(
+            inv,
+            "pharaoh",
+            "setsid unshare --mount sh -c 'mount -t tmpfs tmpfs /run && exec cron -f' "
+            "</dev/null >/dev/null 2>&1 & echo $!",
+        ).strip()
+        for _ in range(100):  # until the exec: cron's own name in /proc
+            if sh(inv, "pharaoh", f"cat /proc/{cron_pid}/comm").strip() == "cron":
+                break
+            time.sleep(0.1)
+        before = time.time()
+        rc, st = run_json(inv, "orchestra", "status", "-f", str(book))
+        assert st["schedule"]["daemon_running"] is True, st["schedule"]
+        assert st["next_rotation_at"] == next_run("17 3 * * *", before)  # this machine's clock and zone
+        rc, dr = run_json(inv, "doctor", "--limit", "pharaoh", timeout=300)
+        (line,) = [x for x in dr["lines"] if x["check"] == "cron"]
+        assert line["status"] == "pass" and f"pid {cron_pid}" in line["found"], line
+    finally:
+        if cron_pid:
+            sh(inv, "pharaoh", f"kill {cron_pid}")
+        clean(inv)

@@ -282,7 +282,7 @@ def test_meminfo_in_bytes() -> None:
     assert memory["available_bytes"] == 201456112 * 1024
     assert memory["swap_total_bytes"] == 8388604 * 1024
     assert memory["shmem_bytes"] == 104857600 * 1024
-    assert memory["total_gb"] == pytest.approx(251.63, abs=0.01)
+    assert memory["total_gib"] == pytest.approx(251.63, abs=0.01)  # GiB, and named so
 
 
 def test_meminfo_without_memavailable_estimates_it() -> None:

@@ -196,7 +196,8 @@ def test_without_botocore_the_request_is_refused_naming_the_extra(monkeypatch: p
     monkeypatch.setitem(sys.modules, "botocore.session", None)
     with pytest.raises(InputError, match="botocore is not installed") as err:
         validate({})
-    assert "labctl[cloud]" in err.value.hint
+    # The command that installs the extra into this labctl's own environment, its pin included.
+    assert f"{sys.executable} -m pip install botocore==" in err.value.hint
 
 
 def test_a_users_script_travels_in_the_tarball_and_runs_with_the_jobs_limit(

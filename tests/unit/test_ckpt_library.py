@@ -115,6 +115,31 @@ def test_verify_names_the_damaged_copy_and_why(tmp_path: Path) -> None:
     assert got[1]["status"] == "damaged" and lib.RECORD in got[1]["reason"]
 
 
+def test_a_damaged_copy_is_marked_and_replaced_only_by_the_same_checkpoint(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    incoming(tmp_path, "run-a", 5)
+    lib.commit(root, "run-a", 5, {"backed_up_at": "2026-11-01T00:00:00Z"})
+    final = Path(lib.step_dir(root, "run-a", 5))
+    with open(final / pt_name(5), "r+b") as f:
+        f.seek(10)
+        f.write(b"X")
+    [found] = verify_command({"lib": root, "mark": True})["entries"]
+    assert found["status"] == "damaged"
+    [listed] = list_command({"lib": root})["entries"]
+    assert "sha256 mismatch" in listed["damaged"]
+    # Other bytes under the same run and step are another checkpoint: the damaged copy stays.
+    incoming(tmp_path, "run-a", 5, b"other")
+    with pytest.raises(lib.LibraryError, match="left as it is"):
+        lib.commit(root, "run-a", 5, {})
+    assert lib.check_entry(str(final), 5) is not None
+    incoming(tmp_path, "run-a", 5)
+    entry = lib.commit(root, "run-a", 5, {"backed_up_at": "2026-12-01T00:00:00Z"})
+    assert entry["existed"] is False and "sha256 mismatch" in entry["replaced"]
+    assert lib.check_entry(str(final), 5) is None and lib.damaged_reason(str(final)) is None
+    assert entry["record"]["backed_up_at"] == "2026-11-01T00:00:00Z"  # retention's date stays
+    assert sorted(os.listdir(tmp_path / "run-a")) == ["step-00000005"]
+
+
 def test_backup_copies_one_step_once_from_the_first_host_holding_it() -> None:
     found = [
         {"host": "m5", "step": 40, "dir": "/c"},

@@ -62,8 +62,8 @@ def test_declared_gpus_missing_without_a_driver_fail_with_the_driver_fix_and_ram
     lines = check_gpus(HostFound(M5, facts([], source="none")))
     fails = [x for x in lines if x.status == FAIL]
     assert [x.found.split(",")[0] for x in fails] == [
-        "declared 1x Tesla V100 (32 GB)",
-        "declared 4x Tesla P40 (24 GB)",
+        "declared 1x Tesla V100 (32 GiB)",
+        "declared 4x Tesla P40 (24 GiB)",
     ]
     assert all("Install the NVIDIA driver on m5" in x.fix for x in fails)
     assert statuses(lines, "RAM declared") == [PASS]
@@ -77,10 +77,10 @@ def test_a_missing_p40_fails_with_the_seating_fix_and_the_gpus_there_pass() -> N
     ]
     lines = check_gpus(HostFound(M5, facts(found)))
     (fail,) = [x for x in lines if x.status == FAIL]
-    assert fail.found.startswith("declared 4x Tesla P40 (24 GB), found 3")
+    assert fail.found.startswith("declared 4x Tesla P40 (24 GiB), found 3")
     assert "nvidia-smi -L on m5" in fail.fix and "inventory" in fail.fix
     assert statuses(lines, "GPU") == [PASS] * 4
-    assert "31.7 GB" in lines[1].found
+    assert "31.7 GiB" in lines[1].found
 
 
 def test_torch_without_kernels_for_pascal_fails_and_names_a_build_that_covers_every_gpu() -> None:

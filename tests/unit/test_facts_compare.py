@@ -33,7 +33,7 @@ def test_consistent_host_has_no_messages() -> None:
 
 def test_declared_gpus_missing() -> None:
     messages = compare_declared(M5_DECLARED, 256, host([gpu(0, "Tesla V100-PCIE-32GB", 32)]))
-    assert messages == ["declared 4x Tesla P40 (24 GB), found 0"]
+    assert messages == ["declared 4x Tesla P40 (24 GiB), found 0"]
 
 
 def test_missing_gpus_on_a_host_without_nvidia_tools_say_why() -> None:
@@ -41,26 +41,26 @@ def test_missing_gpus_on_a_host_without_nvidia_tools_say_why() -> None:
         [{"model": "Tesla P4", "memory_gb": 8, "count": 2}], None, host([], source="none")
     )
     assert len(messages) == 1
-    assert messages[0].startswith("declared 2x Tesla P4 (8 GB), found 0")
+    assert messages[0].startswith("declared 2x Tesla P4 (8 GiB), found 0")
     assert "nvidia-smi" in messages[0]
 
 
 def test_extra_gpu_not_declared() -> None:
     found = [*M5_FOUND, gpu(5, "NVIDIA GeForce RTX 3050", 8)]
     assert compare_declared(M5_DECLARED, 256, host(found)) == [
-        "found 1x NVIDIA GeForce RTX 3050 (8 GB) not declared"
+        "found 1x NVIDIA GeForce RTX 3050 (8 GiB) not declared"
     ]
 
 
 def test_count_mismatch_both_ways() -> None:
     three = M5_FOUND[:4]
     assert compare_declared(M5_DECLARED, None, host(three)) == [
-        "declared 4x Tesla P40 (24 GB), found 3 (Tesla P40)"
+        "declared 4x Tesla P40 (24 GiB), found 3 (Tesla P40)"
     ]
     five = [*M5_FOUND, gpu(5, "Tesla P40", 24)]
     # A fifth P40 is a count mismatch, not an undeclared GPU.
     assert compare_declared(M5_DECLARED, None, host(five)) == [
-        "declared 4x Tesla P40 (24 GB), found 5 (Tesla P40)"
+        "declared 4x Tesla P40 (24 GiB), found 5 (Tesla P40)"
     ]
 
 
@@ -69,7 +69,7 @@ def test_count_defaults_to_one() -> None:
     assert compare_declared(declared, None, host([gpu(0, "NVIDIA GeForce RTX 3050", 8)])) == []
     two = [gpu(0, "NVIDIA GeForce RTX 3050", 8), gpu(1, "NVIDIA GeForce RTX 3050", 8)]
     assert compare_declared(declared, None, host(two)) == [
-        "declared 1x RTX 3050 (8 GB), found 2 (NVIDIA GeForce RTX 3050)"
+        "declared 1x RTX 3050 (8 GiB), found 2 (NVIDIA GeForce RTX 3050)"
     ]
 
 
@@ -101,7 +101,7 @@ def test_p4_and_p40_on_one_host_are_kept_apart() -> None:
 def test_gpu_memory_beyond_ten_percent() -> None:
     found = [gpu(0, "Tesla V100-PCIE-16GB", 16)] + [gpu(i, "Tesla P40", 24) for i in range(1, 5)]
     assert compare_declared(M5_DECLARED, None, host(found)) == [
-        "declared Tesla V100 with 32 GB, found 1 with 16 GB (GPU 0)"
+        "declared Tesla V100 with 32 GiB, found 1 with 16 GiB (GPU 0)"
     ]
     # 7.5 GiB for a declared 8 GB card is within 10%.
     assert (
@@ -133,7 +133,7 @@ def test_ram_tolerance(declared_gb: float, found_gib: float, ok: bool) -> None:
     if ok:
         assert messages == []
     else:
-        assert messages == [f"declared {declared_gb} GB RAM, host reports {found_gib:.1f} GB"]
+        assert messages == [f"declared {declared_gb} GiB RAM, host reports {found_gib:.1f} GiB"]
 
 
 def test_ram_not_declared_is_not_checked() -> None:

@@ -171,3 +171,19 @@ def test_errors_that_can_be_named_are_not_internal_errors() -> None:
     assert str(by["e"].error).startswith("internal error")
     with pytest.raises(Unreachable, match=r"connection to c .* lost"):
         on_host(ctx(), hosts("c")[0], lambda run: step(run))
+
+
+def test_a_step_ending_in_system_exit_is_a_failed_host_not_a_wait_for_ever() -> None:
+    # rich raised SystemExit from a host's thread on a broken pipe: the thread ended silently.
+    def step(run: HostRun) -> HostResult:
+        if run.host.name == "b":
+            raise SystemExit(1)
+        return HostResult(run.host.name, "ok")
+
+    got: list[HostResult] = []
+    t = threading.Thread(target=lambda: got.extend(fan_out(ctx(), hosts("a", "b"), step)), daemon=True)
+    t.start()
+    t.join(60)  # a bound on a hang, not on speed
+    assert not t.is_alive(), "fan_out waited for ever for the host whose thread had ended"
+    assert [r.status for r in got] == ["ok", "failed"]
+    assert "SystemExit" in (got[1].error or "")

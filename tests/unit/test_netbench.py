@@ -215,7 +215,7 @@ def test_the_table_shows_each_stream_count_the_link_why_and_the_seed() -> None:
     assert "irina → m5 (10.0.0.1)" in text
     assert "944" in text and "94%" in text and "472 / 472" in text
     assert "link: 1000 Mbit/s" in text and "why: no bond at either end" in text
-    assert "(the seed: 384 s over 1 Gb, 192 s bonded)" in text
+    assert "(the lab's plan: 384 s over 1 Gb, 192 s bonded)" in text
     assert "speed unknown, so no share" in shown([HostLink("irina"), HostLink("m5")])
 
 

@@ -163,7 +163,7 @@ def test_init_writes_the_network_playbook_and_its_bond_plans_for_the_seed_m5(tmp
     assert book in written and book.read_bytes() == (repo / "playbooks/network.yaml").read_bytes()
     entry = load_playbook(book).plays[0].entries[0]
     assert entry.type_name == "bond"
-    m5 = load_inventory(tmp_path / "mylab/lab.yaml").hosts["m5"]
+    m5 = load_inventory(tmp_path / "mylab/inventory/lab.yaml").hosts["m5"]
     r = BondResource.from_playbook(m5, entry.params)
     assert isinstance(r, BondResource) and r.params.revert_after == 90
     assert r.plan(state()).ops[0]["files"]["/etc/netplan/90-labctl-bond0.yaml"].count("802.3ad") == 1

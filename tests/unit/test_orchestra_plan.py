@@ -91,7 +91,7 @@ def test_init_writes_the_orchestra_file_and_it_is_found_beside_the_new_inventory
     assert lab / "playbooks/orchestra.yaml" in written
     assert (lab / "playbooks/orchestra.yaml").read_bytes() == (REPO / "playbooks/orchestra.yaml").read_bytes()
     monkeypatch.chdir(tmp_path)
-    found = default_path(lab / "lab.yaml")
+    found = default_path(lab / "inventory/lab.yaml")
     assert found == lab / "playbooks/orchestra.yaml"
     assert load_orchestra(found).names == seed_orchestra().names
 
@@ -340,8 +340,10 @@ def test_the_capacity_view_of_the_seed_lab_beside_seed_000s_claims() -> None:
     assert rows["13B fp16"].split == ["2x Tesla P40 on m5 (tensor parallel): 2 models"]
     assert rows["70B 4-bit"].split == ["2x Tesla P40 on m5 (tensor parallel): 2 models"]
     note = rows["7B fp16"].note
-    assert "below seed 000's 15-20" in note and "8.3 GB each, less than its weights alone (14 GB)" in note
-    assert "within seed 000's 1-2" in rows["70B 4-bit"].note
+    assert (
+        "below the lab's plan of 15-20" in note and "8.3 GB each, less than its weights alone (14 GB)" in note
+    )
+    assert "within the lab's plan of 1-2" in rows["70B 4-bit"].note
     # Small models pack several to a GPU.
     small = capacity(p40s(1), orch.overhead.model_copy(update={"fraction": 0.0, "context_gb": 0.0}))
     assert (

@@ -137,6 +137,8 @@ def test_init_writes_seed_001s_plan_and_it_schedules(tmp_path: Path) -> None:
         ("sagemaker", "V100", 28, 4, 4),
     }
     assert (REPO / "playbooks/plan.yaml").read_bytes() == path.read_bytes()
-    proc = labctl("--json", "-i", str(tmp_path / "lab/lab.yaml"), "plan", "week", "--start", "2026-11-30")
+    proc = labctl(
+        "--json", "-i", str(tmp_path / "lab/inventory/lab.yaml"), "plan", "week", "--start", "2026-11-30"
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["plan_file"] == str(path)

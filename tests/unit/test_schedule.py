@@ -185,9 +185,15 @@ def test_remove_playbook_purges_only_when_asked() -> None:
 
 
 def test_the_rotate_job_runs_the_installed_labctl_on_the_lab_copy() -> None:
+    from labctl.defaults import default_places
+    from labctl.orchestra.spec import DEFAULT_ORCHESTRA
+
+    copy = f"{paths.CONTROLLER_DIR}/lab/playbooks/orchestra.yaml"
     assert plan.job_command(JOBS["rotate"]) == (
-        f"{paths.CONTROLLER_DIR}/bin/labctl -i {paths.CONTROLLER_DIR}/lab/inventory.yaml rotate"
+        f"{paths.CONTROLLER_DIR}/bin/labctl -i {paths.CONTROLLER_DIR}/lab/inventory.yaml rotate -f {copy}"
     )
+    # The copy is also what labctl on the orchestrator finds by default beside the lab copy.
+    assert str(default_places(DEFAULT_ORCHESTRA, Path(plan.INVENTORY))[0]) == copy
 
 
 def test_launcher_runs_labctl_from_its_lib_folder_alone(

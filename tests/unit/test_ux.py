@@ -112,10 +112,16 @@ def test_init_writes_a_lab_that_validates_and_whose_playbooks_are_found_from_any
     proc = run_cli("init", str(lab), cwd=elsewhere)
     assert proc.returncode == 0, proc.stderr
     assert "edit " in proc.stderr and "inventory validate" in proc.stderr
-    inv = lab / "lab.yaml"
+    inv = lab / "inventory/lab.yaml"  # the repository's layout, so the default inventory is it
     for rel in ("playbooks/provision.yaml", "playbooks/train.yaml"):
         assert (lab / rel).read_bytes() == (REPO / rel).read_bytes()  # the repository's own files
     assert run_cli("-i", str(inv), "inventory", "validate", cwd=elsewhere).returncode == 0
+    # In the lab's folder nothing needs naming: the default inventory and playbooks are the new ones.
+    here = run_cli("--json", "inventory", "show", cwd=lab)
+    assert here.returncode == 0, here.stderr
+    assert "m5" in json.loads(here.stdout)["hosts"], here.stdout
+    dry = run_cli("--json", "provision", "--check", "-l", "workstation", cwd=lab)
+    assert json.loads(dry.stdout)["playbook"] == str(lab / "playbooks/provision.yaml"), dry.stderr
     # Again: nothing is overwritten without --force, and nothing is half-written.
     (lab / "playbooks/train.yaml").write_text("mine\n")
     again = run_cli("init", str(lab), cwd=elsewhere)

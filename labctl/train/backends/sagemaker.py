@@ -26,7 +26,7 @@ from typing import Any
 from labctl.cloud import bundle as cloud_bundle
 from labctl.cloud.backend import CloudBackend, checkpoint_subdir, required
 from labctl.cloud.platforms import SAGEMAKER, SAGEMAKER_INSTANCE
-from labctl.errors import InputError
+from labctl.errors import InputError, install_extra
 from labctl.fsutil import write_atomic
 from labctl.train.duration import format_duration
 from labctl.train.request import JobOptions
@@ -150,7 +150,7 @@ def validate(request: dict[str, Any]) -> None:
     except ImportError:
         raise InputError(
             "--backend sagemaker checks its request against botocore's SageMaker model, and botocore is not installed.",
-            "Install labctl's cloud extra: pip install 'labctl[cloud]' (make install does).",
+            f"Install labctl's cloud extra: {install_extra('cloud')}",
         ) from None
     model = botocore.session.get_session().get_service_model("sagemaker")
     shape = model.operation_model("CreateTrainingJob").input_shape
