@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.ckpt_session import as_written
 from tests.conftest import REPO, TRAIN_TINY, labctl, run_json, sh
 
 pytestmark = pytest.mark.integration
@@ -235,20 +236,6 @@ def hinted(out: str) -> list[str]:
     return shlex.split(found[0])
 
 
-def as_written(inv: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """A hint's command run exactly as written; the inventory comes from $LABCTL_INVENTORY, as
-    for a user who set it (hints name no -i)."""
-    assert argv[0] == "labctl", argv
-    return subprocess.run(
-        [sys.executable, "-m", "labctl", *argv[1:]],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={**os.environ, "LABCTL_INVENTORY": str(inv)},
-    )
-
-
 def test_a_damaged_copy_is_mended_by_the_command_verify_names_and_never_trusted(inv: Path) -> None:
     run_id, folder = fake_run(inv, ["m5"], 0.5, 10)
     assert backup(inv, "--run", run_id, now="2026-11-01T03:00:00Z")[0] == 0
@@ -261,7 +248,7 @@ def test_a_damaged_copy_is_mended_by_the_command_verify_names_and_never_trusted(
     assert proc.returncode == 1 and "damaged" in out and copy in out.replace("\n", ""), out
     fix = hinted(out)
     assert fix == ["labctl", "ckpt", "backup", "--run", run_id], fix
-    done = as_written(inv, fix)
+    done = as_written(inv, fix, REPO)
     assert done.returncode == 0 and "replaced" in done.stderr, done.stdout + done.stderr
     assert labctl("-i", str(inv), "ckpt", "verify", "--run", run_id).returncode == 0
     assert sha(inv, "irina", pt) == source
@@ -284,7 +271,7 @@ def test_a_damaged_copy_is_mended_by_the_command_verify_names_and_never_trusted(
     assert proc.returncode == 1 and "damaged" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert "restore again" in proc.stderr
     assert sh(inv, "m5", f"ls -A {there} 2>/dev/null || true").split() == []
-    assert as_written(inv, hinted(proc.stderr)).returncode == 0
+    assert as_written(inv, hinted(proc.stderr), REPO).returncode == 0
     rc, _ = run_json(inv, "ckpt", "restore", run_id, "--to", "m5", "--dir", there)
     assert rc == 0 and sha(inv, "m5", f"{there}/step-00000010.pt") == sha(
         inv, "m5", f"{folder}/step-00000010.pt"
@@ -306,7 +293,7 @@ def test_a_damaged_copy_no_host_holds_any_more_is_named_and_its_hint_drops_it(in
     assert rc == 1 and doc["damaged"] == [{"run_id": run_id, "step": 10}], doc
     fix = hinted(proc.stderr)
     assert fix == ["labctl", "ckpt", "verify", "--run", run_id, "--remove-damaged"], fix
-    done = as_written(inv, fix)
+    done = as_written(inv, fix, REPO)
     assert done.returncode == 0 and "removed" in done.stderr, done.stdout + done.stderr
     assert labctl("-i", str(inv), "ckpt", "verify", "--run", run_id).returncode == 0
     assert library_steps(inv, run_id) == [20]

@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.ckpt_session import session
+from tests.ckpt_session import as_written, session
 from tests.conftest import REPO, labctl, m5_cache, run_json, sh
 
 pytestmark = pytest.mark.integration
@@ -151,14 +148,7 @@ def test_a_damaged_pulled_copy_is_replaced_by_the_pull_verify_names(lab: Any, wo
         argv = shlex.split(hint)
         assert argv == ["labctl", "ckpt", "pull", str(working / "checkpoints"), "--run", "kaggle-mend"], argv
         # Run as written, the inventory from $LABCTL_INVENTORY (hints name no -i).
-        done = subprocess.run(
-            [sys.executable, "-m", "labctl", *argv[1:]],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=REPO,
-            env={**os.environ, "LABCTL_INVENTORY": str(inv)},
-        )
+        done = as_written(inv, argv, REPO)
         assert done.returncode == 0 and "replaced" in done.stderr, done.stdout + done.stderr
         assert labctl("-i", str(inv), "ckpt", "verify", "--run", "kaggle-mend").returncode == 0
         there = sh(inv, "irina", f"sha256sum {copy}/step-00000004.pt").split()[0]

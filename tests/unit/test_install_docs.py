@@ -17,29 +17,16 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_ux import run_cli
+
 REPO = Path(__file__).resolve().parents[2]
 # A seed document by number or path, a section sign, the design brief outside the repository.
 CITATION = re.compile(r"seeds/|[Ss]eed 0\d\d|§|\.\./shared|DESIGN\.md")
 
 
-def labctl(
-    *args: str, cwd: Path = REPO, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "LABCTL_INVENTORY")}
-    base["PYTHONPATH"] = str(REPO)
-    return subprocess.run(
-        [sys.executable, "-m", "labctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        env={**base, **(env or {})},
-    )
-
-
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 def test_the_bash_completion_script_sources_and_completes_commands_and_subcommands(tmp_path: Path) -> None:
-    shown = labctl("--show-completion", "bash")
+    shown = run_cli("--show-completion", "bash")
     assert shown.returncode == 0, shown.stderr
     script = tmp_path / "labctl.bash"
     script.write_text(shown.stdout)
@@ -66,7 +53,7 @@ def test_the_bash_completion_script_sources_and_completes_commands_and_subcomman
 
 
 def test_install_completion_writes_the_script_for_the_shell_named(tmp_path: Path) -> None:
-    done = labctl("--install-completion", "bash", env={"HOME": str(tmp_path)}, cwd=tmp_path)
+    done = run_cli("--install-completion", "bash", env={"HOME": str(tmp_path)}, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     installed = list(tmp_path.rglob("labctl*"))
     assert installed and "_LABCTL_COMPLETE" in installed[0].read_text(), installed
@@ -89,7 +76,7 @@ def test_train_settings_lists_every_setting_with_what_it_means() -> None:
 
     names = _every_setting(Settings)
     assert {"steps", "model.d_model", "gradient_scaling.growth_interval", "k8s.runtime"} <= set(names)
-    proc = labctl("--json", "train", "settings")
+    proc = run_cli("--json", "train", "settings")
     assert proc.returncode == 0, proc.stderr
     rows = {r["setting"]: r for r in json.loads(proc.stdout)["settings"]}
     assert list(rows) == names
@@ -97,13 +84,13 @@ def test_train_settings_lists_every_setting_with_what_it_means() -> None:
         assert row["meaning"] and row["example"], row  # every setting says what it is, with an example
     assert rows["steps"]["default"] == "1000" and "optimizer steps" in rows["steps"]["meaning"]
     assert rows["model.n_heads"]["default"] == "4"
-    human = labctl("train", "settings", env={"COLUMNS": "300"})
+    human = run_cli("train", "settings", env={"COLUMNS": "300"})
     assert human.returncode == 0, human.stderr
     for name in names:
         assert re.search(rf"^\S*\s*{re.escape(name)}\s", human.stderr, re.M), name
     # What the phases file and `train --help` point to is the command that lists them.
     assert "`labctl train settings` lists every setting" in (REPO / "playbooks/train.yaml").read_text()
-    assert "labctl train settings" in labctl("train", "--help", env={"COLUMNS": "200"}).stdout
+    assert "labctl train settings" in run_cli("train", "--help", env={"COLUMNS": "200"}).stdout
 
 
 def test_facts_shows_memory_in_gib_as_the_host_counts_it() -> None:
@@ -207,8 +194,8 @@ def test_nothing_a_user_reads_cites_documents_they_do_not_have() -> None:
 
 
 def test_with_no_inventory_the_hint_s_init_makes_one_that_the_default_lookup_finds(tmp_path: Path) -> None:
-    missing = labctl("inventory", "validate", cwd=tmp_path)
+    missing = run_cli("inventory", "validate", cwd=tmp_path)
     assert missing.returncode == 2 and "`labctl init DIR`" in missing.stderr, missing.stderr
-    assert labctl("init", "mylab", cwd=tmp_path).returncode == 0
-    found = labctl("inventory", "validate", cwd=tmp_path / "mylab")
+    assert run_cli("init", "mylab", cwd=tmp_path).returncode == 0
+    found = run_cli("inventory", "validate", cwd=tmp_path / "mylab")
     assert found.returncode == 0, found.stderr
