@@ -19,6 +19,7 @@ import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, distribution, requires
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 # The GPU machine's interpreter and platform; manylinux tags from newest to oldest glibc,
@@ -42,11 +43,11 @@ TARGET_ENV = {
 }
 
 
-def _requirement(text: str):  # type: ignore[no-untyped-def]
+def _requirement(text: str) -> Any:
     try:
         from packaging.requirements import Requirement
     except ImportError:  # pip vendors it
-        from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
+        from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment,unused-ignore]
     return Requirement(text)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from .base import CheckEnv, CheckFailed, Section, fmt
+from .base import CheckEnv, CheckFailed, Nvml, Section, fmt
 
 TITLE = "Facts, status, doctor, metrics through NVML"
 PLAN = [
@@ -35,33 +35,24 @@ DCGM = (
 
 def nvml_direct() -> dict[str, Any] | None:
     """GPU 0 as NVML itself reports it (None without the bindings or a GPU)."""
+    nvml = Nvml()
     try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        if pynvml.nvmlDeviceGetCount() < 1:
+        if not nvml.ok:
             return None
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        name = pynvml.nvmlDeviceGetName(h)
-        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        nv, h = nvml.pynvml, nvml.handle
+        major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
         out: dict[str, Any] = {
-            "name": name.decode() if isinstance(name, bytes) else str(name),
+            "name": nvml.name,
             "compute_capability": f"{major}.{minor}",
-            "memory_total_bytes": int(mem.total),
+            "memory_total_bytes": int(nv.nvmlDeviceGetMemoryInfo(h).total),
         }
         try:
-            out["power_limit_w"] = pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000
+            out["power_limit_w"] = nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000
         except Exception as exc:
             out["power_limit_w"] = f"not supported: {exc}"
         return out
     finally:
-        pynvml.nvmlShutdown()
+        nvml.close()
 
 
 def phases_file(env: CheckEnv, steps: int) -> str:

@@ -38,7 +38,8 @@ def run(env: CheckEnv) -> Section:
     from labctl.provision.resources.torch_env import TorchEnvParams, choose_build
 
     sec = Section("torch_env", TITLE)
-    pinned = TorchEnvParams().version  # what `torch_env` installs when the playbook names no version
+    # What `torch_env` installs when the playbook names no version.
+    pinned = str(TorchEnvParams.model_fields["version"].default)
     installed = torch.__version__.split("+")[0]
     if env.cuda:
         cap = torch.cuda.get_device_capability(0)

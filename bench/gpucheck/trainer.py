@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import REPO, CheckEnv, CheckFailed, Section, fmt, tail
+from .base import REPO, CheckEnv, CheckFailed, Nvml, Section, fmt, tail
 
 TITLE = "Reference trainer: fp32 vs AMP tokens/s, time-limit pause and resume, two ranks on one GPU"
 PLAN = [
@@ -262,60 +262,6 @@ class Sampler:
         self._stop.set()
         self._thread.join(timeout=10)
         return self.samples
-
-
-class Nvml:
-    """GPU 0 through NVML (the card labctl trains on: the first in PCI order), or why not."""
-
-    def __init__(self) -> None:
-        self.handle: Any = None
-        self.name: str | None = None
-        self.count = 0
-        self.why: str | None = None
-        try:
-            import pynvml  # type: ignore[import-not-found,import-untyped,unused-ignore]
-        except ImportError as exc:
-            self.why = f"pynvml (nvidia-ml-py) is not importable: {exc}"
-            return
-        self.pynvml = pynvml
-        try:
-            pynvml.nvmlInit()
-        except Exception as exc:
-            self.why = f"NVML init failed: {type(exc).__name__}: {exc}"
-            return
-        try:
-            self.count = int(pynvml.nvmlDeviceGetCount())
-            if self.count < 1:
-                self.why = "NVML sees no GPU"
-                return
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            name = pynvml.nvmlDeviceGetName(self.handle)
-            self.name = name.decode() if isinstance(name, bytes) else str(name)
-        except Exception as exc:
-            self.why = f"NVML could not open GPU 0: {type(exc).__name__}: {exc}"
-
-    @property
-    def ok(self) -> bool:
-        return self.handle is not None
-
-    def query(self) -> dict[str, Any]:
-        nv, h = self.pynvml, self.handle
-        out: dict[str, Any] = {
-            "util_pct": int(nv.nvmlDeviceGetUtilizationRates(h).gpu),
-            "mem_mib": round(int(nv.nvmlDeviceGetMemoryInfo(h).used) / 2**20, 1),
-        }
-        try:
-            out["power_w"] = round(nv.nvmlDeviceGetPowerUsage(h) / 1000.0, 1)  # milliwatts
-        except Exception:  # not supported on this card or driver: utilisation and memory still count
-            out["power_w"] = None
-        return out
-
-    def close(self) -> None:
-        if hasattr(self, "pynvml"):
-            try:
-                self.pynvml.nvmlShutdown()
-            except Exception:
-                pass
 
 
 # -- running things --------------------------------------------------------------------------------
@@ -680,9 +626,9 @@ def _throughput(st: State) -> None:
     results: dict[str, TrainRun] = {}
     failed: list[str] = []
     try:
-        for label, amp in (("fp32", False), ("amp", True)):
+        for label, mixed in (("fp32", False), ("amp", True)):
             ckpt = fresh_dir(st.root / f"ckpt-{label}")
-            settings = dict(shape.settings(), mixed_precision=amp, checkpoint_dir=str(ckpt))
+            settings = dict(shape.settings(), mixed_precision=mixed, checkpoint_dir=str(ckpt))
             sampler = Sampler(nvml.query).start() if nvml.ok else None
             try:
                 r = st.launcher.train(label, settings, timeout_s("throughput", env))
