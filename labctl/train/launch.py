@@ -28,7 +28,6 @@ from labctl.inventory.model import Host
 from labctl.train.phases import Settings
 from labctl.train.plan import Problem, plan_run
 from labctl.train.spec import RUN_ENV, LaunchSpec, NodeSpec
-from labctl.transport.wrap import wrap_with_watchdog
 
 RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$")
 PREFLIGHT_TIMEOUT_S = 240.0
@@ -286,14 +285,8 @@ class Outcome:
     first_step_seconds: float | None = None
 
 
-def _command(spec: LaunchSpec, node: NodeSpec, grace: int, local: bool = False) -> str:
-    inner = f"mkdir -p {shlex.quote(spec.log_dir)} && cd {shlex.quote(spec.log_dir)} && exec {spec.shell_line(node)}"
-    if local:
-        # The watchdog ends the run when its stdin (an SSH channel) closes; a `connection: local`
-        # command's stdin is /dev/null, so it would end the run at once. LocalConnection runs it
-        # in its own session instead and stops that session on Ctrl-C, a timeout or a failed host.
-        return inner
-    return wrap_with_watchdog(inner, grace=grace)
+def _command(spec: LaunchSpec, node: NodeSpec) -> str:
+    return f"mkdir -p {shlex.quote(spec.log_dir)} && cd {shlex.quote(spec.log_dir)} && exec {spec.shell_line(node)}"
 
 
 def run_attached(
@@ -320,11 +313,11 @@ def run_attached(
 
         threading.Thread(target=relay, daemon=True).start()
         res = run.conn.run(
-            _command(spec, nodes[name], grace, local=run.host.connection == "local"),
+            _command(spec, nodes[name]),
             timeout=timeout,
             cancel=abort,
             on_line=lambda s, t: stream.line(name, s, t),
-            watchdog=False,  # wrapped above, with the run's own grace period
+            grace=grace,  # the run's own grace period between SIGTERM and SIGKILL
         )
         if res.rc not in (0, None) and not abort.is_set():
             failed.append(name)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from labctl.errors import HostError
+from labctl.transport.wrap import GRACE_SECONDS
 
 # Called with ("stdout" | "stderr", line without its newline) as output arrives.
 LineCallback = Callable[[str, str], None]
@@ -84,6 +85,7 @@ class Connection(Protocol):
         on_line: LineCallback | None = None,
         cancel: threading.Event | None = None,
         watchdog: bool = True,
+        grace: int = GRACE_SECONDS,
     ) -> CommandResult: ...
 
     def put_bytes(

@@ -14,6 +14,7 @@ from pathlib import Path
 from labctl.fsutil import write_atomic
 from labctl.inventory.model import Host
 from labctl.transport.base import CommandResult, LineCallback, LineSplitter, file_error
+from labctl.transport.wrap import GRACE_SECONDS
 
 
 class LocalConnection:
@@ -30,7 +31,11 @@ class LocalConnection:
         on_line: LineCallback | None = None,
         cancel: threading.Event | None = None,
         watchdog: bool = True,
+        grace: int = GRACE_SECONDS,
     ) -> CommandResult:
+        # No watchdog here (`watchdog`, `grace`): it ends a command when an SSH channel's stdin
+        # closes, and this command's stdin is /dev/null. Its own session stands in for it: a
+        # timeout, Ctrl-C or another host's failure stop that session.
         start = time.monotonic()
         full_env = {**os.environ, **(env or {})}
         # Its own session, so a timeout or Ctrl-C can stop everything it started.

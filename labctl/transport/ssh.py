@@ -25,7 +25,7 @@ from labctl.transport.base import (
     file_error,
 )
 from labctl.transport.hostkeys import fingerprint, known_hosts_name, load_known_hosts
-from labctl.transport.wrap import wrap_with_watchdog
+from labctl.transport.wrap import GRACE_SECONDS, wrap_with_watchdog
 
 if TYPE_CHECKING:
     import paramiko
@@ -193,12 +193,13 @@ class SSHConnection:
         on_line: LineCallback | None = None,
         cancel: threading.Event | None = None,
         watchdog: bool = True,
+        grace: int = GRACE_SECONDS,
     ) -> CommandResult:
         if env:
             exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
             command = f"export {exports}; {command}"
         if watchdog and not self.host.is_windows:
-            command = wrap_with_watchdog(command)
+            command = wrap_with_watchdog(command, grace=grace)
         result = self._exec(command, timeout=timeout, on_line=on_line, cancel=cancel)
         # Win32-OpenSSH has no process groups to kill: closing the channel does not stop it there.
         result.may_still_run = (result.timed_out or result.cancelled) and self.host.is_windows

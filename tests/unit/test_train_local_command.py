@@ -20,6 +20,7 @@ from labctl.inventory.model import Host
 from labctl.train import launch
 from labctl.train.spec import LaunchSpec, NodeSpec
 from labctl.transport.local import LocalConnection
+from labctl.transport.wrap import wrap_with_watchdog
 
 EVENT = {"event": "step", "step": 1, "loss": 5.0}
 
@@ -57,16 +58,14 @@ def test_the_watchdog_wrapper_ends_a_local_command_at_once(tmp_path: Path) -> No
     # Why a local host's command is not wrapped: its stdin is /dev/null, the watchdog's EOF.
     s = spec(tmp_path, RANK0_LINE)
     res = LocalConnection(local_host()).run(
-        launch._command(s, s.nodes[0], grace=1), timeout=30, watchdog=False
+        wrap_with_watchdog(launch._command(s, s.nodes[0]), grace=1), timeout=30, watchdog=False
     )
     assert res.rc != 0 and "[rank0]" not in res.stdout
 
 
 def test_a_local_command_runs_to_its_end_in_the_runs_folder(tmp_path: Path) -> None:
     s = spec(tmp_path, RANK0_LINE + "; pwd")
-    res = LocalConnection(local_host()).run(
-        launch._command(s, s.nodes[0], grace=1, local=True), timeout=30, watchdog=False
-    )
+    res = LocalConnection(local_host()).run(launch._command(s, s.nodes[0]), timeout=30, grace=1)
     assert res.rc == 0, res.stderr
     assert res.stdout.splitlines() == [f"[rank0]:{json.dumps(EVENT)}", s.log_dir]
 
