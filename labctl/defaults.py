@@ -20,6 +20,16 @@ def default_places(rel: Path, inventory_path: Path) -> list[Path]:
     return out
 
 
+def shown_path(path: Path) -> str:
+    """`path` as a command line in a hint gives it: relative to the current folder when below it
+    (where the user runs the hint), else absolute."""
+    path = path.absolute()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def find_default(rel: Path, inventory_path: Path, kind: str, option: str) -> Path:
     """The first `rel` among `default_places`, or an InputError that says where it looked."""
     places = default_places(rel, inventory_path)

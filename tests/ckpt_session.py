@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +42,3 @@ def session(out: Path, run_id: str = "kaggle-1", settings_file: bool = True) -> 
     if settings_file:
         (working / "settings.json").write_text(json.dumps(s))
     return working
-
-
-def as_written(inv: Path, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """A hint's command run exactly as written; the inventory comes from $LABCTL_INVENTORY, as
-    for a user who set it (hints name no -i)."""
-    assert argv[0] == "labctl", argv
-    return subprocess.run(
-        [sys.executable, "-m", "labctl", *argv[1:]],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env={**os.environ, "LABCTL_INVENTORY": str(inv)},
-    )

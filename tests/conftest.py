@@ -43,8 +43,14 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         pytest.skip(f"simulated lab unavailable: {reason}")
     from labctl.sim import down, up
 
+    # LABCTL_TEST_SIM_SLOT gives each concurrent test session its own bridge, namespaces and subnet,
+    # so two sessions on one machine (a CI run beside a developer's) do not tear down each other's lab.
+    slot = int(os.environ.get("LABCTL_TEST_SIM_SLOT", "0"))
     sim_dir = tmp_path_factory.mktemp("sim")
-    sim = up(sim_dir, hosts=SIM_HOSTS, bridge="lctest0", prefix="lct-", subnet="10.251.0.0/24")
+    sim = up(
+        sim_dir, hosts=SIM_HOSTS, bridge=f"lctest{slot}", prefix="lct-" if slot == 0 else f"lct{slot}-",
+        subnet=f"10.251.{slot}.0/24",
+    )  # fmt: skip
     try:
         yield sim
     finally:

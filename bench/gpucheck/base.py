@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+LAB = "gpucheck"  # the one-host lab's name: its orchestra servers are tagged with it
 
 
 @dataclass
@@ -219,7 +220,7 @@ def write_inventory(env: CheckEnv, cache_gb: float = 16.0) -> Path:
     for d in ("cache", "models"):
         (env.work / d).mkdir(parents=True, exist_ok=True)
     path = env.work / "lab.yaml"
-    path.write_text(yaml.safe_dump({"lab": "gpucheck", "hosts": {env.host: host}}, sort_keys=False))
+    path.write_text(yaml.safe_dump({"lab": LAB, "hosts": {env.host: host}}, sort_keys=False))
     env.inventory = path
     return path
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .base import REPO, CheckEnv, CheckFailed, Section, fmt, tail
+from .base import LAB, REPO, CheckEnv, CheckFailed, Section, fmt, tail
 
 TITLE = "Orchestra: labctl's model server on the GPU, load, warm-up, generate, one rotation"
 PLAN = [
@@ -182,13 +182,13 @@ def _generate(port: int, max_tokens: int, reps: int) -> dict[str, Any]:
 def _our_servers(env: CheckEnv) -> list[dict[str, Any]]:
     from labctl.agent.orchestra.host import servers
 
-    return servers(env.host, list(MODELS))
+    return servers(LAB, env.host, list(MODELS))
 
 
 def _servers_of_host(env: CheckEnv) -> list[dict[str, Any]]:
     from labctl.agent.orchestra.host import servers
 
-    return servers(env.host)
+    return servers(LAB, env.host)
 
 
 def _state_dir_writable() -> None:

@@ -335,7 +335,14 @@ def _op_sandbox_image(op: Dict[str, Any]) -> str:
     return build_op(op)
 
 
+def _op_torch_env(op: Dict[str, Any]) -> str:
+    from .torch_env import build_op
+
+    return build_op(op)
+
+
 OPS: Dict[str, Callable[[Dict[str, Any]], str]] = {
+    "torch_env": _op_torch_env,
     "dockerd": _op_dockerd,
     "sandbox_image": _op_sandbox_image,
     "install_tree": _op_install_tree,

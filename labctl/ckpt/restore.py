@@ -22,16 +22,18 @@ if TYPE_CHECKING:
     from labctl.inventory.model import Host
 
 
-def pick_step(entries: list[dict[str, Any]], run_id: str, step: int | None, lib: Library) -> dict[str, Any]:
-    """The library copy to restore: `step`, else the newest."""
+def pick_step(
+    entries: list[dict[str, Any]], run_id: str, step: int | None, lib: Library, storage: str = ""
+) -> dict[str, Any]:
+    """The library copy to restore: `step`, else the newest. `storage`: the backup command's
+    --storage words, where it needs them to find this library."""
     mine = [e for e in entries if e["run_id"] == run_id]
     if not mine:
         runs = sorted({e["run_id"] for e in entries})
+        held = f" It holds: {', '.join(runs[:8])}." if runs else ""
         raise InputError(
             f"The library on {lib.host.name} ({lib.path}) holds no copy of run '{run_id}'.",
-            f"It holds: {', '.join(runs[:8])}."
-            if runs
-            else "Back it up first: labctl ckpt backup --run RUN.",
+            f"Back it up first: `labctl ckpt backup --run {shlex.quote(run_id)}{storage}`.{held}",
         )
     if step is None:
         return max(mine, key=lambda e: int(e["step"]))
@@ -82,7 +84,9 @@ def restore(
             f"--dir {folder!r} is not an absolute path.", "For example: --dir /data/ckpt/phase1."
         )
     held = copies(ctx, lib, run_id)["entries"]
-    entry = pick_step(held, run_id, step, lib)
+    # --storage only where the backup needs it to find this library (several storage hosts)
+    several = sum(1 for h in ctx.inventory.hosts.values() if h.storage is not None) > 1
+    entry = pick_step(held, run_id, step, lib, f" --storage {lib.host.name}" if several else "")
     n = int(entry["step"])
     # Re-hashed before it is served: a damaged copy restored would overwrite that step on the
     # host (perhaps a good one) with one the trainer then skips.
@@ -112,7 +116,7 @@ def restore(
         if info.get("missing"):
             raise HostError(
                 f"{lib.host.name}: the copy {entry['path']} lacks {', '.join(info['missing'])}.",
-                f"Check it: labctl ckpt verify --run {run_id}.",
+                f"Check it: `labctl ckpt verify --run {shlex.quote(run_id)}`.",
             )
         args = {
             "into": folder,

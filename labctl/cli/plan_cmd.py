@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,17 +15,22 @@ app = typer.Typer(
 )
 
 
-def _start(text: Optional[str]) -> date:
+def _start(text: Optional[str]) -> datetime:
+    """--start as given (a date alone: its 00:00); without it the next whole hour, not today's 00:00 long past."""
     from labctl.errors import InputError
+    from labctl.plan.schedule import plan_start
 
     if text is None:
-        return date.today()
+        return plan_start(datetime.now())
     try:
-        return date.fromisoformat(text)
+        when = datetime.fromisoformat(text)
     except ValueError:
         raise InputError(
-            f"--start {text!r} is not a date.", "Write it as YYYY-MM-DD, e.g. --start 2026-11-30."
+            f"--start {text!r} is not a date.",
+            "Write it as YYYY-MM-DD or YYYY-MM-DDTHH:MM, e.g. --start 2026-11-30 or --start 2026-11-30T09:00.",
         ) from None
+    # An offset given (Z, +01:00) is converted: the plan is drawn and printed in local time.
+    return when.astimezone().replace(tzinfo=None) if when.tzinfo else when
 
 
 @app.command("week")
@@ -41,7 +46,11 @@ def week(
     ] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also write a Gantt chart PNG here.")] = None,
     start: Annotated[
-        Optional[str], typer.Option("--start", help="The week's first day, YYYY-MM-DD (default: today).")
+        Optional[str],
+        typer.Option(
+            "--start",
+            help="When the plan starts, YYYY-MM-DD (00:00) or YYYY-MM-DDTHH:MM; its week is that day's (default: the next whole hour).",
+        ),
     ] = None,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,

@@ -14,7 +14,7 @@ from labctl.train import backends
 
 if TYPE_CHECKING:
     from labctl.context import Context
-    from labctl.train.results import Attached, Detached, RunsStatus, Stopped, TrainResult
+    from labctl.train.results import Attached, Detached, JobPreview, RunsStatus, Stopped, TrainResult
     from labctl.train.spec import LaunchSpec
 
 app = typer.Typer(no_args_is_help=False, invoke_without_command=True)
@@ -174,7 +174,26 @@ def train(
         ),
     ] = None,
     nodes: Annotated[
-        Optional[int], typer.Option("--nodes", min=1, help="SageMaker instance count (default 1).")
+        Optional[int],
+        typer.Option(
+            "--nodes",
+            help="slurm/k8s/trainjob: the cluster's nodes (with --gpus-per-node; no lab host is asked, "
+            "no inventory needed). sagemaker: the instance count (default 1).",
+        ),
+    ] = None,
+    gpus_per_node: Annotated[
+        Optional[int],
+        typer.Option("--gpus-per-node", help="slurm/k8s/trainjob: GPUs per cluster node (0: a CPU job)."),
+    ] = None,
+    cpus_per_node: Annotated[
+        Optional[int],
+        typer.Option("--cpus-per-node", help="slurm/k8s/trainjob: CPUs each node gives the job."),
+    ] = None,
+    memory_per_node: Annotated[
+        Optional[str],
+        typer.Option(
+            "--memory-per-node", help="slurm/k8s/trainjob: memory each node gives the job, e.g. 64G."
+        ),
     ] = None,
     detach: Annotated[
         bool,
@@ -201,6 +220,10 @@ def train(
     (SIGTERM, then SIGKILL after `stop_grace`) and labctl checks that no process of the run is
     left. Every rank's output goes to `.labctl/runs/RUN/` beside the inventory.
 
+    With --backend slurm, k8s or trainjob, --nodes N --gpus-per-node G describe the cluster
+    instead of the lab: no lab host is asked and no inventory is needed; --dry-run then shows
+    the job as it would be written.
+
     --time-limit 3h50m time-boxes the run (a cloud session, a reservation): before the limit,
     leaving room for one checkpoint, every rank stops at the same step, writes a checkpoint and
     the run ends "time limit reached, resumable at step N". Run the same command again to resume.
@@ -222,6 +245,8 @@ def train(
         labctl train --phase 2 --time-limit 3h50m
 
         labctl train --phase 2 --backend k8s --image registry.lab/cet:1 -o jobs/
+
+        labctl train --backend slurm --phase 1 --nodes 4 --gpus-per-node 8 --dry-run
 
         labctl train --phase 2 --backend kaggle --kaggle-id alice/cet-p2-s1 -o kaggle/s1
     """
@@ -258,6 +283,9 @@ def train(
             s3=s3,
             instance_type=instance_type,
             nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            cpus_per_node=cpus_per_node,
+            memory_per_node=memory_per_node,
             pvc=pvc,
             mount_path=mount_path,
             cpu=cpu,
@@ -306,6 +334,8 @@ def _render(c: Context, result: TrainResult) -> None:
 
     if isinstance(result, results.DryRun):
         _print_dry_run(c, result.spec)
+    elif isinstance(result, results.JobPreview):
+        _print_job_preview(c, result)
     elif isinstance(result, results.JobFiles):
         for p in result.files:
             c.console.print(f"wrote {p}")
@@ -364,6 +394,26 @@ def _print_dry_run(c: Context, spec: LaunchSpec) -> None:
         gpus = f" GPUs {', '.join(n.gpu_names)}" if n.gpu_names else ""
         c.console.print(f"\n[cyan]{n.host}[/] ({n.nproc} × {n.device}{gpus}):")
         typer.echo(spec.shell_line(n))
+
+
+def _print_job_preview(c: Context, result: JobPreview) -> None:
+    spec = result.spec
+    node = spec.nodes[0]
+    gpus = f"{result.gpus_per_node} GPUs" if result.gpus_per_node else "CPUs"
+    c.console.print(
+        f"[bold]dry run[/] {spec.run_id}: phase {spec.phase} as a {result.backend} job on {spec.nnodes} "
+        f"node{'s' if spec.nnodes != 1 else ''} × {gpus}, {node.nproc} {node.device} process"
+        f"{'es' if node.nproc != 1 else ''} each ({spec.world_size} in all, {spec.dist_backend}). "
+        "No lab host asked; nothing written."
+    )
+    for f in result.files:
+        if f.text is None:
+            c.console.print(f"\n[cyan]{f.name}[/] ({f.size} bytes, not text: not shown)")
+            continue
+        c.console.print(f"\n[cyan]{f.name}[/]:")
+        typer.echo(f.text, nl=not f.text.endswith("\n"))
+    for note in result.notes:
+        c.console.print(f"Note: {note}", markup=False)
 
 
 @app.command("settings")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labctl.errors import InputError
-from labctl.train.backends import jobs
+from labctl.train.backends import RunsOn, jobs
 from labctl.train.request import JobOptions
 from labctl.train.results import JobFiles
 from labctl.train.spec import LaunchSpec
@@ -49,7 +49,7 @@ def checkpoint_subdir(phase: int) -> str:
 class CloudBackend(jobs.JobFileBackend):
     """A backend for a cloud platform's session: `write_session` writes it, the person pushes it."""
 
-    uses_lab_hosts = False  # train/run.py plans it with offline_spec, without preflight
+    runs_on = RunsOn.PLATFORM  # train/run.py plans it with offline_spec, without preflight
 
     @abstractmethod
     def write_session(

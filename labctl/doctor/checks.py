@@ -227,7 +227,7 @@ def check_nics(f: HostFound) -> list[Line]:
         bond = nics.get(h.bond.name)
         if bond is None or not bond.get("is_bond"):
             lines.append(Line(WARN, "bond", name, f"declares {h.bond.name} ({h.bond.mode}) but it is not up",
-                              "Bring it up: labctl provision -p playbooks/network.yaml --limit " + name))  # fmt: skip
+                              "Bring it up: " + f.fixes.get("bond", f"labctl provision -p playbooks/network.yaml --limit {name}")))  # fmt: skip
         else:
             b = bond.get("bond") or {}
             slaves = [s.get("name") for s in b.get("slaves") or []]
@@ -332,7 +332,7 @@ def check_cache_mount(f: HostFound) -> list[Line]:
     m = next(
         (x for x in facts.get("mounts") or [] if isinstance(x, dict) and x.get("mountpoint") == path), None
     )
-    fix = f"labctl provision --tags cache --limit {h.name}"
+    fix = f.fixes.get("cache", f"labctl provision --tags cache --limit {h.name}")
     if m is None:
         return [Line(WARN, "model cache", h.name, f"{path} is not mounted", f"Mount it: {fix}.")]
     size = m.get("size_bytes")
@@ -348,7 +348,7 @@ def check_sandbox(f: HostFound) -> list[Line]:
     h, facts = f.host, f.facts or {}
     if not runs_sandboxes(h):
         return []
-    fix = f"labctl provision -p playbooks/sandbox.yaml --limit {h.name}"
+    fix = f.fixes.get("sandbox", f"labctl provision -p playbooks/sandbox.yaml --limit {h.name}")
     docker = facts.get("docker") or {}
     if not docker.get("server_version"):
         why = "no Docker engine answers" if docker.get("cli") else "Docker is not installed"

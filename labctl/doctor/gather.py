@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.errors import LabctlError
@@ -47,6 +48,9 @@ class HostFound:
     error: str | None = None  # the host could not be asked at all
     hint: str | None = None
     skipped: str | None = None
+    # The provision commands that fix this host ("sandbox", "cache", "bond"), read off the lab's
+    # playbooks by gather_hosts; a check without them words its own.
+    fixes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -105,13 +109,27 @@ def _step(run: HostRun, rules: AlertRules | None) -> Any:
     return HostResult(host.name, "ok", data=found)
 
 
+def provision_fixes(ctx: Context, host: Host) -> dict[str, str]:
+    """What `labctl provision` command puts the host's cache, sandboxes and bond right, as the
+    playbooks beside the inventory really apply them (a play may leave the host out)."""
+    from labctl.provision.hint import provision_fix
+    from labctl.sandbox.api import build_hint
+
+    out = {"cache": provision_fix(ctx.inventory, host.name, "model_cache")}
+    if runs_sandboxes(host):
+        out["sandbox"] = build_hint(ctx, host, host.sandbox.languages if host.sandbox else ["python"])
+    if host.bond is not None:
+        out["bond"] = provision_fix(ctx.inventory, host.name, "bond", Path("playbooks/network.yaml"))
+    return out
+
+
 def gather_hosts(ctx: Context, hosts: Sequence[Host], rules: AlertRules | None = None) -> list[HostFound]:
     from labctl.fanout import fan_out
 
     by_name = {h.name: h for h in hosts}
     out = []
     for r in fan_out(ctx, hosts, lambda run: _step(run, rules), label="doctor"):
-        f = HostFound(by_name[r.host])
+        f = HostFound(by_name[r.host], fixes=provision_fixes(ctx, by_name[r.host]))
         if r.status == "skipped":
             f.skipped = r.error or "skipped"
         elif not r.ok or not isinstance(r.data, dict):

@@ -374,7 +374,10 @@ class Host(HostSpec):
 
 
 class Inventory(Strict):
-    lab: str = Field(description="a name for the lab, e.g. lab: homelab")
+    lab: str = Field(
+        description="a name for the lab, e.g. lab: homelab (what labctl starts is tagged with it: two labs "
+        "sharing a machine need two names)"
+    )
     path: Path
     hosts: dict[str, Host]
 

@@ -13,6 +13,7 @@ spike in a few seconds is not read as a rate.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field
 
+from labctl.defaults import shown_path
 from labctl.inventory.model import Strict
 from labctl.validation import load_model
 
@@ -140,7 +142,7 @@ def load_rules(path: Path | None) -> AlertRules:
         AlertsFile,
         missing_hint=f"Pass one with --alerts, or get the default {DEFAULT_ALERTS} with `labctl init`.",
         shape="an alerts file is a mapping: alerts: {gpu_memory: {...}, ...}",
-        then="`labctl status` reads it again",
+        then=f"`labctl status --alerts {shlex.quote(shown_path(path))}` reads it again",
     ).alerts
 
 

@@ -29,6 +29,8 @@ class HostView:
     servers: list[dict[str, Any]]
     history: list[dict[str, Any]]
     gpus: list[dict[str, Any]] | None = None  # detected by the host; None: none detected
+    # Servers on the machine that another lab (or another name for it) started: never touched.
+    others: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_answer(cls, host: str, answer: dict[str, Any]) -> HostView:
@@ -40,6 +42,17 @@ class HostView:
             list(answer.get("servers") or []),
             list(answer.get("history") or []),
             detected,
+            [o for o in answer.get("others") or [] if isinstance(o, dict)],
+        )
+
+    def others_note(self) -> str | None:
+        if not self.others:
+            return None
+        whose = sorted({f"{o.get('lab') or '?'}/{o.get('host') or '?'}" for o in self.others})
+        models = ", ".join(sorted({str(o.get("model")) for o in self.others}))
+        return (
+            f"{self.host}: {len(self.others)} server(s) started by another lab or host name "
+            f"({', '.join(whose)}: {models}) run on this machine; left alone"
         )
 
     @property
@@ -113,7 +126,7 @@ def read_views(
         answer = call_agent(
             run,
             "orch_state",
-            {"host": run.host.name, "health_path": health_path, "gpus": gpus},
+            {"lab": ctx.inventory.lab, "host": run.host.name, "health_path": health_path, "gpus": gpus},
             read_only=False,
         )
         return HostResult(run.host.name, "ok", data=answer)

@@ -133,11 +133,13 @@ def serving_hosts(ctx: Context, orch: Orchestra) -> list[Host]:
         )
     bare = [h.name for h in hosts if not has_cache(h)]
     if bare:
+        from labctl.provision.hint import provision_fix
+
         raise InputError(
             f"The orchestra serves models from each host's RAM cache, but {', '.join(bare)} "
             f"{'has' if len(bare) == 1 else 'have'} no model_cache in the inventory.",
-            "Give each serving host a model_cache (path, size_gb, source) and run "
-            "`labctl provision --tags cache`, or leave it out of the orchestra's `hosts:`.",
+            "Give each serving host a model_cache (path, size_gb, source) and provision it "
+            f"({provision_fix(ctx.inventory, bare[0], 'model_cache')}), or leave it out of the orchestra's `hosts:`.",
         )
     return hosts
 
@@ -219,7 +221,7 @@ class _Executor:
         from labctl.agent_ship import call_agent
         from labctl.fanout import on_host
 
-        args = {"host": host, **args}
+        args = {"lab": self.ctx.inventory.lab, "host": host, **args}
         return on_host(
             self.ctx, self.hosts[host], lambda run: call_agent(run, command, args, timeout=timeout, **kw)
         )

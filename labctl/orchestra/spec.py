@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -325,9 +326,14 @@ def cross_checks(orch: Orchestra, pos: PositionedYaml) -> list[Problem]:
 
 
 def orchestra_error(path: Path, problems: list[Problem]) -> DocumentError:
+    from labctl.defaults import shown_path
+
     return DocumentError(
         "orchestra file",
         path,
         problems,
-        fix_the_lines(len(problems), "`labctl orchestra plan` checks it without touching a host"),
+        fix_the_lines(
+            len(problems),
+            f"`labctl orchestra plan -f {shlex.quote(shown_path(path))}` checks it without touching a host",
+        ),
     )

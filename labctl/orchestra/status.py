@@ -120,6 +120,8 @@ def summarize(
                 }
             )
         notes += find_repair(view).notes()
+        if view.others_note():
+            notes.append(str(view.others_note()))
         # Every serving host keeps the same rotation entries; one host's copy is enough.
         if len(view.history) > len(history):
             history = view.history

@@ -1,6 +1,8 @@
 """A week of training sessions over the platforms' quotas, as data: pure (no clock, no I/O).
 
-Time is whole minutes from the week's start (00:00 of `start`). Each platform runs one session
+Time is whole minutes from the week's start (00:00 of `start`); no session starts before the
+plan's own start (`WeekPlan.first`: a time of day given with `start`, by default the next whole hour
+from now, see `plan_start`), so a plan made at 15:00 never books the morning. Each platform runs one session
 at a time; one job never runs in two places at once, so its sessions form a chain: each but
 the last of the week ends with a checkpoint (its last `checkpoint_minutes` kept free for the
 write) that the next session resumes from. Greedy and deterministic: the earliest free slot
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any
 
 from labctl.errors import InputError
@@ -84,6 +86,7 @@ class WeekPlan:
     platforms: list[PlatformUse]
     jobs: list[JobOutcome]
     rates: dict[tuple[str, str], Rate] = field(default_factory=dict)  # (job, platform) -> rate
+    first: int = 0  # minutes from the week's start before which no session starts (the plan's start)
 
     def at(self, minute: int) -> datetime:
         return datetime.combine(self.start, datetime.min.time()) + timedelta(minutes=minute)
@@ -94,6 +97,7 @@ class WeekPlan:
 
         return {
             "start": self.start.isoformat(),
+            "plan_from": self.at(self.first).isoformat(timespec="minutes"),
             "throughput_table": TABLE_SOURCE,
             "sessions": [
                 {
@@ -225,10 +229,10 @@ def intervals(p: Platform, start: date) -> list[tuple[int, int]]:
 class _Platform:
     """One platform's bookkeeping while the week is filled."""
 
-    def __init__(self, p: Platform, start: date) -> None:
+    def __init__(self, p: Platform, start: date, first: int) -> None:
         self.p = p
         self.spans = intervals(p, start)
-        self.cursor = 0
+        self.cursor = first
         self.weekly_left = math.floor(p.weekly_hours * 60)
         self.daily = None if p.daily_hours is None else math.floor(p.daily_hours * 60)
         self.days = [0] * 7
@@ -273,15 +277,29 @@ class _Platform:
             t += stretch
 
 
-def schedule(plan: PlanFile, measured: dict[tuple[int, str], Measured], start: date) -> WeekPlan:
-    """The week starting at 00:00 of `start`; infeasible plans are an InputError naming why."""
+def plan_start(now: datetime) -> datetime:
+    """The first whole hour at or after `now`: where a plan made now puts its first session."""
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    return hour if hour == now else hour + timedelta(hours=1)
+
+
+def schedule(plan: PlanFile, measured: dict[tuple[int, str], Measured], start: date | datetime) -> WeekPlan:
+    """The week of `start`'s day; no session before `start`'s time of day (a date: 00:00).
+
+    Infeasible plans are an InputError naming why.
+    """
+    if isinstance(start, datetime):  # a datetime is a date too: test it first
+        day = start.date()
+        opens = math.ceil((start - datetime.combine(day, time())).total_seconds() / 60)
+    else:
+        day, opens = start, 0
     rates = all_rates(plan, measured)
     check_feasible(plan, rates)
     order = sorted(plan.jobs, key=lambda j: j.priority)  # sorted() is stable: the file's order breaks ties
     done = {j.name: 0 for j in plan.jobs}
     free_at = {j.name: 0 for j in plan.jobs}
     finished_at: dict[str, int] = {}
-    books = [_Platform(p, start) for p in plan.platforms]
+    books = [_Platform(p, day, opens) for p in plan.platforms]
     sessions: list[Session] = []
     while True:
         slots = [(slot, i) for i, b in enumerate(books) if (slot := b.next_slot()) is not None]
@@ -331,9 +349,10 @@ def schedule(plan: PlanFile, measured: dict[tuple[int, str], Measured], start: d
         if last:
             finished_at[job.name] = end
     return WeekPlan(
-        start,
+        day,
         sessions,
         [PlatformUse(b.p, sum(b.days), list(b.days)) for b in books],
         [JobOutcome(j, done[j.name], finished_at.get(j.name)) for j in plan.jobs],
         rates,
+        opens,
     )

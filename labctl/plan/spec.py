@@ -4,11 +4,13 @@ to place on them, validated like every other document (file:line, did-you-mean, 
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
+from labctl.defaults import shown_path
 from labctl.inventory.model import Strict
 from labctl.validation import load_model
 
@@ -138,5 +140,6 @@ def load_plan(path: Path) -> PlanFile:
         PlanFile,
         missing_hint=f"Pass one with -f, or get the default {DEFAULT_PLAN} with `labctl init`.",
         shape="a plan file is a mapping: platforms: [...], jobs: [...]",
-        then="`labctl plan week` reads it again",
+        # -f always: without it, plan week would read the default file, not this one
+        then=f"`labctl plan week -f {shlex.quote(shown_path(path))}` reads it again",
     )

@@ -40,6 +40,7 @@ class ResourceResult:
     error: str | None = None
     hint: str | None = None
     seconds: float = 0.0
+    events: list[dict[str, Any]] = field(default_factory=list)  # progress of a long apply
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,6 +173,7 @@ def provision_host(
                     error=err.message,
                     hint=err.hint or None,
                     seconds=time.monotonic() - start,
+                    events=res.events,
                 )
             )
             continue
@@ -185,6 +187,7 @@ def provision_host(
                 summary=change.summary,
                 diff="".join(change.diffs),
                 seconds=time.monotonic() - start,
+                events=res.events,
             )
         )
     return results

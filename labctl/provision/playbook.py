@@ -15,12 +15,14 @@ Every error names the file, the line and the field, and exits 2.
 from __future__ import annotations
 
 import difflib
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from labctl.defaults import shown_path
 from labctl.errors import InputError
 from labctl.inventory.model import Inventory
 from labctl.inventory.select import Selection, select_in_lab
@@ -66,11 +68,13 @@ class Playbook:
 
 
 def playbook_error(path: Path, problems: list[Problem]) -> DocumentError:
+    # -p always: without it, --check would validate the default playbook, not this one
+    check = shlex.join(["labctl", "provision", "-p", shown_path(path), "--check"])
     return DocumentError(
         "playbook",
         path,
         problems,
-        fix_the_lines(len(problems), "`labctl provision --check` validates without changing anything"),
+        fix_the_lines(len(problems), f"`{check}` validates without changing anything"),
     )
 
 

@@ -64,6 +64,8 @@ class Resource:
     def __init__(self, host: Host, params: Params) -> None:
         self.host = host
         self.params = params
+        # Progress a long apply reported as it ran (the agent's events), kept for --json.
+        self.events: list[dict[str, Any]] = []
 
     @classmethod
     def from_playbook(cls, host: Host, raw: dict[str, Any]) -> Resource:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from labctl.errors import HostError, InputError
+from labctl.errors import HostError, InputError, LabctlError
 from labctl.sandbox.limits import Limits, container_config
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from labctl.inventory.model import Host
 
 ROLE = "sandbox"
+PLAYBOOK = Path("playbooks/sandbox.yaml")  # the shipped playbook whose `sandbox` resource builds images
 DEFAULT_POOL = 4
 DEFAULT_CONCURRENCY = 8  # programs at once per host: the pool's containers share its cores
 AGENT_SLACK_S = 60.0  # the agent call's own limit on top of the programs' time limits
@@ -58,6 +59,69 @@ def sandbox_hosts(ctx: Context, host: str | None) -> list[Host]:
             "Add `roles: [sandbox]` to the host that runs sandboxes, or name one with --host.",
         )
     return chosen
+
+
+def declared(host: Host) -> list[str]:
+    """The sandbox languages the inventory gives `host`: the ones provision builds images for."""
+    return list(host.sandbox.languages) if host.sandbox is not None else []
+
+
+def build_hint(ctx: Context, host: Host, langs: Sequence[str]) -> str:
+    """The command that builds `langs`' images on `host` (and installs and starts Docker), read
+    off the sandbox playbook so that it really does; or what to change when none would."""
+    from labctl.provision.hint import provision_fix
+
+    def builds(params: dict[str, Any]) -> bool:  # a play's `languages:` overrides the inventory's
+        return params.get("languages") is None or set(langs) <= set(params["languages"])
+
+    return provision_fix(ctx.inventory, host.name, "sandbox", PLAYBOOK, wants=builds)
+
+
+def ready_hosts(ctx: Context, hosts: Sequence[Host], langs: Sequence[str]) -> list[Host]:
+    """The hosts that declare every language of `langs`: a language the inventory does not give
+    a host has no image there, and provision builds none until it does."""
+    ready = [h for h in hosts if set(langs) <= set(declared(h))]
+    if ready:
+        return ready
+    h = hosts[0]
+    missing = [lang for lang in langs if lang not in declared(h)]
+    names, one = ", ".join(missing), len(missing) == 1
+    inv = ctx.inventory.path
+    if h.sandbox is None:
+        what = f"{h.name} has no sandbox languages in {inv}"
+        change = f"Add `sandbox: {{languages: [{names}]}}` to hosts.{h.name} there"
+    else:
+        what = (
+            f"{names} {'is' if one else 'are'} not among {h.name}'s sandbox languages "
+            f"({', '.join(declared(h))}) in {inv}"
+        )
+        change = f"Add {names} to hosts.{h.name}.sandbox.languages there"
+    raise InputError(
+        f"{what}, so no image for {'it' if one else 'them'} is built there.",
+        f"{change}, then build {'its image' if one else 'their images'}: {build_hint(ctx, h, missing)}.",
+    )
+
+
+def host_failure(ctx: Context, host: Host, langs: Sequence[str], e: LabctlError) -> LabctlError:
+    """`e` from `host`'s agent with the fix where labctl knows it: a missing image or Docker is
+    what the sandbox playbook's resource puts there."""
+    from labctl.agent.sandbox import image_name
+    from labctl.agent_ship import AgentFailed
+
+    kind = e.kind if isinstance(e, AgentFailed) else ""
+    if kind == "no_image":
+        missing = [lang for lang in langs if image_name(lang) in e.message] or list(langs)
+        images = ", ".join(image_name(lang) for lang in missing)
+        return HostError(
+            f"{host.name}: the sandbox image {images} is not built there.",
+            f"Build {'it' if len(missing) == 1 else 'them'}: {build_hint(ctx, host, missing)}.",
+        )
+    if kind == "no_docker":
+        return HostError(
+            e.message,
+            f"Install and start Docker with the sandbox resource: {build_hint(ctx, host, langs)}.",
+        )
+    return e
 
 
 def check_program(p: dict[str, Any], limits: Limits) -> dict[str, Any]:
@@ -107,7 +171,8 @@ def run_many(
         if not checked:
             return []
         specs = {lang: lang_spec(lang, limits) for lang in sorted({p["lang"] for p in checked})}
-        hosts = sandbox_hosts(ctx, host)[: len(checked)]
+        langs = sorted(specs)
+        hosts = ready_hosts(ctx, sandbox_hosts(ctx, host), langs)[: len(checked)]
         shares: dict[str, list[int]] = {h.name: [] for h in hosts}
         for i in range(len(checked)):
             shares[hosts[i % len(hosts)].name].append(i)
@@ -123,8 +188,11 @@ def run_many(
                 "concurrency": concurrency,
                 "pool": run.host.sandbox.pool if run.host.sandbox else DEFAULT_POOL,
             }
-            # every wave may compile and run up to its time limit
-            answer = call_agent(run, "sandbox_run", args, timeout=waves * worst * 2 + AGENT_SLACK_S)
+            try:
+                # every wave may compile and run up to its time limit
+                answer = call_agent(run, "sandbox_run", args, timeout=waves * worst * 2 + AGENT_SLACK_S)
+            except LabctlError as e:
+                raise host_failure(ctx, run.host, langs, e) from None
             return HostResult(run.host.name, "ok", data=answer["results"])
 
         out: list[dict[str, Any] | None] = [None] * len(checked)

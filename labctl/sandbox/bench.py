@@ -6,7 +6,7 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from labctl.errors import HostError, InputError
-from labctl.sandbox.api import lang_spec, sandbox_hosts
+from labctl.sandbox.api import host_failure, lang_spec, ready_hosts, sandbox_hosts
 from labctl.sandbox.limits import Limits, docker_run_argv
 
 if TYPE_CHECKING:
@@ -34,9 +34,9 @@ def bench(ctx: Context, lang: str, levels: list[int], runs: int, host: str | Non
         raise InputError(
             f"--host '{host}' names {len(hosts)} hosts; the bench runs on one.", "Name one host."
         )
-    target = hosts[0]
     limits = Limits()
     spec = lang_spec(lang, limits)
+    target = ready_hosts(ctx, hosts, [lang])[0]
     env = spec["env"]
     argv = baseline_argv(spec)
     if env:
@@ -53,6 +53,6 @@ def bench(ctx: Context, lang: str, levels: list[int], runs: int, host: str | Non
     }
     try:
         answer = ask_agent(ctx, target, "sandbox_bench", args, timeout=BENCH_TIMEOUT_S)
-    except HostError:
-        raise
+    except HostError as e:
+        raise host_failure(ctx, target, [lang], e) from None
     return {"host": target.name, "lang": lang, "runs": runs, "limits": limits.as_dict(), **answer}

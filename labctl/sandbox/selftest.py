@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from labctl.errors import LabctlError
 from labctl.sandbox.attacks import Attack, attacks_for
 
 if TYPE_CHECKING:
@@ -52,7 +53,8 @@ def run_attack(
         # one after another (a marker for the next run) unless they must meet (signalling)
         results = run_batch(reqs, len(reqs)) if attack.together else [run_batch([req], 1)[0] for req in reqs]
     except Exception as e:  # the engine's failure is the row's detail, not the end of the table
-        row.update(contained=None, detail=f"could not run: {e}", runs=[])
+        why = e.paragraph() if isinstance(e, LabctlError) else str(e)  # with its fix
+        row.update(contained=None, detail=f"could not run: {why}", runs=[])
         return row
     host = hostcheck("compare", {"before": before, "wait_s": SETTLE_S})
     contained, detail = attack.judge(results, host)
@@ -107,11 +109,14 @@ def on_hosts(ctx: Context, host: str | None, lang: str | None) -> dict[str, Any]
     its agent: `sandbox_run` for the attacks, `sandbox_hostcheck` around each. The languages are
     --lang's, else each host's inventory `sandbox.languages`."""
     from labctl.agent_ship import ask_agent
-    from labctl.sandbox.api import DEFAULT_POOL, lang_spec, sandbox_hosts
+    from labctl.sandbox.api import DEFAULT_POOL, host_failure, lang_spec, ready_hosts, sandbox_hosts
     from labctl.sandbox.limits import Limits
 
     limits = Limits()
     hosts = sandbox_hosts(ctx, host)
+    if lang:
+        lang_spec(lang, limits)  # an unknown language is named before a host is looked at
+        hosts = ready_hosts(ctx, hosts, [lang])
     plan = []
     for h in hosts:
         langs = [lang] if lang else list(h.sandbox.languages if h.sandbox else ["python"])
@@ -136,7 +141,10 @@ def on_hosts(ctx: Context, host: str | None, lang: str | None) -> dict[str, Any]
                 "pool": pool,
             }
             timeout = max(float(r["timeout"]) for r in reqs) * 2 + RUN_SLACK_S
-            return list(ask_agent(ctx, h, "sandbox_run", args, timeout=timeout)["results"])
+            try:
+                return list(ask_agent(ctx, h, "sandbox_run", args, timeout=timeout)["results"])
+            except LabctlError as e:
+                raise host_failure(ctx, h, list(specs), e) from None
 
         def hostcheck(action: str, args: dict[str, Any], h: Host = h) -> dict[str, Any]:
             return dict(

@@ -3,6 +3,7 @@ provision engine, and every host's labctl jobs read back in one agent round trip
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -188,9 +189,15 @@ def remove(
         if j["name"] not in going and plan.BIN in str(j.get("command") or j.get("line"))
     ]
     if purge and others:
+        # A companion goes with the job that brought it; each removal keeps the copy (no --purge:
+        # the others would refuse it too), and this command, run again, takes the copy last.
+        brought = {c for o in others if o in JOBS for c, _ in JOBS[o].companions}
+        first = [o for o in others if o not in brought] or others
+        host = f" --host {orch.name}" if host_name else ""
+        steps = ", ".join(f"`labctl cron remove {shlex.quote(o)}{host}`" for o in first)
         raise InputError(
             f"--purge would remove the labctl copy that {orch.name}'s other jobs run ({', '.join(others)}).",
-            f"Remove them first (`labctl cron remove {others[0]} --purge` last), or leave out --purge.",
+            f"Remove them first ({steps}), then run this again; or leave out --purge.",
         )
     out = Outcome(info={"job": name, "host": orch.name, "purge": purge})
     targets = [orch, *(h for h in hosts if h.name != orch.name)] if purge else [orch]

@@ -309,7 +309,8 @@ def start_script(hostname: str, host_root: str, sshd: str, config: str, log: str
     for mp in MANAGED_PATHS:
         src = host_root.rstrip("/") + mp.path
         lines.append(f"mount --bind {shlex.quote(src)} {shlex.quote(mp.path)}")
-    lines.append(f"exec {shlex.quote(sshd)} -f {shlex.quote(config)} -E {shlex.quote(log)}")
+    # -D: sshd is its PID namespace's init and must not fork away from it.
+    lines.append(f"exec {shlex.quote(sshd)} -D -f {shlex.quote(config)} -E {shlex.quote(log)}")
     return "; ".join(lines)
 
 

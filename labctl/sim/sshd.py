@@ -136,10 +136,13 @@ def read_pid(files: HostFiles) -> int | None:
 
 
 def start(plan: HostPlan, files: HostFiles, timeout: float = 10.0) -> int:
-    """Start the host's sshd in its network namespace with fresh private mount and UTS namespaces.
+    """Start the host's sshd in its network namespace with fresh private mount, UTS and PID namespaces.
 
-    sshd daemonizes, so it outlives this process; its pid comes from its PidFile, which sshd writes
-    once it listens.
+    sshd is PID 1 of its host, so the host's processes see only each other in /proc, as on a
+    machine of their own, and stopping sshd ends the whole host. It runs in the foreground (a
+    PID 1 that daemonized would take its namespace down with it) under `setsid -f`, which returns
+    at once. Its pid file, written once it listens, holds 1, its pid inside; the pid returned is
+    the one this machine sees, found among the namespace's processes.
     """
     for stray in namespace_pids(plan.namespace):
         if is_alive(stray, files):  # a listener an interrupted run started but never recorded
@@ -147,31 +150,22 @@ def start(plan: HostPlan, files: HostFiles, timeout: float = 10.0) -> int:
     files.pid_file.unlink(missing_ok=True)
     log_start = files.log.stat().st_size if files.log.exists() else 0
     script = start_script(plan.name, str(files.root), require_sshd(), str(files.config), str(files.log))
-    cmd = [
-        "ip",
-        "netns",
-        "exec",
-        plan.namespace,
-        "unshare",
-        "--mount",
-        "--uts",
-        "--propagation",
-        "private",
-        "--",
-        "sh",
-        "-c",
-        script,
-    ]
+    host = ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private"]
+    host += ["--", "sh", "-c", script]
+    # unshare's own complaints go to the host's log too, where a failed start is read from.
+    detached = f"exec >>{shlex.quote(str(files.log))} 2>&1 </dev/null; exec {shlex.join(host)}"
+    cmd = ["ip", "netns", "exec", plan.namespace, "setsid", "-f", "sh", "-c", detached]
     proc = run(cmd, check=False, timeout=timeout)
     if proc.returncode != 0:
         raise command_error(cmd, proc)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pid = read_pid(files)
-        if pid and is_alive(pid, files):
-            return pid
+        if read_pid(files):
+            listeners = [p for p in namespace_pids(plan.namespace) if is_alive(p, files)]
+            if listeners:
+                return listeners[0]
         log = _log_since(files, log_start)
-        if "Cannot bind any address" in log or "fatal" in log.lower():
+        if "Cannot bind any address" in log or "fatal" in log.lower() or "unshare:" in log:
             break
         time.sleep(0.02)
     tail = " | ".join(_log_since(files, log_start).strip().splitlines()[-4:]) or "nothing in its log"

@@ -13,6 +13,7 @@ Every error names the file, the line and the field, and exits 2.
 from __future__ import annotations
 
 import difflib
+import shlex
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -396,7 +397,8 @@ def load_phases(path: Path | None = None, inventory_path: Path | None = None) ->
             # Each layer alone is valid; the merged phase must be too (e.g. n_heads dividing d_model).
             phases[key] = layer
     if problems:
-        raise phases_error(path, problems)
+        numbered = [k for k in raw_phases if isinstance(k, int) and not isinstance(k, bool) and k >= 1]
+        raise phases_error(path, problems, min(numbered, default=1))
     return PhasesFile(path=path, name=str(data.get("name") or path.stem), defaults=defaults, phases=phases)
 
 
@@ -408,10 +410,11 @@ def _check_layer(layer: dict[str, Any], loc: tuple[Any, ...], pos: PositionedYam
     return []
 
 
-def phases_error(path: Path, problems: list[Problem]) -> DocumentError:
+def phases_error(path: Path, problems: list[Problem], phase: int = 1) -> DocumentError:
+    """`phase`: one the file declares, for a check command that runs as written."""
+    from labctl.defaults import shown_path
+
+    again = f"labctl train --phase {phase} -f {shlex.quote(shown_path(path))} --dry-run"
     return DocumentError(
-        "phases file",
-        path,
-        problems,
-        fix_the_lines(len(problems), "`labctl train --phase N --dry-run` validates without launching"),
+        "phases file", path, problems, fix_the_lines(len(problems), f"`{again}` validates without launching")
     )

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.agent import paths
+from labctl.errors import InputError
 from labctl.facts_compare import GIB, model_matches
 from labctl.gpus import Cap, builds_for, declared_gpus, fmt_cap, known_cap, parse_cap, runs_on
 from labctl.inventory.model import Host
 from labctl.train.phases import Settings
+from labctl.train.request import ClusterShape
 from labctl.train.spec import (
     FRESH_STORE_ENV,
     LOG_PREFIX_TEMPLATE,
@@ -386,28 +388,94 @@ def node_env(
     time_limit_s: int | None = None,
 ) -> dict[str, str]:
     env = {
-        RUN_ENV: run_id,
+        **run_env(settings, run_id, pl.device, pl.nproc, int(probe.get("cpu_count") or 1), time_limit_s),
         "LABCTL_HOST": pl.host.name,
-        "LABCTL_TRAIN_DEVICE": pl.device,
-        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
-        "PYTHONUNBUFFERED": "1",
-        **FRESH_STORE_ENV,
-        # Threads per process: the host's cores shared by its workers, not every worker taking all.
-        "OMP_NUM_THREADS": str(max(1, int(probe.get("cpu_count") or 1) // pl.nproc)),
     }
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    if time_limit_s is not None:
-        # A user's --script cannot read the reference trainer's settings: it gets the limit here.
-        env[TIME_LIMIT_ENV] = str(time_limit_s)
     iface = (probe.get("iface") or {}).get("name")
     if iface:
         env["GLOO_SOCKET_IFNAME"] = iface
         env["NCCL_SOCKET_IFNAME"] = iface
     if pl.device == "cuda":
-        env["NCCL_DEBUG"] = settings.nccl_debug
         # nvidia-smi numbers GPUs in PCI bus order; CUDA's default order is fastest first.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in pl.gpus if g.index is not None)
     env.update(settings.env)
     return env
+
+
+def run_env(
+    settings: Settings, run_id: str, device: str, nproc: int, cpus: int | None, time_limit_s: int | None
+) -> dict[str, str]:
+    """The environment every node of the run gets, wherever it is; `cpus`: the node's, None unknown."""
+    env = {
+        RUN_ENV: run_id,
+        "LABCTL_TRAIN_DEVICE": device,
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
+        "PYTHONUNBUFFERED": "1",
+        **FRESH_STORE_ENV,
+    }
+    if cpus is not None:
+        # Threads per process: the node's cores shared by its workers, not every worker taking all.
+        env["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))
+    if time_limit_s is not None:
+        # A user's --script cannot read the reference trainer's settings: it gets the limit here.
+        env[TIME_LIMIT_ENV] = str(time_limit_s)
+    if device == "cuda":
+        env["NCCL_DEBUG"] = settings.nccl_debug
+    return env
+
+
+def plan_cluster_run(
+    *,
+    settings: Settings,
+    phase: int,
+    run_id: str,
+    cluster: ClusterShape,
+    device_override: str | None,
+    script: str | None = None,
+    script_args: tuple[str, ...] = (),
+    time_limit_s: int | None = None,
+) -> LaunchSpec:
+    """The run on a cluster the flags describe: every node alike, nothing asked of any host.
+
+    The job's scheduler picks the nodes and their addresses, so the nodes here have neither; the
+    phase's `gpus:` names the lab's GPU models and means nothing there.
+    """
+    wanted = device_override or settings.device
+    device = wanted if wanted != "auto" else "cuda" if cluster.gpus_per_node else "cpu"
+    if device == "cuda" and not cluster.gpus_per_node:
+        raise InputError(
+            f"phase {phase} trains on cuda, but --gpus-per-node 0 gives its nodes no GPU.",
+            "Give the GPUs each node has, e.g. --gpus-per-node 8, or train on CPUs with --device cpu.",
+        )
+    if device == "cpu" and cluster.gpus_per_node:
+        raise InputError(
+            f"phase {phase} trains on CPUs (device cpu), but --gpus-per-node {cluster.gpus_per_node} "
+            "asks each node for GPUs it would not use.",
+            "Give --gpus-per-node 0 for a CPU job, or train on the GPUs with --device cuda.",
+        )
+    one = settings.strategy == "single_gpu_debug"  # one process per node, as on a lab host
+    nproc = 1 if one else cluster.gpus_per_node if device == "cuda" else settings.cpu_procs
+    env = {**run_env(settings, run_id, device, nproc, cluster.cpus_per_node, time_limit_s), **settings.env}
+    nodes = tuple(
+        NodeSpec(host=f"node{i}", address="", nproc=nproc, device=device, python="python3", env=env)
+        for i in range(cluster.nodes)
+    )
+    return LaunchSpec(
+        run_id=run_id,
+        phase=phase,
+        dist_backend="nccl" if device == "cuda" else "gloo",
+        nodes=nodes,
+        head_address="",
+        # 0 means "a free one" on a lab host, found by preflight; a job's nodes take the default.
+        port=settings.port or type(settings).model_fields["port"].default,
+        max_restarts=settings.max_restarts,
+        settings=settings.trainer_settings(
+            phase, run_id, f"labctl-runs/{run_id}/metrics.jsonl", time_limit_s
+        ),
+        script=script,
+        script_args=script_args,
+        rdzv_timeout=settings.rdzv_timeout,
+    )

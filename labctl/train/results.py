@@ -73,6 +73,71 @@ class JobFiles:
         return out
 
 
+# A dry run shows a job's text files as written, but a line longer than this cut short: the agent
+# zip's base64 is one line of a few hundred kB in a Kubernetes manifest.
+PREVIEW_LINE_MAX = 2000
+
+
+@dataclass(frozen=True)
+class PreviewFile:
+    name: str
+    size: int  # bytes
+    text: str | None  # None: not text (the agent zip)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": self.size, "text": self.text}
+
+
+@dataclass(frozen=True)
+class JobPreview:
+    """A job for a cluster that --nodes describes, as it would be written (`--dry-run`); nothing was."""
+
+    spec: LaunchSpec
+    backend: str
+    gpus_per_node: int
+    files: list[PreviewFile]
+    notes: tuple[str, ...] = ()
+    exit_code = EXIT_OK
+
+    @classmethod
+    def read(cls, written: JobFiles, folder: Path, gpus_per_node: int, spec: LaunchSpec) -> JobPreview:
+        """The files `written` put into `folder`, read back before the folder goes."""
+        files = []
+        for path in written.files:
+            data = path.read_bytes()
+            try:
+                text: str | None = None if b"\0" in data else data.decode()
+            except UnicodeDecodeError:
+                text = None
+            if text is not None:
+                text = "".join(_cut(line) for line in text.splitlines(keepends=True))
+            files.append(PreviewFile(str(path.relative_to(folder)), len(data), text))
+        return cls(spec, written.backend, gpus_per_node, files, written.notes)
+
+    def to_json(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "run_id": spec.run_id,
+            "phase": spec.phase,
+            "backend": self.backend,
+            "dry_run": True,
+            "nodes": spec.nnodes,
+            "gpus_per_node": self.gpus_per_node,
+            "processes_per_node": spec.nodes[0].nproc,
+            "device": spec.nodes[0].device,
+            "world_size": spec.world_size,
+            "files": [f.to_json() for f in self.files],
+            "notes": list(self.notes),
+        }
+
+
+def _cut(line: str) -> str:
+    if len(line) <= PREVIEW_LINE_MAX:
+        return line
+    end = "\n" if line.endswith("\n") else ""
+    return f"{line[:120]}... ({len(line.rstrip()) - 120} more characters){end}"
+
+
 @dataclass(frozen=True)
 class Detached:
     """Every host was asked to start the run in the background."""
@@ -219,7 +284,7 @@ def paused_event(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     return found
 
 
-TrainResult = DryRun | JobFiles | Detached | Attached
+TrainResult = DryRun | JobFiles | JobPreview | Detached | Attached
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ as a result (train/results.py) for the CLI to render.
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,11 @@ from labctl.context import Context
 from labctl.errors import InputError
 from labctl.inventory.select import require_role_hosts, select_hosts
 from labctl.train import backends, launch, runs
-from labctl.train.backends import PlannedRun, RunView
+from labctl.train.backends import PlannedRun, RunsOn, RunView
 from labctl.train.phases import Settings, load_phases
-from labctl.train.request import TrainRequest
-from labctl.train.results import DryRun, RunsStatus, Stopped, TrainResult
+from labctl.train.plan import plan_cluster_run
+from labctl.train.request import ClusterShape, TrainRequest
+from labctl.train.results import DryRun, JobFiles, JobPreview, RunsStatus, Stopped, TrainResult
 
 
 def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> TrainResult:
@@ -32,8 +35,20 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
         raise InputError(f"No script at {script}.", "Give the path of your training script on this machine.")
     if hasattr(backend, "check_request"):
         backend.check_request(request, settings)  # a job file's options are refused before preflight
-    if not getattr(backend, "uses_lab_hosts", True):
+    if backend.runs_on is RunsOn.PLATFORM:
         return _start_offline(ctx, backend, request, settings, script)
+    if backend.runs_on is RunsOn.CLUSTER:
+        cluster = request.job.cluster()
+        if cluster is not None:
+            return _start_cluster(ctx, backend, request, settings, script, cluster)
+    elif request.job.cluster_flags():
+        given = ", ".join(request.job.cluster_flags())
+        takers = " or ".join(backends.running_on(RunsOn.CLUSTER))
+        raise InputError(
+            f"{given} describe{'s' if ',' not in given else ''} a cluster's nodes for --backend {takers}, "
+            f"not {request.backend}: --backend {request.backend} trains on the inventory's hosts.",
+            f"Drop {given}, or write a job for the cluster with --backend {takers}.",
+        )
     if request.limit is not None:
         chosen = select_hosts(ctx.inventory, request.limit)
     else:
@@ -83,6 +98,53 @@ def _start_offline(
     spec = offline_spec(settings, request.phase, runs.new_run_id(request.phase), script, request.script_args)
     planned = PlannedRun(request, settings, spec, [], script, runs.runs_dir(ctx.inventory.path))
     return backend.submit(ctx, planned, None)
+
+
+def _start_cluster(
+    ctx: Context,
+    backend: backends.Backend,
+    request: TrainRequest,
+    settings: Settings,
+    script: Path | None,
+    cluster: ClusterShape,
+) -> TrainResult:
+    """A job for a cluster the flags describe: no inventory read, no lab host asked."""
+    for flag, given, hint in (
+        ("--limit", request.limit, "the cluster's scheduler picks the nodes"),
+        (
+            "--python",
+            request.python,
+            "the job names the nodes' interpreter (Slurm: PYTHON when you submit; Kubernetes: the image's python3)",
+        ),
+    ):
+        if given:
+            raise InputError(
+                f"{flag} is about the lab's hosts, and this job runs on the cluster --nodes describes.",
+                f"Drop it: {hint}.",
+            )
+    spec = plan_cluster_run(
+        settings=settings,
+        phase=request.phase,
+        run_id=runs.new_run_id(request.phase),
+        cluster=cluster,
+        device_override=request.device,
+        script=str(script) if script else None,
+        script_args=request.script_args,
+        time_limit_s=request.time_limit_s,
+    )
+    # Run records live beside the inventory; without one, in the folder labctl runs in.
+    inventory = ctx.inventory_path
+    root = runs.runs_dir(inventory) if inventory.is_file() else Path.cwd() / ".labctl" / "runs"
+    if not request.dry_run:
+        return backend.submit(ctx, PlannedRun(request, settings, spec, [], script, root), None)
+    # The backend writes the job as it would, into a folder that goes away: every check it makes
+    # is made, and nothing is left.
+    with tempfile.TemporaryDirectory(prefix="labctl-dry-run-") as tmp:
+        planned = PlannedRun(dataclasses.replace(request, output=Path(tmp)), settings, spec, [], script, root)
+        written = backend.submit(ctx, planned, None)
+        if not isinstance(written, JobFiles):
+            raise TypeError(f"--backend {request.backend} runs on a cluster but wrote no job files")
+        return JobPreview.read(written, Path(tmp), cluster.gpus_per_node, spec)
 
 
 def settled_state(recorded: str | None, host_state: dict[str, dict[str, Any]]) -> str | None:

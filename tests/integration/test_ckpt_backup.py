@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from tests.ckpt_session import as_written
 from tests.conftest import REPO, TRAIN_TINY, labctl, run_json, sh
+from tests.hint_cmds import as_written
 
 pytestmark = pytest.mark.integration
 LIB = "/srv/checkpoints"

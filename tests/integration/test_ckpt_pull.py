@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.ckpt_session import as_written, session
+from tests.ckpt_session import session
 from tests.conftest import REPO, labctl, m5_cache, run_json, sh
+from tests.hint_cmds import as_written
 
 pytestmark = pytest.mark.integration
 LIB = "/srv/checkpoints"

@@ -30,8 +30,14 @@ LIBRARY = ["orch-a", "orch-b", "orch-c", "orch-d", "orch-e"]
 WARM_JSON = "/var/lib/labctl/orchestra/warm.json"
 
 
+# Host name -> its network namespace's inode: this machine's /proc also holds the servers of
+# any other simulated lab running beside the tests (`make demo`'s has an m5 too).
+NETNS: dict[str, int] = {}
+
+
 def servers(host: str = "m5") -> dict[int, str]:
-    """pid → model of the orchestra servers running for `host` (group leaders only)."""
+    """pid (as this machine sees it) → model of the orchestra servers running on the test lab's
+    `host` (group leaders only)."""
     out = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -39,6 +45,8 @@ def servers(host: str = "m5") -> dict[int, str]:
         try:
             with open(f"/proc/{name}/environ", "rb") as f:
                 env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            if os.stat(f"/proc/{name}/ns/net").st_ino != NETNS[host]:
+                continue
         except OSError:
             continue
         if env.get(b"LABCTL_HOST") == host.encode() and b"LABCTL_ORCH_MODEL" in env:
@@ -86,6 +94,7 @@ def orch(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[P
     """The lab's inventory with m5's cache mounted, five tiny models on irina, and an orchestra
     file beside a copy of the inventory: m5 serves 3 warm models, rotating 1 at a time."""
     inv = lab.inventory_path
+    NETNS.update({h: os.stat(f"/run/netns/{lab.namespace(h)}").st_ino for h in lab.hosts})
     with m5_cache(lab):
         for name in LIBRARY:
             labctl(

@@ -195,6 +195,7 @@ def test_torch_env_installs_and_verifies_real_torch(lab: Any, tmp_path: Path) ->
     r = doc["results"][0]
     assert rc == 0, r
     assert r["status"] == "changed" and "torch 2.13.0+cpu" in r["summary"][0]
+    assert {"venv", "pip", "verify", "done"} <= {e["step"] for e in r["events"]}  # progress over SSH
     print(f"torch_env install took {time.monotonic() - start:.0f} s")
     rc, again = run_json("-i", str(inv), "provision", "-p", str(book))
     assert rc == 0 and again["results"][0]["status"] == "ok"

@@ -143,6 +143,23 @@ def test_managed_paths_are_private_to_each_host(lab: sim.SimLab) -> None:
     assert marker in (lab.dir / "hosts/m5/root/etc/fstab").read_text()
 
 
+def test_each_host_sees_only_its_own_processes(lab: sim.SimLab) -> None:
+    """A PID namespace per host: what runs on m5 is not in irina's /proc, as on two machines."""
+    marker = f"sleep {4000 + os.getpid() % 1000}"
+    r = ssh(lab, "m5", f"setsid {marker} </dev/null >/dev/null 2>&1 &")
+    assert r.returncode == 0, r.stderr
+    try:
+        seen_m5 = ssh(lab, "m5", "cat /proc/1/comm; ps -eo args")
+        seen_irina = ssh(lab, "irina", "cat /proc/1/comm; ps -eo args")
+        assert seen_m5.returncode == 0 and seen_irina.returncode == 0, seen_m5.stderr + seen_irina.stderr
+        assert seen_m5.stdout.splitlines()[0] == "sshd"  # each host's init is its sshd
+        assert seen_irina.stdout.splitlines()[0] == "sshd"
+        assert marker in seen_m5.stdout
+        assert marker not in seen_irina.stdout
+    finally:
+        ssh(lab, "m5", f"pkill -f '{marker}'")
+
+
 def test_hosts_reach_each_other_over_the_bridge(lab: sim.SimLab) -> None:
     code = "import socket,sys; s=socket.create_connection((sys.argv[1],22),5); print(s.recv(4).decode())"
     r = in_ns(lab, "m5", sys.executable, "-c", code, lab.hosts["irina"])

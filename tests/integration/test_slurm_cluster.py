@@ -207,3 +207,35 @@ def test_two_nodes_train_together_and_one_of_them_writes_the_shared_checkpoints(
     manifest = json.loads((folder / f"step-{STEPS:08d}.json").read_text())
     data = (folder / f"step-{STEPS:08d}.pt").read_bytes()
     assert hashlib.sha256(data).hexdigest() == manifest["sha256"] and len(data) == manifest["bytes"]
+
+
+def test_a_job_for_nodes_the_flags_describe_trains_without_any_inventory(tmp_path: Path) -> None:
+    """--nodes/--gpus-per-node instead of the lab: no inventory file at all, and Slurm takes the
+    nodes, CPUs and memory the flags asked for (a --mem over a node's RealMemory would never run)."""
+    why = slurm_cluster.missing()
+    if why:
+        pytest.skip(why)
+    phases = tmp_path / "phases.yaml"
+    phases.write_text(PHASES.replace("CKPT", str(tmp_path / "ckpt")))
+    job = tmp_path / "job"
+    proc = subprocess.run(
+        [sys.executable, "-m", "labctl", "-i", str(tmp_path / "no-such-inventory.yaml"), "train",
+         "-f", str(phases), "--phase", "1", "--backend", "slurm", "--nodes", "2", "--gpus-per-node", "0",
+         "--cpus-per-node", "1", "--memory-per-node", "256M", "-o", str(job)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    script = next(job.glob("*.sbatch")).read_text()
+    for line in ("--nodes=2", "--cpus-per-task=1", "--mem=256M"):
+        assert f"#SBATCH {line}\n" in script
+    assert "--gres" not in script
+    with slurm_cluster.cluster(2) as env:
+        job_id = sbatch(job, env)
+        state = slurm_cluster.wait_for(job_id, env, {"COMPLETED", "FAILED", "CANCELLED"})
+        assert state == "COMPLETED", output(job)
+        shown = subprocess.run(
+            ["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=10
+        ).stdout
+    assert "NumNodes=2" in shown and "MinMemoryNode=256M" in shown
+    [only] = runs(events(job))
+    assert only[0]["world_size"] == 2 and only[-1]["event"] == "done" and only[-1]["step"] == STEPS

@@ -58,8 +58,10 @@ class Agent:
         # Host names of this test alone: a test running beside it (another worktree) has its own.
         tag = uuid.uuid4().hex[:8]
         self.host, self.other = f"h1-{tag}", f"h2-{tag}"
+        self.lab = f"lab-{tag}"
 
     def run(self, command: str, args: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
+        args = {"lab": self.lab, **args}  # every orch_ command is asked for one lab's servers
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # labctl comes from the zipapp
         proc = subprocess.run(
             [sys.executable, "-c", BOOT, str(self.pyz), str(self.home), command, json.dumps(args)],
@@ -103,9 +105,9 @@ def agent(pyz: Path, tmp_path: Path) -> Iterator[Agent]:
     a = Agent(pyz, tmp_path / "orchestra")
     yield a
     for host in (a.host, a.other):  # nothing a failed test started may outlive it
-        left = orch_host.server_processes(host)
+        left = orch_host.server_processes(a.lab, host)
         if left:
-            procs.terminate(left, lambda host=host: orch_host.server_processes(host), 0)
+            procs.terminate(left, lambda host=host: orch_host.server_processes(a.lab, host), 0)
 
 
 def port_free(port: int) -> bool:
@@ -236,6 +238,35 @@ def test_servers_tagged_for_another_host_are_never_listed_or_stopped(agent: Agen
     assert [s["pid"] for s in agent.ok("orch_state", {"host": agent.other})["servers"]] == [theirs["pid"]]
 
 
+def test_a_server_of_another_lab_naming_the_host_alike_is_shown_never_stopped(
+    agent: Agent, tmp_path: Path
+) -> None:
+    """Two inventories name one machine alike: each lab's repair and stop keep to its own servers."""
+    start = {"host": agent.host, "model": "m", "gpu": None, "path": str(tmp_path), "command": SLEEPER}
+    theirs = agent.ok("orch_start", {**start, "lab": agent.lab + "-other"})
+    try:
+        mine = agent.ok("orch_start", start)  # the same model name is no clash across labs
+        state = agent.ok("orch_state", {"host": agent.host})
+        assert [s["pid"] for s in state["servers"]] == [mine["pid"]]
+        # Only this test's labs: a simulated lab beside it (its hosts share this machine's /proc
+        # when the test runs outside them) has servers of its own.
+        others = [o for o in state["others"] if str(o["lab"]).startswith(agent.lab)]
+        assert [(o["lab"], o["host"], o["pid"]) for o in others] == [
+            (agent.lab + "-other", agent.host, theirs["pid"])
+        ]
+        stopped = agent.ok("orch_stop", {"host": agent.host, "models": None, "grace": 5})
+        assert [s["pid"] for s in stopped["stopped"]] == [mine["pid"]]
+        assert procs.alive(theirs["pid"]) and not procs.alive(mine["pid"])
+    finally:
+        agent.ok("orch_stop", {"host": agent.host, "lab": agent.lab + "-other", "models": None, "grace": 5})
+    assert not procs.alive(theirs["pid"])
+
+
+def test_orchestra_commands_refuse_a_call_that_names_no_lab(agent: Agent, tmp_path: Path) -> None:
+    doc = agent.fails("orch_state", {"host": agent.host, "lab": ""})
+    assert "lab is required" in doc["error"]
+
+
 def test_commit_replaces_warm_json_atomically_appends_history_and_state_returns_both(agent: Agent) -> None:
     warm = {
         "models": [{"name": "tiny", "gpu": 0, "gpu_model": "P40", "port": 1, "pid": 2, "state": "loaded"}],
@@ -341,7 +372,9 @@ def test_host_lock_on_the_rotation_lock_creates_the_orchestra_folder(tmp_path: P
 
 def test_a_zombie_nobody_reaped_counts_as_gone() -> None:
     """A server that died under an init that does not reap (a container's) is still in /proc."""
-    child = subprocess.Popen(["sleep", "0"], env={**os.environ, "LABCTL_ORCH_MODEL": "z", "LABCTL_HOST": "z"})
+    child = subprocess.Popen(
+        ["sleep", "0"], env={**os.environ, "LABCTL_ORCH_MODEL": "z", "LABCTL_HOST": "z", "LABCTL_LAB": "z"}
+    )
     try:
         while True:  # exited, not yet reaped: a zombie
             with open(f"/proc/{child.pid}/stat", "rb") as f:
@@ -349,7 +382,7 @@ def test_a_zombie_nobody_reaped_counts_as_gone() -> None:
                     break
             time.sleep(0.01)
         assert not procs.alive(child.pid)
-        assert child.pid not in [p["pid"] for p in orch_host.server_processes("z")]
+        assert child.pid not in [p["pid"] for p in orch_host.server_processes("z", "z")]
     finally:
         child.wait()
     assert not procs.alive(child.pid)

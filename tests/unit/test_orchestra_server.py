@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -185,8 +186,12 @@ def test_a_server_process_answers_like_this_one_and_sigterm_stops_it_with_rc_0_f
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
-        events = [json.loads(line)["event"] for line in err.splitlines()]
-        assert events == ["listening", "loaded", "ready", "stopping", "stopped"]
+        events = [json.loads(line) for line in err.splitlines()]
+        assert [e["event"] for e in events] == ["listening", "loaded", "ready", "stopping", "stopped"]
+        # The log names who sent the signal: this test's own process.
+        stopping = events[3]
+        assert stopping["signal"] == "SIGTERM" and stopping["sender_pid"] == os.getpid()
+        assert "pytest" in stopping["sender"] or sys.argv[0] in stopping["sender"]
         with socket.socket() as s:  # what a listener still there would refuse
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("0.0.0.0", port))

@@ -221,7 +221,7 @@ def test_torch_env_plan_and_no_change_when_recorded() -> None:
     res = TorchEnv.from_playbook(host(gpus=M5_GPUS), {"version": "2.13.0"})
     state: dict[str, dict[str, Any]] = {"gpus": {"rc": 127, "stdout": ""}, "record": {"exists": False}}
     change = res.plan(state)
-    pip = next(op["argv"] for op in change.ops if "pip" in op.get("argv", []))
+    pip = change.ops[0]["pip"]
     assert pip[-2:] == ["--index-url", "https://download.pytorch.org/whl/cu126"]
     assert "torch==2.13.0" in pip
     record = '{"version": "2.13.0+cu126", "python": "/var/lib/labctl/envs/torch-2.13.0-cu126/bin/python"}'
@@ -375,7 +375,7 @@ def test_a_mistyped_play_selector_names_file_line_and_term(tmp_path: Path, selec
     assert message.startswith(f"The playbook {p} has 1 problem:\n")
     assert f"{p}:5: plays[1].hosts: '{term}' matches no host in {inv.path}." in message, message
     assert "Roles (use role:NAME): train," in message
-    assert "provision --check" in err.value.hint
+    assert f"provision -p {p} --check" in err.value.hint  # this playbook, not the default
 
 
 def test_every_mistyped_selector_is_reported_at_once(tmp_path: Path) -> None:

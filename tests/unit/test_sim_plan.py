@@ -237,7 +237,7 @@ def test_start_script_binds_every_managed_path_then_execs_sshd() -> None:
     for mp in MANAGED_PATHS:
         assert f"/sim dir/hosts/m5/root{mp.path}" in words
         assert mp.path in words
-    assert script.rstrip().endswith("exec /usr/sbin/sshd -f /c -E /l")
+    assert script.rstrip().endswith("exec /usr/sbin/sshd -D -f /c -E /l")
     assert "/etc/fstab" in {mp.path for mp in MANAGED_PATHS if mp.is_file}
 
 

@@ -18,7 +18,7 @@ from labctl.context import Context
 from labctl.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_OK, InputError
 from labctl.fanout import HostResult
 from labctl.train import backends, launch, run
-from labctl.train.backends import PlannedRun, RunView
+from labctl.train.backends import PlannedRun, RunsOn, RunView
 from labctl.train.backends.jobs import for_cluster
 from labctl.train.backends.k8s import K8sBackend
 from labctl.train.backends.slurm import SlurmBackend
@@ -249,6 +249,8 @@ def test_a_running_record_settles_from_its_hosts_states(
 
 class FakeBackend:
     """Writes one file with the run's spec; what a cloud job-file backend would do."""
+
+    runs_on = RunsOn.LAB  # planned like an SSH run: the lab's hosts answer preflight
 
     def __init__(self, name: str) -> None:
         self.name = name

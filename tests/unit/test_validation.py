@@ -142,8 +142,9 @@ def test_each_document_kind_names_itself_and_its_check_command(tmp_path: Path) -
     assert e_book.value.message.startswith(
         f"The playbook {book} has 1 problem:\n  {book}:4: plays[0].resources[0]:"
     )
+    # with -p: a bare --check would validate the default playbook instead of this one
     assert e_book.value.hint == (
-        "Fix the line named above; `labctl provision --check` validates without changing anything."
+        f"Fix the line named above; `labctl provision -p {book} --check` validates without changing anything."
     )
 
     phases = tmp_path / "train.yaml"
@@ -153,8 +154,9 @@ def test_each_document_kind_names_itself_and_its_check_command(tmp_path: Path) -
     assert e_ph.value.message.startswith(
         f"The phases file {phases} has 2 problems:\n  {phases}:2: phases[1].stpes:"
     )
+    # the file's own phase and -f: the command runs as written and checks this file again
     assert e_ph.value.hint == (
-        "Fix the lines named above; `labctl train --phase N --dry-run` validates without launching."
+        f"Fix the lines named above; `labctl train --phase 1 -f {phases} --dry-run` validates without launching."
     )
 
 

@@ -1,9 +1,10 @@
 """The orchestra's agent commands on a serving host: start, watch, stop and record model servers.
 
-A server is found by the tags in its environment (LABCTL_ORCH_MODEL, _PORT, _GPU, _STARTED and
-LABCTL_HOST), never by a pid file: a rotation killed half-way leaves processes but may leave no
-record, and the next one must still find them. The hosts of the simulated lab share one kernel,
-so every lookup keeps to the processes tagged for `args.host`. Each server runs in its own
+A server is found by the tags in its environment (LABCTL_ORCH_MODEL, _PORT, _GPU, _STARTED,
+LABCTL_HOST and LABCTL_LAB), never by a pid file: a rotation killed half-way leaves processes but
+may leave no record, and the next one must still find them. Every lookup keeps to the processes
+tagged for `args.lab` and `args.host`: one machine can be a host of two labs (two inventories
+naming it alike), and neither lab's repair may take the other's servers for its own orphans. Each server runs in its own
 session (it outlives the SSH channel that started it) and is stopped by process group.
 Errors carry a kind the controller branches on: bad_args, no_model, port, running, start_failed.
 Standard library only, Python 3.8; torch is only ever imported by the server process.
@@ -30,7 +31,14 @@ from ..gpus import GpuQueryError, gather_gpus
 from ..loader import model_files
 from ..train_host import IMPORT_ROOT, port_state, torch_python
 
-TAGS = ("LABCTL_HOST", "LABCTL_ORCH_MODEL", "LABCTL_ORCH_PORT", "LABCTL_ORCH_GPU", "LABCTL_ORCH_STARTED")
+TAGS = (
+    "LABCTL_LAB",
+    "LABCTL_HOST",
+    "LABCTL_ORCH_MODEL",
+    "LABCTL_ORCH_PORT",
+    "LABCTL_ORCH_GPU",
+    "LABCTL_ORCH_STARTED",
+)
 SERVER_MODULE = "labctl.agent.orchestra.server"
 HISTORY_KEEP = 50  # entries orch_state returns
 # Past HISTORY_TRIM_BYTES, history.jsonl is cut to its newest entries (at most HISTORY_TRIM_KEEP).
@@ -55,6 +63,13 @@ def _host(args: Dict[str, Any]) -> str:
             "host is required: the inventory name of this host (servers are tagged with it)", "bad_args"
         )
     return host
+
+
+def _lab(args: Dict[str, Any]) -> str:
+    lab = args.get("lab")
+    if not isinstance(lab, str) or not lab:
+        raise AgentError("lab is required: the inventory's lab name (servers are tagged with it)", "bad_args")
+    return lab
 
 
 def _model_name(value: Any, field: str = "model") -> str:
@@ -97,19 +112,47 @@ def _int_tag(value: Optional[str]) -> Optional[int]:
     return int(value) if value and value.isdigit() else None
 
 
-def server_processes(host: str, models: Optional[List[str]] = None) -> procs.Procs:
-    """Every process tagged as an orchestra server of `host` (of `models` when given)."""
+def server_processes(lab: str, host: str, models: Optional[List[str]] = None) -> procs.Procs:
+    """Every process tagged as an orchestra server of `lab`'s `host` (of `models` when given)."""
 
     def want(env: Dict[str, str]) -> bool:
         model = env.get("LABCTL_ORCH_MODEL")
-        return bool(model) and env.get("LABCTL_HOST") == host and (models is None or model in models)
+        return (
+            bool(model)
+            and env.get("LABCTL_LAB") == lab
+            and env.get("LABCTL_HOST") == host
+            and (models is None or model in models)
+        )
 
     return procs.scan(TAGS, want)
 
 
-def servers(host: str, models: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+def servers(lab: str, host: str, models: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     """One entry per server (process group): {model, gpu, port, pid, pgid, started, pids}."""
-    return by_server(server_processes(host, models))
+    return by_server(server_processes(lab, host, models))
+
+
+def other_servers(lab: str, host: str) -> List[Dict[str, Any]]:
+    """Orchestra servers on this machine that another lab (or another host name) started: shown,
+    never stopped. {lab, host, model, pid, port}; lab/host None for a server tagged without them."""
+
+    def want(env: Dict[str, str]) -> bool:
+        return bool(env.get("LABCTL_ORCH_MODEL")) and (
+            env.get("LABCTL_LAB") != lab or env.get("LABCTL_HOST") != host
+        )
+
+    found = procs.scan(TAGS, want)
+    tags = {p["pgid"]: p["env"] for p in found}
+    return [
+        {
+            "lab": tags[s["pgid"]].get("LABCTL_LAB"),
+            "host": tags[s["pgid"]].get("LABCTL_HOST"),
+            "model": s["model"],
+            "pid": s["pid"],
+            "port": s["port"],
+        }
+        for s in by_server(found)
+    ]
 
 
 def by_server(found: procs.Procs) -> List[Dict[str, Any]]:
@@ -289,10 +332,10 @@ def _append_history(entry: Dict[str, Any]) -> None:
 
 def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_state {host, health_path="/health", gpus: bool}: warm.json, history, live servers, GPUs."""
-    host = _host(args)
+    host, lab = _host(args), _lab(args)
     health_path = _health_path(args)
     warm, warm_error = read_warm()
-    found = servers(host)
+    found = servers(lab, host)
     answers = _probe_all(found, health_path)
     for i, entry in enumerate(found):  # not zip(strict=): Python 3.8
         answer = answers[i]
@@ -302,6 +345,7 @@ def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
         "warm_error": warm_error,
         "history": read_history(),
         "servers": found,
+        "others": other_servers(lab, host),
     }
     if args.get("gpus"):
         try:
@@ -342,7 +386,7 @@ def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
 
     `port` (optional): the port to use, refused (kind "port") when taken; default a free one.
     """
-    host = _host(args)
+    host, lab = _host(args), _lab(args)
     model = _model_name(args.get("model"))
     gpu = _gpu(args.get("gpu"))
     _health_path(args)
@@ -365,7 +409,7 @@ def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
     if not os.path.exists(path):
         raise AgentError(f"{path} does not exist on {host}: is the model in its cache?", "no_model")
 
-    running = servers(host, [model])
+    running = servers(lab, host, [model])
     if running:
         r = running[0]
         raise AgentError(
@@ -389,6 +433,7 @@ def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
     started = round(time.time(), 3)
     env.update(
         {
+            "LABCTL_LAB": lab,
             "LABCTL_HOST": host,
             "LABCTL_ORCH_MODEL": model,
             "LABCTL_ORCH_PORT": str(port),
@@ -442,13 +487,18 @@ def _emit(event: Dict[str, Any]) -> None:
     sys.stderr.flush()
 
 
-def _alive(host: str, model: str, pid: Optional[int]) -> bool:
+def _alive(lab: str, host: str, model: str, pid: Optional[int]) -> bool:
     """The server still runs: its pid, still tagged as this model's (a reused pid is not), or any
     process of the model when no pid was given."""
     if pid is None:
-        return bool(server_processes(host, [model]))
+        return bool(server_processes(lab, host, [model]))
     env = procs.environ(pid, TAGS) or {}
-    return procs.alive(pid) and env.get("LABCTL_ORCH_MODEL") == model and env.get("LABCTL_HOST") == host
+    return (
+        procs.alive(pid)
+        and env.get("LABCTL_ORCH_MODEL") == model
+        and env.get("LABCTL_HOST") == host
+        and env.get("LABCTL_LAB") == lab
+    )
 
 
 def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
@@ -457,7 +507,7 @@ def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
     Waits for every server at once until it answers 200, its process is gone (at once, with the
     log's tail), or `timeout` s passed. Progress: {"event": "health", "model", "state"} on stderr.
     """
-    host = _host(args)
+    host, lab = _host(args), _lab(args)
     health_path = _health_path(args)
     timeout = _number(args, "timeout", 300.0)
     wanted = args.get("servers")
@@ -500,7 +550,7 @@ def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
         for i, s in enumerate(todo):
             if results[i] is not None:
                 continue
-            alive = _alive(host, s["model"], s["pid"])
+            alive = _alive(lab, host, s["model"], s["pid"])
             answer = probe(
                 s["port"], health_path, min(PROBE_TIMEOUT_S, max(0.1, deadline - time.monotonic()))
             )
@@ -544,7 +594,7 @@ def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
     has the recorded one running). `absent`: models named that have no server here (stopping
     is idempotent, a repair's step).
     """
-    host = _host(args)
+    host, lab = _host(args), _lab(args)
     grace = _number(args, "grace", 30.0)
     models = args.get("models")
     if models is not None:
@@ -558,7 +608,7 @@ def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
         raise AgentError("pids must be a list of server pids, or null", "bad_args")
 
     def scan() -> procs.Procs:
-        found = server_processes(host, models)
+        found = server_processes(lab, host, models)
         return found if pids is None else [p for p in found if p["pgid"] in pids]
 
     found = scan()

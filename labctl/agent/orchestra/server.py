@@ -268,8 +268,36 @@ class Server(ThreadingHTTPServer):
         super().__init__((address, port), Handler)
 
 
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+# Who asked the server to stop, set by the signal watcher before it interrupts the main thread.
+_stop_cause: Dict[str, Any] = {}
+
+
+def _sender(pid: int) -> str:
+    if pid <= 0:
+        return "outside this host's PID namespace"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return "a process already gone"
+    return cmd[:300] or "a process already gone"
+
+
+def _watch_stop_signals(main_thread: int) -> None:
+    """Takes SIGTERM/SIGINT with the sender's pid (a plain handler cannot see it), records who
+    sent it, then interrupts the main thread: a server stopped by surprise says by whom."""
+    info = signal.sigwaitinfo(STOP_SIGNALS)
+    _stop_cause.update(
+        signal=signal.Signals(info.si_signo).name,
+        sender_pid=info.si_pid,
+        sender=_sender(info.si_pid),
+    )
+    signal.pthread_kill(main_thread, signal.SIGUSR1)
+
+
 def _terminate(signum: int, frame: Any) -> None:
-    raise Terminated(signal.Signals(signum).name)
+    raise Terminated(str(_stop_cause.get("signal") or signal.Signals(signum).name))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -288,6 +316,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--device", default="auto", help="auto (cuda:0 where torch sees a GPU), cpu, cuda, cuda:N"
     )
     args = parser.parse_args(argv)
+    # Blocked in every thread (those made later inherit it): only the watcher takes them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     model = Model(args.name, args.model_dir, args.device)
     try:
         httpd = Server(args.port, model)
@@ -304,8 +334,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     serve.start()
     rc = 0
     try:
-        signal.signal(signal.SIGTERM, _terminate)
-        signal.signal(signal.SIGINT, _terminate)
+        signal.signal(signal.SIGUSR1, _terminate)
+        threading.Thread(
+            target=_watch_stop_signals, args=(threading.get_ident(),), name="signals", daemon=True
+        ).start()
         _event("listening", name=args.name, port=httpd.server_address[1], pid=os.getpid())
         try:
             model.check()
@@ -322,11 +354,17 @@ def main(argv: Optional[List[str]] = None) -> int:
             while True:
                 time.sleep(3600)
     except Terminated as exc:
-        _event("stopping", name=args.name, signal=str(exc))
+        _event(
+            "stopping",
+            name=args.name,
+            signal=str(exc),
+            sender_pid=_stop_cause.get("sender_pid"),
+            sender=_stop_cause.get("sender"),
+        )
     finally:
-        # A second signal while stopping must not cut the stop short.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # A second signal while stopping stays blocked (the watcher took only the first), so it
+        # cannot cut the stop short.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         httpd.shutdown()
         httpd.server_close()
     if rc == 0:

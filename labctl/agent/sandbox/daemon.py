@@ -1,13 +1,15 @@
 """Docker on a host, as the `sandbox` resource sees it: installed, answering, configured.
 
-`probe` reads it all in one go (the provision probe kind "sandbox"); `dockerd_op` starts or
-restarts the daemon (the apply op "dockerd"): through systemd where it is PID 1, else as a
-background process with its pid file and a log under /var/log/labctl. Standard library only,
-Python 3.8.
+`probe` reads it all in one go (the provision probe kind "sandbox"), with what the daemon holds
+that labctl did not create (`foreign`: turning userns-remap on would hide it); `dockerd_op`
+starts or restarts the daemon (the apply op "dockerd"): through systemd where it is PID 1, else
+as a background process with its pid file and a log under /var/log/labctl. Standard library
+only, Python 3.8.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,10 +19,15 @@ from typing import Any, Dict, List, Optional
 
 from .. import paths
 from ..commands import AgentError
+from . import LABEL_LANG, image_name
 
 DAEMON_JSON = "/etc/docker/daemon.json"
+DATA_ROOT = "/var/lib/docker"
 PIDFILE = "/var/run/docker.pid"
 FULL_UID_MAP = ["0", "0", "4294967295"]
+# The label every sandbox container carries (labctl/sandbox/limits.py). A container made from a
+# labctl image without it inherits labctl.lang from the image, yet it is someone else's.
+LABEL_SANDBOX = "labctl.sandbox"
 
 
 def docker(args: List[str], timeout: float = 30, stdin: Any = None) -> "subprocess.CompletedProcess[str]":
@@ -102,6 +109,89 @@ def _pid_of_dockerd() -> Optional[int]:
     return None
 
 
+def _foreign_image_names(tags: List[str], labels: Dict[str, Any], image_id: str) -> List[str]:
+    """How `docker images` names an image labctl did not make, or [] when it is labctl's.
+
+    A labctl image tagged under another name (`docker tag`) is someone's reference to it: the
+    other name is foreign, though the image is labctl's."""
+    tags = [t for t in tags if t and t != "<none>:<none>"]
+    if LABEL_LANG in (labels or {}):
+        return [t for t in tags if t != image_name(str(labels[LABEL_LANG]))]
+    return tags or [image_id.split(":")[-1][:12]]
+
+
+def _foreign_of_daemon() -> Dict[str, Any]:
+    from .docker import Client
+
+    client = Client(timeout=30.0)
+    containers = [
+        (c.get("Names") or [c.get("Id", "?")[:12]])[0].lstrip("/")
+        for c in client.request("GET", "/containers/json", query={"all": "1"}) or []
+        if LABEL_SANDBOX not in (c.get("Labels") or {})
+    ]
+    images: List[str] = []
+    for i in client.request("GET", "/images/json") or []:
+        images += _foreign_image_names(i.get("RepoTags") or [], i.get("Labels") or {}, i.get("Id", ""))
+    return {"containers": containers, "images": images, "source": "daemon"}
+
+
+def _read_json(path: str) -> Any:
+    with open(path, "rb") as f:
+        return json.loads(f.read().decode("utf-8", "replace"))
+
+
+def foreign_on_disk(root: str) -> Dict[str, Any]:
+    """What a stopped daemon's data root holds that labctl did not make, read from its files
+    (Docker's classic layout: containers/ID/config.v2.json, image/DRIVER/imagedb and
+    repositories.json). A data root that is not there holds nothing: Docker never ran."""
+    if not os.path.isdir(root):
+        return {"containers": [], "images": [], "source": "disk"}
+    containers = []
+    cdir = os.path.join(root, "containers")
+    for cid in sorted(os.listdir(cdir)) if os.path.isdir(cdir) else []:
+        try:
+            doc = _read_json(os.path.join(cdir, cid, "config.v2.json"))
+        except (OSError, ValueError):
+            containers.append(cid[:12])  # a container Docker cannot describe is still someone's
+            continue
+        if LABEL_SANDBOX not in ((doc.get("Config") or {}).get("Labels") or {}):
+            containers.append(str(doc.get("Name") or cid[:12]).lstrip("/"))
+    images: List[str] = []
+    idir = os.path.join(root, "image")
+    for driver in sorted(os.listdir(idir)) if os.path.isdir(idir) else []:
+        tags: Dict[str, List[str]] = {}
+        try:
+            repos = _read_json(os.path.join(idir, driver, "repositories.json"))
+        except FileNotFoundError:
+            repos = {}
+        for refs in (repos.get("Repositories") or {}).values():
+            for ref, image_id in refs.items():
+                if "@" not in ref:  # a digest reference names the same image as its tag
+                    tags.setdefault(image_id, []).append(ref)
+        content = os.path.join(idir, driver, "imagedb", "content", "sha256")
+        for digest in sorted(os.listdir(content)) if os.path.isdir(content) else []:
+            image_id = "sha256:" + digest
+            try:
+                labels = (_read_json(os.path.join(content, digest)).get("config") or {}).get("Labels")
+            except (OSError, ValueError):
+                labels = None
+            images += _foreign_image_names(tags.get(image_id, []), labels or {}, image_id)
+    return {"containers": containers, "images": images, "source": "disk"}
+
+
+def foreign(answering: bool, daemon_json: Dict[str, Any]) -> Dict[str, Any]:
+    """Containers and images that labctl did not create, from the daemon when it answers, else
+    from its data root on disk; {"error": ...} when neither can be read."""
+    try:
+        if answering:
+            return _foreign_of_daemon()
+        doc = json.loads(daemon_json.get("text") or "{}") if daemon_json.get("exists") else {}
+        root = doc.get("data-root") if isinstance(doc, dict) else None
+        return foreign_on_disk(str(root or DATA_ROOT))
+    except Exception as e:  # what cannot be read is reported, never taken for "nothing there"
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def probe(p: Dict[str, Any]) -> Dict[str, Any]:
     """Everything the sandbox resource plans from, read once."""
     from .image import list_images
@@ -117,11 +207,10 @@ def probe(p: Dict[str, Any]) -> Dict[str, Any]:
         "dockerd_pid": _pid_of_dockerd(),
         "userns": userns_support(),
     }
-    try:
-        with open(DAEMON_JSON) as f:
-            out["daemon_json"] = {"exists": True, "text": f.read()}
-    except FileNotFoundError:
-        out["daemon_json"] = {"exists": False}
+    from ..provision import _file
+
+    # Mode and owner with the text: the plan keeps the file 0644, and compares what it reads.
+    out["daemon_json"] = _file({"path": DAEMON_JSON})
     out["daemon"] = (
         daemon_answers() if out["docker"] else {"answering": False, "error": "docker is not installed"}
     )
@@ -131,6 +220,7 @@ def probe(p: Dict[str, Any]) -> Dict[str, Any]:
             out["images"] = {i["lang"]: i for i in list_images() if i.get("image")}
         except AgentError as e:
             out["daemon"] = {"answering": False, "error": e.message}
+    out["foreign"] = foreign(out["daemon"]["answering"], out["daemon_json"])
     return out
 
 

@@ -227,8 +227,9 @@ def run_programs(
             return [f.result() for f in futures]
     except DockerError as e:
         if e.status == 404 and "image" in e.message.lower():
+            # Which command builds it is the controller's to say: it knows the inventory and playbooks.
             raise AgentError(
-                f"{e.message}: build the images with `labctl provision` (resource sandbox)", "no_image"
+                f"{e.message}: the sandbox image is not built on this host", "no_image"
             ) from None
         raise AgentError(str(e), "docker") from None
     finally:

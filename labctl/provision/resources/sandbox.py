@@ -2,7 +2,10 @@
 
 Docker comes from the distribution (`docker.io`); /etc/docker/daemon.json gets log limits,
 no-new-privileges and live-restore for every container, and user-namespace remapping where
-the kernel allows it (other keys in the file are kept). dockerd runs as docker.service where
+the kernel allows it (other keys in the file are kept). Remapping moves Docker's storage, so
+everything already there drops out of `docker ps` and `docker images`: by default it is turned
+on only on a daemon that holds nothing labctl did not create (`userns_remap: force` turns it on
+anyway). dockerd runs as docker.service where
 systemd is PID 1, else in the background with its pid file and a log under /var/log/labctl,
 and is restarted only when daemon.json changed. Each language's image is built from Debian
 packages (labctl/agent/sandbox/image.py) and rebuilt only when its recipe's hash changes.
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal, Optional
+from typing import Any, Literal, NamedTuple, Optional
 
 from pydantic import Field, field_validator
 
@@ -30,7 +33,7 @@ from labctl.provision.resource import (
     probe_error,
     register,
 )
-from labctl.provision.resources.files import plan_file
+from labctl.provision.resources.files import file_text, plan_file
 from labctl.sandbox.languages import RECIPES, SUITE, recipe_hash
 
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -59,8 +62,10 @@ class SandboxParams(Params):
     )
     log_max_size: str = Field("10m", pattern=r"^[1-9]\d*[kmg]$", description="json-file max-size, e.g. 10m")
     log_max_file: int = Field(3, ge=1, le=100, description="json-file max-file")
-    userns_remap: Literal["auto", "off"] = Field(
-        "auto", description="auto: remap container root where the kernel allows it; off: never"
+    userns_remap: Literal["auto", "force", "off"] = Field(
+        "auto",
+        description="auto: remap container root where the kernel allows it and Docker holds no container "
+        "or image labctl did not create (remapping hides them); force: even then; off: never",
     )
     mirror: str = Field(DEFAULT_MIRROR, description="Debian mirror the images are built from")
 
@@ -77,15 +82,70 @@ class SandboxParams(Params):
         return v.rstrip("/")
 
 
-def daemon_settings(p: SandboxParams, userns_ok: bool) -> dict[str, Any]:
-    """The keys of daemon.json this resource owns (None: the key must be absent)."""
+def daemon_settings(p: SandboxParams, userns_on: bool, current: Any = None) -> dict[str, Any]:
+    """The keys of daemon.json this resource owns (None: the key must be absent). A remap
+    already set is kept as written: another user or range would move the storage again."""
     return {
         "log-driver": "json-file",
         "log-opts": {"max-size": p.log_max_size, "max-file": str(p.log_max_file)},
         "no-new-privileges": True,
         "live-restore": True,
-        "userns-remap": "default" if p.userns_remap == "auto" and userns_ok else None,
+        "userns-remap": (current or "default") if userns_on else None,
     }
+
+
+def _some(kind: str, names: list[str]) -> str:
+    shown = ", ".join(names[:3]) + (f", … {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{len(names)} {kind}{'s' if len(names) != 1 else ''} ({shown})"
+
+
+def held_by_others(foreign: dict[str, Any]) -> str:
+    """What the daemon holds that labctl did not create, in words ("" when nothing)."""
+    return " and ".join(_some(k, foreign[k + "s"]) for k in ("container", "image") if foreign.get(k + "s"))
+
+
+class Remap(NamedTuple):
+    on: bool
+    why: str  # for the plan's summary
+    withheld: bool = False  # auto left it off: said even when daemon.json needs no change
+
+
+def userns_decision(mode: str, userns: dict[str, Any], foreign: dict[str, Any], now: str | None) -> Remap:
+    """Whether daemon.json asks for userns-remap, and why; pure. `now`: daemon.json's text.
+
+    Turning it on moves Docker to a new, empty storage: what the daemon holds drops out of
+    `docker ps`/`docker images`. `auto` turns it on only when none of that is someone else's
+    (`foreign`, from the probe); a remap already on stays on."""
+    if mode == "off":
+        return Remap(False, "userns-remap off as the playbook says")
+    if not userns.get("ok"):
+        return Remap(False, f"userns-remap skipped: {userns.get('why') or 'not supported here'}")
+    if _userns_of(now):
+        return Remap(True, "userns-remap")
+    held = "" if foreign.get("error") else held_by_others(foreign)
+    if mode == "force":
+        if held:
+            return Remap(
+                True,
+                f"userns-remap, as the playbook forces: Docker's {held} stay in the storage it leaves "
+                "and are not listed while it is on",
+            )
+        return Remap(True, "userns-remap")
+    if foreign.get("error"):
+        return Remap(
+            False,
+            f"userns-remap left off: cannot tell what Docker holds ({foreign['error']}); "
+            "userns_remap: force turns it on",
+            withheld=True,
+        )
+    if held:
+        return Remap(
+            False,
+            f"userns-remap left off: Docker holds {held} that labctl did not create, which remapping "
+            "would hide from docker ps and docker images; userns_remap: force turns it on anyway",
+            withheld=True,
+        )
+    return Remap(True, "userns-remap")
 
 
 def merged_daemon_json(text: str | None, settings: dict[str, Any]) -> str:
@@ -181,26 +241,22 @@ class Sandbox(Resource):
         rollback: dict[str, Any] | None = None
         if p.configure_daemon:
             dj = st.get("daemon_json") or {}
-            now = dj.get("text") if dj.get("exists") else None
-            userns = st.get("userns") or {}
+            now = file_text(dj)
+            remap = userns_decision(p.userns_remap, st.get("userns") or {}, st.get("foreign") or {}, now)
             try:
-                want = merged_daemon_json(now, daemon_settings(p, bool(userns.get("ok"))))
+                want = merged_daemon_json(now, daemon_settings(p, remap.on, _userns_of(now)))
             except ValueError as e:
                 raise PlanError(
                     f"{DAEMON_JSON} on {self.host.name} is not valid JSON ({e}).",
                     "Fix or remove the file by hand; labctl keeps the keys it does not own.",
                 ) from None
             sub = plan_file(DAEMON_JSON, want, dj, mode=0o644)
-            if sub.changed:
-                config_changed = True
+            # Only new content needs the daemon restarted; a mode fixed alone does not.
+            config_changed = any(op["op"] == "write_file" for op in sub.ops)
+            if config_changed:
                 userns_changed = _userns_of(now) != _userns_of(want)
                 summary = sub.summary[0] + " (log limits, no-new-privileges, live-restore"
-                if p.userns_remap == "off":
-                    summary += "; userns-remap off as the playbook says)"
-                elif userns.get("ok"):
-                    summary += ", userns-remap)"
-                else:
-                    summary += f"; userns-remap skipped: {userns.get('why') or 'not supported here'})"
+                summary += (", " if remap.on else "; ") + remap.why + ")"
                 for op in sub.ops:
                     if op["op"] == "write_file" and dj.get("exists"):
                         op["backup"] = DAEMON_JSON_BACKUP
@@ -216,6 +272,11 @@ class Sandbox(Resource):
                     *sub.ops,
                     diff="".join(sub.diffs),
                 )
+            else:
+                change.ops += sub.ops
+                change.summary += sub.summary
+                if remap.withheld:  # nothing to write, but the recap says why remapping stays off
+                    change.summary.append(remap.why)
         systemd = bool(st.get("systemd"))
         how = "docker.service" if systemd else "dockerd in the background"
         if not answering:

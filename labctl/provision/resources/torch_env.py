@@ -3,8 +3,9 @@
 Recent CUDA builds of torch dropped old GPUs (the seed lab mixes Pascal P40/P4/P1000, a
 Volta V100 and an Ampere RTX 3050), so the build is chosen from the GPUs' compute
 capabilities, declared in the inventory and found by nvidia-smi. A build that lacks a
-GPU's architecture is refused with the reason and the build to use; after install the
-host itself checks `torch.cuda.get_arch_list()`, which is the final word.
+GPU's architecture is refused with the reason and the build to use. The host builds the env
+under a temporary name, away from its own pip configuration, and names it only once torch
+imports there as the chosen version and CUDA build (labctl/agent/torch_env.py).
 """
 
 from __future__ import annotations
@@ -12,15 +13,23 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field
 
 from labctl.agent import paths
+from labctl.agent.torch_env import wrong_build
+from labctl.errors import HostError
+from labctl.fmt import fmt_duration
 from labctl.gpus import Cap, build_archs, builds_for, parse_cap, supports, variants_for
 from labctl.gpus import declared_caps as inventory_caps
 from labctl.inventory.model import Host, HostPath
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
+
+if TYPE_CHECKING:
+    from labctl.fanout import HostRun
+
+PIP_TIMEOUT_S = 3600  # torch with its CUDA libraries is a few GB
 
 
 def declared_caps(host: Host) -> list[tuple[str, Cap]]:
@@ -99,30 +108,6 @@ class TorchEnvParams(Params):
     )
 
 
-VERIFY = r"""
-import json, os, sys, tempfile
-import torch
-want, gpus, record = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-info = {"version": torch.__version__, "cuda": torch.version.cuda, "python": sys.executable,
-        "cuda_available": torch.cuda.is_available(),
-        "arch_list": torch.cuda.get_arch_list() if torch.cuda.is_available() else []}
-try:
-    info["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
-except Exception:
-    info["nccl"] = None
-if not torch.__version__.startswith(want):
-    sys.exit("installed torch %s, wanted %s" % (torch.__version__, want))
-if gpus and not info["cuda_available"]:
-    sys.exit("torch %s cannot use this host's GPUs (torch.cuda.is_available() is False)" % torch.__version__)
-fd, tmp = tempfile.mkstemp(dir=os.path.dirname(record))
-with os.fdopen(fd, "w") as f:
-    json.dump(info, f)
-os.chmod(tmp, 0o644)
-os.replace(tmp, record)
-print(json.dumps(info))
-"""
-
-
 @register
 class TorchEnv(Resource):
     type_name = "torch_env"
@@ -163,34 +148,72 @@ class TorchEnv(Resource):
                 current = json.loads(record["text"])
             except ValueError:
                 current = {}
-        if (
-            str(current.get("version", "")).startswith(p.version)
-            and current.get("python") == f"{path}/bin/python"
-        ):
+        # A record of another build at this path (a CPU wheel in a cu126 env) is rebuilt.
+        if current.get("python") == f"{path}/bin/python" and not wrong_build(current, p.version, build):
             return Change()
         python = p.python or self.host.python
         index = p.index_url if p.index_url is not None else f"https://download.pytorch.org/whl/{build}"
-        pip = [f"{path}/bin/python", "-m", "pip", "install", "-q", f"torch=={p.version}", *p.packages]
-        if index:
-            pip += ["--index-url", index]
+        # Isolated from the host's pip configuration unless index_url: "" asks for it: a
+        # find-links folder or an extra index there must not supply another build's wheel.
+        isolated = bool(index)
+        pip = ["install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
+        pip += ["--isolated"] if isolated else []
+        pip += [f"torch=={p.version}", *p.packages]
+        pip += ["--index-url", index] if index else []
         change = Change()
         change.add(
             f"create {path} with torch {p.version}+{build} ({len(gpus)} GPU{'s' if len(gpus) != 1 else ''})",
-            {"op": "mkdir", "path": paths.ENVS_DIR, "mode": 0o755},
-            {"op": "run", "argv": [python, "-m", "venv", path], "timeout": 300},
-            {"op": "run", "argv": pip, "timeout": 3600},
             {
-                "op": "run",
-                "argv": [
-                    f"{path}/bin/python",
-                    "-c",
-                    VERIFY,
-                    p.version,
-                    str(len(gpus)),
-                    paths.TORCH_ENV_RECORD,
-                ],
-                "timeout": 300,
+                "op": "torch_env",
+                "python": python,
+                "path": path,
+                "version": p.version,
+                "build": build,
+                "gpus": len(gpus),
+                "pip": pip,
+                "isolated": isolated,
+                "index_url": index,
+                "record": paths.TORCH_ENV_RECORD,
+                "timeout": PIP_TIMEOUT_S,
             },
         )
-        change.diffs.append(f"+ {shlex.join(pip)}\n")
+        shown = [f"{path}/bin/python", "-m", "pip", *pip]
+        prefix = "PIP_CONFIG_FILE=/dev/null " if isolated else ""
+        change.diffs.append(f"+ {prefix}{shlex.join(shown)}\n")
         return change
+
+    def apply(self, run: HostRun, change: Change) -> None:
+        """The agent builds the env (labctl/agent/torch_env.py); its progress is shown as it
+        comes and kept in `events`, and a failure is reported by its cause."""
+        from rich.markup import escape
+
+        from labctl.agent_ship import AgentFailed, agent_event, call_agent
+
+        failure: dict[str, Any] = {}
+        ctx = run.ctx
+
+        def on_line(stream: str, line: str) -> None:
+            event = agent_event(stream, line, "progress", "failed")
+            if event is None:
+                return
+            self.events.append({k: v for k, v in event.items() if k != "hint"})
+            if event["event"] == "failed":
+                failure.update(event)
+            elif not ctx.json_mode:
+                ctx.console.print(
+                    f"[dim]{escape(progress_line(run.host.name, self.label(), event))}[/]", soft_wrap=True
+                )
+
+        try:
+            call_agent(run, "apply", {"ops": change.ops}, timeout=PIP_TIMEOUT_S + 900, on_line=on_line)
+        except AgentFailed:
+            if not failure:
+                raise
+            log = f" Full log: {run.host.name}:{failure['log']}." if failure.get("log") else ""
+            raise HostError(f"{failure['error']}.{log}", str(failure.get("hint") or "")) from None
+
+
+def progress_line(host: str, label: str, event: dict[str, Any]) -> str:
+    """One line for a progress event: the step, how long the build has run, what the tool said."""
+    detail = f": {event['detail']}" if event.get("detail") else ""
+    return f"{host}: {label}: {event.get('what') or event.get('step')} [{fmt_duration(float(event.get('elapsed') or 0))}]{detail}"

@@ -3,7 +3,8 @@
 Every backend takes the same `PlannedRun` (the request, the phase's settings and the
 `LaunchSpec` that preflight produced) and returns a result the CLI renders, the way
 torchx's schedulers take one AppDef. A new backend is one module with a class that has a
-`name` and a `submit` method, and one line in `BUILTIN`; `--backend` offers it from there.
+`name`, what it `runs_on` and a `submit` method, and one line in `BUILTIN`; `--backend` offers
+it from there.
 
 Standard library only at import: the CLI reads `names()` to build `--backend`'s choices.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -34,6 +36,16 @@ BUILTIN: dict[str, str] = {
     "kaggle": "labctl.train.backends.kaggle:KaggleBackend",
     "sagemaker": "labctl.train.backends.sagemaker:SageMakerBackend",
 }
+
+
+class RunsOn(StrEnum):
+    """Whose machines a backend's run goes to: what `labctl train` asks, and of whom, to plan it."""
+
+    LAB = "lab"  # the inventory's hosts: each answers the preflight over SSH
+    # A cluster's nodes: --nodes/--gpus-per-node describe them and no lab host is asked; without
+    # those flags the lab's training hosts stand for them, preflight included.
+    CLUSTER = "cluster"
+    PLATFORM = "platform"  # a cloud platform's machine: planned from the phase alone
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,7 @@ class RunView(Protocol):
 
 class Backend(Protocol):
     name: str  # what follows --backend
+    runs_on: RunsOn
 
     def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> TrainResult:
         """Start the run, or write it down for another launcher; `view` is None in --json mode."""
@@ -84,6 +97,11 @@ def register(backend: Backend) -> None:
 
 def unregister(name: str) -> None:
     _registered.pop(name, None)
+
+
+def running_on(where: RunsOn) -> list[str]:
+    """The names of the backends whose runs go to `where`."""
+    return [n for n in names() if get(n).runs_on is where]
 
 
 def get(name: str) -> Backend:

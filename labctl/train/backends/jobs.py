@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from labctl.errors import InputError
 from labctl.train import backends
+from labctl.train.backends import RunsOn
 from labctl.train.request import JobOptions
 from labctl.train.results import JobFiles
 from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, TIME_LIMIT_ENV, LaunchSpec
@@ -60,12 +61,16 @@ PORTABLE_ENV = frozenset(
 # limit, counted from torchrun's start; the scheduler's own limit is the backstop behind it, for
 # the job's start-up (allocation, image pull, interpreter) and a last checkpoint slower than foreseen.
 JOB_GRACE_S = 300
+# What the cluster's interpreter needs for the reference trainer: it uses torch.amp.GradScaler("cuda"),
+# which torch 2.3 introduced; labctl pins and tests 2.13.0 (pyproject), and only that was tried.
+TORCH_NEEDED = "the reference trainer needs torch >= 2.3 {where} (tried with torch 2.13.0, labctl's pin)."
 
 
 class JobFileBackend(ABC):
     """A backend whose `submit` writes files into a folder and says how to hand them to the cluster."""
 
     name: str
+    runs_on = RunsOn.CLUSTER
     options: tuple[str, ...] = ()  # the JobOptions it reads; it refuses any other that is given
 
     @abstractmethod
@@ -77,8 +82,9 @@ class JobFileBackend(ABC):
         """The shell command that submits what `write` wrote."""
 
     def notes(self, spec: LaunchSpec, job: JobOptions) -> list[str]:
-        """Lines the CLI shows beside the files: what the cluster must provide (none by default)."""
-        return []
+        """Lines the CLI shows beside the files: what the cluster must provide, what it leaves idle."""
+        nproc, device = uniform(spec)
+        return idle_gpus_note(nproc, job.gpus_per_node) if device == "cuda" else []
 
     def check_request(self, request: TrainRequest, settings: Settings) -> None:
         """Refuse the job options before any host is contacted: they are input, not the lab's state."""
@@ -205,6 +211,21 @@ def uniform(spec: LaunchSpec) -> tuple[int, str]:
     if not 0 < spec.port < 65536:
         raise InputError(f"rendezvous port {spec.port} is out of range.", "Use a port in 1..65535.")
     return max(n.nproc for n in spec.nodes), devices[0]
+
+
+def gpus_per_node(nproc: int, job: JobOptions) -> int:
+    """The GPUs each node asks for: --gpus-per-node when the flags describe the cluster, else one per process."""
+    return job.gpus_per_node if job.gpus_per_node else nproc
+
+
+def idle_gpus_note(nproc: int, gpus: int | None) -> list[str]:
+    """Said when the phase runs fewer processes per node than the GPUs --gpus-per-node asks for."""
+    if not gpus or gpus <= nproc:
+        return []
+    return [
+        f"the phase runs {nproc} process{'es' if nproc != 1 else ''} per node (its strategy), so {gpus - nproc} "
+        f"of the {gpus} GPUs each node asks for stay idle; --gpus-per-node {nproc} asks for no more."
+    ]
 
 
 def job_limit_s(spec: LaunchSpec) -> int | None:

@@ -11,7 +11,7 @@ import yaml
 
 from labctl.errors import InputError
 from labctl.train.backends import jobs, k8s_pod
-from labctl.train.request import JobOptions
+from labctl.train.request import CLUSTER_FIELDS, JobOptions
 from labctl.train.spec import LaunchSpec
 
 DEFAULT_IMAGE = k8s_pod.DEFAULT_IMAGE
@@ -28,7 +28,7 @@ TTL_AFTER_FINISHED_S = 7 * 24 * 3600  # a finished job (and its pods' logs) stay
 class K8sBackend(k8s_pod.KubeJobBackend):
     name = "k8s"
     kind = "PyTorchJob"
-    options = ("image", "min_nodes", "pvc", "mount_path", "cpu", "memory")
+    options = ("image", "min_nodes", "pvc", "mount_path", "cpu", "memory", *CLUSTER_FIELDS)
 
     def render(self, spec: LaunchSpec, agent_b64: str | None, agent_name: str | None, job: JobOptions) -> str:
         return render_pytorchjob(spec, agent_b64, agent_name, job)
@@ -124,6 +124,8 @@ def render_pytorchjob(
         header.append(f"Elastic: training goes on with as few as {low} of {spec.nnodes} workers.")
     header += [line.removeprefix("# ") for line in jobs.heterogeneity_note(spec, nproc)]
     header += jobs.differing_notes(pod.differing)
+    if device == "cuda":
+        header += [n[0].upper() + n[1:] for n in jobs.idle_gpus_note(nproc, job.gpus_per_node)]
     body = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=4096)
     return "".join(f"# {line}\n" for line in header) + body
 

@@ -31,9 +31,7 @@ if TYPE_CHECKING:
     from labctl.train.spec import LaunchSpec
 
 DEFAULT_IMAGE = "pytorch/pytorch:latest"  # a placeholder: the manifest's header says to pin it
-# What the image's torch must be: the reference trainer uses torch.amp.GradScaler("cuda"), which
-# torch 2.3 introduced; labctl pins and tests 2.13.0 (pyproject), and only that was tried.
-TORCH_NOTE = "the reference trainer needs torch >= 2.3 in the image (tried with torch 2.13.0, labctl's pin)."
+TORCH_NOTE = jobs.TORCH_NEEDED.format(where="in the image")
 PYTHON = "python3"  # on PATH in the pytorch/pytorch and NGC images alike
 # A pod's network is its own eth0, not the lab host's bond: the lab's interface names would
 # point NCCL and Gloo at interfaces that do not exist in the pod.
@@ -64,16 +62,32 @@ class CheckpointVolume:
 
 
 def with_phase(job: JobOptions, settings: Settings) -> JobOptions:
-    """The job's k8s options: each flag given, else the phase's `k8s:` setting."""
+    """The job's k8s options: each flag given, else the phase's `k8s:` setting.
+
+    A pod is a node's part of the job, so --cpus-per-node and --memory-per-node are its requests.
+    """
     k8s = settings.k8s
+    shape = job.cluster()
+    cpu = per_pod("--cpu", job.cpu, "--cpus-per-node", shape.cpus_per_node if shape else None)
+    memory = per_pod("--memory", job.memory, "--memory-per-node", shape.k8s_memory() if shape else None)
     return dataclasses.replace(
         job,
         pvc=job.pvc if job.pvc is not None else k8s.checkpoint_pvc,
         mount_path=job.mount_path if job.mount_path is not None else k8s.mount_path,
-        cpu=job.cpu if job.cpu is not None else k8s.cpu,
-        memory=job.memory if job.memory is not None else k8s.memory,
+        cpu=cpu if cpu is not None else k8s.cpu,
+        memory=memory if memory is not None else k8s.memory,
         runtime=job.runtime if job.runtime is not None else k8s.runtime,
     )
+
+
+def per_pod(flag: str, value: str | None, node_flag: str, node_value: int | str | None) -> str | None:
+    """A pod's request from the flag that names it or the per-node one; both given is refused."""
+    if value is not None and node_value is not None:
+        raise InputError(
+            f"{flag} and {node_flag} both set each pod's request (a pod is one node's part of the job).",
+            f"Give one of them: {node_flag} with the cluster's other flags, or {flag}.",
+        )
+    return str(node_value) if node_value is not None else value
 
 
 def checkpoint_volume(job: JobOptions) -> CheckpointVolume:
@@ -147,7 +161,7 @@ def resources(device: str, nproc: int, job: JobOptions) -> dict[str, Any]:
     if requests:
         out["requests"] = requests
     if device == "cuda":
-        out["limits"] = {GPU_RESOURCE: nproc}
+        out["limits"] = {GPU_RESOURCE: jobs.gpus_per_node(nproc, job)}
     return out
 
 
@@ -309,4 +323,4 @@ class KubeJobBackend(jobs.JobFileBackend):
         return f"kubectl apply -f {shlex.quote(str(paths[0]))}"
 
     def notes(self, spec: LaunchSpec, job: JobOptions) -> list[str]:
-        return [] if spec.script else [TORCH_NOTE]
+        return super().notes(spec, job) + ([] if spec.script else [TORCH_NOTE])

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from labctl.errors import InputError
 from labctl.fsutil import write_atomic
 from labctl.train.backends import jobs
-from labctl.train.request import JobOptions
+from labctl.train.request import CLUSTER_FIELDS, ClusterShape, JobOptions
 from labctl.train.spec import LaunchSpec
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ _IFACE_AT_START = (
 
 class SlurmBackend(jobs.JobFileBackend):
     name = "slurm"
-    options = ("partition", "time_limit", "requeue")
+    options = ("partition", "time_limit", "requeue", *CLUSTER_FIELDS)
 
     def with_phase(self, job: JobOptions, settings: Settings) -> JobOptions:
         named = next((settings.env[k] for k in IFACE_ENV if settings.env.get(k)), None)
@@ -60,6 +60,7 @@ class SlurmBackend(jobs.JobFileBackend):
             time_limit=job.time_limit,
             requeue=job.requeue is not False,
             named_iface=job.named_iface,
+            cluster=job.cluster(),
         )
         written = [folder / f"train-phase{spec.phase}.sbatch"]
         write_atomic(written[0], script, mode=0o755)
@@ -67,6 +68,21 @@ class SlurmBackend(jobs.JobFileBackend):
             written.append(folder / agent[1])
             write_atomic(written[1], agent[0])
         return written
+
+    def notes(self, spec: LaunchSpec, job: JobOptions) -> list[str]:
+        """What the nodes must have: no lab host was asked about them, and Slurm does not check it."""
+        if spec.script:
+            return [
+                *super().notes(spec, job),
+                "your script's checkpoints belong on a filesystem every node sees, so a requeued job resumes there.",
+            ]
+        ckpt = str(spec.settings.get("checkpoint_dir") or "")
+        where = ckpt if ckpt.startswith("/") else f"{ckpt} under the folder sbatch is submitted from"
+        return [
+            *super().notes(spec, job),
+            jobs.TORCH_NEEDED.format(where="on the nodes, in $PYTHON or else python3"),
+            f"checkpoints go to {where}: put it on a filesystem every node sees, so a requeued job resumes there.",
+        ]
 
     def submit_command(self, paths: list[Path]) -> str:
         # sbatch runs the script from where it is submitted, and it finds the trainer beside it.
@@ -81,6 +97,7 @@ def render_sbatch(
     time_limit: str | None = None,
     requeue: bool = True,
     named_iface: str | None = None,
+    cluster: ClusterShape | None = None,
 ) -> str:
     """The Slurm batch script: one torchrun per allocated node, rendezvous at the first one.
 
@@ -88,7 +105,8 @@ def render_sbatch(
     `requeue`: Slurm may requeue the job (preemption, a node failing), and it resumes from the
     newest checkpoint. `named_iface`: the interface the phase names for NCCL/Gloo; None: each node
     takes the one that reaches the head node, at job start (the lab host's probed one means
-    nothing on a cluster's nodes).
+    nothing on a cluster's nodes). `cluster`: the nodes as the flags describe them (GPUs, CPUs and
+    memory each asks for); None: as many GPUs as processes, CPUs for each process's threads.
     """
     nproc, device = jobs.uniform(spec)
     if partition is not None and not _SLURM_PARTITION.fullmatch(partition):
@@ -136,6 +154,9 @@ def render_sbatch(
             "# Requeued (preemption, a failed node): the job starts again and resumes from its newest checkpoint."
         )
     lines += jobs.heterogeneity_note(spec, nproc)
+    gpus = cluster.gpus_per_node if cluster else None
+    if device == "cuda":
+        lines += [f"# {n[0].upper()}{n[1:]}" for n in jobs.idle_gpus_note(nproc, gpus)]
     lines += [f"# {note}" for note in jobs.differing_notes(differing)]
     lines += [
         f"#SBATCH --job-name={name}",
@@ -143,11 +164,14 @@ def render_sbatch(
         "#SBATCH --ntasks-per-node=1",  # one torchrun per node; it forks the workers itself
     ]
     if device == "cuda":
-        lines.append(f"#SBATCH --gres=gpu:{nproc}")
-    lines += [
-        f"#SBATCH --cpus-per-task={nproc * _cpus_per_worker(env)}",
-        f"#SBATCH --output={name}-%j.out",
-    ]
+        lines.append(f"#SBATCH --gres=gpu:{gpus or nproc}")
+    # One task per node: its CPUs are the node's share of the job.
+    cpus = cluster.cpus_per_node if cluster and cluster.cpus_per_node else nproc * _cpus_per_worker(env)
+    lines.append(f"#SBATCH --cpus-per-task={cpus}")
+    memory = cluster.slurm_memory() if cluster else None
+    if memory:
+        lines.append(f"#SBATCH --mem={memory}")  # per node
+    lines.append(f"#SBATCH --output={name}-%j.out")
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
     if time_limit:

@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from labctl.train import launch, runs
+from labctl.train.backends import RunsOn
 from labctl.train.results import Attached, Detached
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 class SshBackend:
     name = "ssh"
+    runs_on = RunsOn.LAB
 
     def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> Attached | Detached:
         spec, hosts = run.spec, run.hosts

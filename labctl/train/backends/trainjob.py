@@ -22,7 +22,7 @@ import yaml
 from labctl.errors import InputError
 from labctl.train.backends import jobs, k8s_pod
 from labctl.train.backends.k8s import k8s_job_name
-from labctl.train.request import JobOptions
+from labctl.train.request import CLUSTER_FIELDS, JobOptions
 from labctl.train.spec import LaunchSpec
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -39,7 +39,7 @@ RESERVED_ENV = frozenset(
 class TrainJobBackend(k8s_pod.KubeJobBackend):
     name = "trainjob"
     kind = "TrainJob"
-    options = ("image", "pvc", "mount_path", "cpu", "memory", "runtime")
+    options = ("image", "pvc", "mount_path", "cpu", "memory", "runtime", *CLUSTER_FIELDS)
 
     def refuse_foreign(self, job: JobOptions) -> None:
         if job.min_nodes is not None:
@@ -139,5 +139,7 @@ def render_trainjob(spec: LaunchSpec, agent_b64: str | None, agent_name: str | N
     )
     header += [line.removeprefix("# ") for line in jobs.heterogeneity_note(spec, nproc)]
     header += jobs.differing_notes(pod.differing)
+    if device == "cuda":
+        header += [n[0].upper() + n[1:] for n in jobs.idle_gpus_note(nproc, job.gpus_per_node)]
     text = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=4096)
     return "".join(f"# {line}\n" for line in header) + text
