@@ -47,6 +47,8 @@ def render_status(console: Console, st: Status) -> None:
     )
     for n in st.notes:
         console.print(f"[yellow]needs repair[/] {escape(n)} (the next rotation repairs it)", soft_wrap=True)
+    for n in st.others:
+        console.print(f"[dim]another lab's[/] {escape(n)}", soft_wrap=True)
     sch = st.schedule
     if sch.get("hint"):
         lead = "to run it" if sch.get("installed") else "schedule it with"

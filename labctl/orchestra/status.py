@@ -35,6 +35,8 @@ class Status:
     cache_misses: int
     notes: list[str] = field(default_factory=list)  # what a repair would change
     schedule: dict[str, Any] = field(default_factory=dict)  # see scheduled_rotation
+    # Servers on a serving machine that another lab started: said, never a problem of this lab.
+    others: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> int:
@@ -51,6 +53,7 @@ class Status:
             "cache": {"hits": self.cache_hits, "misses": self.cache_misses},
             "problems": self.notes,
             "schedule": self.schedule,
+            "other_labs": self.others,
         }
 
 
@@ -98,6 +101,7 @@ def summarize(
     """Pure: the status from what the hosts answered; `schedule` from scheduled_rotation."""
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
+    others: list[str] = []
     history: list[dict[str, Any]] = []
     for host, view in sorted(views.items()):
         by_pid = {s.get("pid"): s for s in view.servers}
@@ -121,7 +125,7 @@ def summarize(
             )
         notes += find_repair(view).notes()
         if view.others_note():
-            notes.append(str(view.others_note()))
+            others.append(str(view.others_note()))
         # Every serving host keeps the same rotation entries; one host's copy is enough.
         if len(view.history) > len(history):
             history = view.history
@@ -130,7 +134,7 @@ def summarize(
     hits = sum(len(h.get("cache_hits") or []) for h in rotations)
     misses = sum(len(h.get("cache_misses") or []) for h in rotations)
     schedule = schedule if schedule is not None else scheduled_rotation([])
-    return Status(rows, last, schedule["next_at"], every_s, warm_size, hits, misses, notes, schedule)
+    return Status(rows, last, schedule["next_at"], every_s, warm_size, hits, misses, notes, schedule, others)
 
 
 def orchestra_status(ctx: Context, orch: Orchestra, file: Path | None = None) -> Status:

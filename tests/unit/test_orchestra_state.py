@@ -155,3 +155,16 @@ def test_stop_takes_every_answering_model_out_and_start_on_a_full_set_does_nothi
     rot = decide(inv, orch, hosts, {"m5": v}, reps, "rotate")
     assert len(rot.joining) == orch.rotate and len(rot.leaving) == orch.rotate
     assert orch.pinned[0] not in rot.leaving and rot.lowest >= orch.warm - orch.rotate
+
+
+def test_another_labs_servers_on_the_machine_are_said_but_need_no_repair() -> None:
+    v = view([model("a", 10, 9001)], [server("a", 10, 9001)])
+    v.others = [{"lab": "theirs", "host": "m5", "model": "x", "pid": 77, "port": 9100}]
+    rep = find_repair(v)
+    assert not rep.needed and rep.orphans == []  # never stopped as an orphan
+    st = summarize({"m5": v}, every_s=3600.0, warm_size=1)
+    assert st.notes == [] and st.healthy == 1
+    assert st.others == [
+        "m5: 1 server(s) started by another lab or host name (theirs/m5: x) run on this machine; left alone"
+    ]
+    assert st.to_json()["other_labs"] == st.others and st.to_json()["problems"] == []
