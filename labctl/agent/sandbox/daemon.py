@@ -97,16 +97,29 @@ def userns_support() -> Dict[str, Any]:
     return {"ok": True, "why": ""}
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def _pid_of_dockerd() -> Optional[int]:
+    """The running dockerd: its pid file's, else the one dockerd process /proc shows.
+
+    A pid file can go while its daemon runs on (seen on a test machine), and a restart that
+    cannot find the daemon would leave it running on the old daemon.json.
+    """
     try:
         with open(PIDFILE) as f:
             pid = int(f.read().strip())
-        with open(f"/proc/{pid}/comm") as f:
-            if f.read().strip() == "dockerd":
-                return pid
+        if _comm(pid) == "dockerd":
+            return pid
     except (OSError, ValueError):
         pass
-    return None
+    found = [int(n) for n in os.listdir("/proc") if n.isdigit() and _comm(int(n)) == "dockerd"]
+    return found[0] if len(found) == 1 else None
 
 
 def _foreign_image_names(tags: List[str], labels: Dict[str, Any], image_id: str) -> List[str]:
@@ -324,6 +337,13 @@ def _start(op: Dict[str, Any]) -> str:
     pid = _pid_of_dockerd()
     if pid is not None and action == "restart":
         _stop_background(pid)
+    elif action == "restart" and daemon_answers(timeout=10)["answering"]:
+        # Saying "restarted" here would leave the daemon on its old settings unnoticed.
+        raise AgentError(
+            f"dockerd answers but labctl cannot find its process to restart it (no {PIDFILE} and not one "
+            f"dockerd in /proc); restart it by hand so it reads {DAEMON_JSON}",
+            "op_failed",
+        )
     elif pid is not None or daemon_answers(timeout=10)["answering"]:
         return "dockerd was already running"
     os.makedirs(paths.LOG_DIR, exist_ok=True)
