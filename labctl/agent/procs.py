@@ -40,6 +40,15 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def comm(pid: int) -> str:
+    """The process's name as the kernel keeps it (its executable's, 15 characters); "" if gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def scan(keys: Sequence[str], want: Callable[[Dict[str, str]], bool]) -> Procs:
     """[{pid, pgid, cmd, env}] of every other process whose tags (`keys`) `want` accepts."""
     me = os.getpid()

@@ -124,8 +124,9 @@ def summarize(
                 }
             )
         notes += find_repair(view).notes()
-        if view.others_note():
-            others.append(str(view.others_note()))
+        note = view.others_note()
+        if note:
+            others.append(note)
         # Every serving host keeps the same rotation entries; one host's copy is enough.
         if len(view.history) > len(history):
             history = view.history

@@ -210,7 +210,7 @@ def test_a_dockerd_whose_pid_file_is_gone_is_found_in_proc_and_two_are_not_guess
     monkeypatch.setattr(daemon, "PIDFILE", str(tmp_path / "docker.pid"))  # gone
     names = {"1": "init", "42": "dockerd", "43": "containerd", "self": ""}
     monkeypatch.setattr(daemon.os, "listdir", lambda path: list(names) if path == "/proc" else [])
-    monkeypatch.setattr(daemon, "_comm", lambda pid: names.get(str(pid), ""))
+    monkeypatch.setattr(daemon.procs, "comm", lambda pid: names.get(str(pid), ""))
     assert daemon._pid_of_dockerd() == 42
     names["44"] = "dockerd"  # which one to restart is not labctl's guess
     assert daemon._pid_of_dockerd() is None

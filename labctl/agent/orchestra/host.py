@@ -112,17 +112,16 @@ def _int_tag(value: Optional[str]) -> Optional[int]:
     return int(value) if value and value.isdigit() else None
 
 
+def _of(env: Dict[str, str], lab: str, host: str) -> bool:
+    return env.get("LABCTL_LAB") == lab and env.get("LABCTL_HOST") == host
+
+
 def server_processes(lab: str, host: str, models: Optional[List[str]] = None) -> procs.Procs:
     """Every process tagged as an orchestra server of `lab`'s `host` (of `models` when given)."""
 
     def want(env: Dict[str, str]) -> bool:
         model = env.get("LABCTL_ORCH_MODEL")
-        return (
-            bool(model)
-            and env.get("LABCTL_LAB") == lab
-            and env.get("LABCTL_HOST") == host
-            and (models is None or model in models)
-        )
+        return bool(model) and _of(env, lab, host) and (models is None or model in models)
 
     return procs.scan(TAGS, want)
 
@@ -132,16 +131,11 @@ def servers(lab: str, host: str, models: Optional[List[str]] = None) -> List[Dic
     return by_server(server_processes(lab, host, models))
 
 
-def other_servers(lab: str, host: str) -> List[Dict[str, Any]]:
-    """Orchestra servers on this machine that another lab (or another host name) started: shown,
-    never stopped. {lab, host, model, pid, port}; lab/host None for a server tagged without them."""
-
-    def want(env: Dict[str, str]) -> bool:
-        return bool(env.get("LABCTL_ORCH_MODEL")) and (
-            env.get("LABCTL_LAB") != lab or env.get("LABCTL_HOST") != host
-        )
-
-    found = procs.scan(TAGS, want)
+def other_servers(lab: str, host: str, every: procs.Procs) -> List[Dict[str, Any]]:
+    """The servers among `every` (all orchestra processes here) that another lab (or another
+    host name) started: shown, never stopped. {lab, host, model, pid, port}; lab/host None for
+    a server tagged without them."""
+    found = [p for p in every if not _of(p["env"], lab, host)]
     tags = {p["pgid"]: p["env"] for p in found}
     return [
         {
@@ -335,7 +329,9 @@ def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     host, lab = _host(args), _lab(args)
     health_path = _health_path(args)
     warm, warm_error = read_warm()
-    found = servers(lab, host)
+    # One pass over /proc: this lab's servers and everyone else's.
+    every = procs.scan(TAGS, lambda env: bool(env.get("LABCTL_ORCH_MODEL")))
+    found = by_server([p for p in every if _of(p["env"], lab, host)])
     answers = _probe_all(found, health_path)
     for i, entry in enumerate(found):  # not zip(strict=): Python 3.8
         answer = answers[i]
@@ -345,7 +341,7 @@ def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
         "warm_error": warm_error,
         "history": read_history(),
         "servers": found,
-        "others": other_servers(lab, host),
+        "others": other_servers(lab, host, every),
     }
     if args.get("gpus"):
         try:

@@ -25,6 +25,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, Optional, Tuple, cast
 
+from .. import procs
+
 MAX_TOKENS = 256
 MAX_BODY = 1 << 20
 WARMUP_TOKENS = 128
@@ -276,12 +278,7 @@ _stop_cause: Dict[str, Any] = {}
 def _sender(pid: int) -> str:
     if pid <= 0:
         return "outside this host's PID namespace"
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-    except OSError:
-        return "a process already gone"
-    return cmd[:300] or "a process already gone"
+    return procs.cmdline(pid) or "a process already gone"
 
 
 def _watch_stop_signals(main_thread: int) -> None:

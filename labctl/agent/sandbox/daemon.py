@@ -17,7 +17,7 @@ import subprocess
 import time
 from typing import Any, Dict, List, Optional
 
-from .. import paths
+from .. import paths, procs
 from ..commands import AgentError
 from . import LABEL_LANG, image_name
 
@@ -97,14 +97,6 @@ def userns_support() -> Dict[str, Any]:
     return {"ok": True, "why": ""}
 
 
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def _pid_of_dockerd() -> Optional[int]:
     """The running dockerd: its pid file's, else the one dockerd process /proc shows.
 
@@ -114,11 +106,11 @@ def _pid_of_dockerd() -> Optional[int]:
     try:
         with open(PIDFILE) as f:
             pid = int(f.read().strip())
-        if _comm(pid) == "dockerd":
+        if procs.comm(pid) == "dockerd":
             return pid
     except (OSError, ValueError):
         pass
-    found = [int(n) for n in os.listdir("/proc") if n.isdigit() and _comm(int(n)) == "dockerd"]
+    found = [int(n) for n in os.listdir("/proc") if n.isdigit() and procs.comm(int(n)) == "dockerd"]
     return found[0] if len(found) == 1 else None
 
 
