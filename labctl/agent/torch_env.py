@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import procs
 from .cache.manifest import emit
 from .commands import AgentError
 from .fsutil import write_atomic, write_json
@@ -125,16 +126,6 @@ class Failed(Exception):
         self.hint = hint
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_partials(parent: str, base: str) -> List[str]:
     """Partial envs of `base` (and old ones being replaced) whose builder is gone: killed, or
     its host rebooted."""
@@ -142,7 +133,7 @@ def remove_stale_partials(parent: str, base: str) -> List[str]:
     pattern = re.compile(re.escape("." + base) + r"\.(partial|old)-(\d+)$")
     for name in os.listdir(parent) if os.path.isdir(parent) else []:
         m = pattern.match(name)
-        if m and (int(m.group(2)) == os.getpid() or not _alive(int(m.group(2)))):
+        if m and (int(m.group(2)) == os.getpid() or not procs.alive(int(m.group(2)))):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
             removed.append(name)
     return removed
