@@ -36,7 +36,7 @@ def can_run_sim() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def lab() -> Iterator[object]:
     """A 4-host simulated lab (the seed lab's hosts) on its own bridge and subnet."""
     reason = can_run_sim()
     if reason:
@@ -46,7 +46,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     # LABCTL_TEST_SIM_SLOT gives each concurrent test session its own bridge, namespaces and subnet,
     # so two sessions on one machine (a CI run beside a developer's) do not tear down each other's lab.
     slot = int(os.environ.get("LABCTL_TEST_SIM_SLOT", "0"))
-    sim_dir = tmp_path_factory.mktemp("sim")
+    sim_dir = _claim_sim_slot(slot)
     sim = up(
         sim_dir, hosts=SIM_HOSTS, bridge=f"lctest{slot}", prefix="lct-" if slot == 0 else f"lct{slot}-",
         subnet=f"10.251.{slot}.0/24",
@@ -55,6 +55,31 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield sim
     finally:
         down(sim_dir)
+        (sim_dir.parent / f"{sim_dir.name}.owner").unlink(missing_ok=True)
+
+
+def _claim_sim_slot(slot: int) -> Path:
+    """The slot's sim folder, at a fixed path so that a session killed before its teardown (its
+    bridge, namespaces and iptables rule outlive it) is found and taken down by the next session
+    instead of making every integration test error with "the bridge already exists"."""
+    import tempfile
+
+    from labctl.agent.procs import alive, cmdline
+    from labctl.sim import down
+
+    sim_dir = Path(tempfile.gettempdir()) / f"labctl-test-sim{slot}"
+    owner = sim_dir.parent / f"{sim_dir.name}.owner"
+    if owner.exists():
+        pid = int(owner.read_text().split()[0])
+        if pid != os.getpid() and alive(pid) and "pytest" in cmdline(pid):
+            pytest.fail(
+                f"test session {pid} is using the simulated lab in slot {slot}: wait for it, or give this "
+                "session another slot (LABCTL_TEST_SIM_SLOT=1..9)"
+            )
+    if (sim_dir / "state.json").exists():
+        down(sim_dir)
+    owner.write_text(f"{os.getpid()}\n")
+    return sim_dir
 
 
 def docker_unavailable() -> str | None:

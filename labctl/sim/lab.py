@@ -244,6 +244,13 @@ def _check_conflicts(state: SimState, plans: Sequence[HostPlan], sim_dir: Path) 
     """Refuse to adopt a bridge, namespace or address that another sim (or anything else) owns."""
     hint = "Another sim may use it: run `labctl sim down --dir THAT_DIR`, or pick --bridge/--prefix/--subnet."
     if not state.bridge_created and netns.link_exists(state.bridge):
+        owner = netns.bridge_owner(state.bridge)
+        if owner:
+            raise HostError(
+                f"The bridge {state.bridge} belongs to the sim in {owner}, not to the one in {sim_dir}.",
+                f"Run `labctl sim down --dir {owner}` if that sim is no longer wanted (a run stopped"
+                " before its teardown leaves it behind), or pick another --bridge/--prefix/--subnet.",
+            )
         raise HostError(
             f"The bridge {state.bridge} already exists and is not part of the sim in {sim_dir}.", hint
         )
@@ -397,7 +404,7 @@ def _up_locked(
             state.bridge_created = True
             rec.save()
             changes.append(f"created bridge {state.bridge} ({gw}/{net.prefixlen})")
-        netns.create_bridge(state.bridge, gw, net.prefixlen)
+        netns.create_bridge(state.bridge, gw, net.prefixlen, str(sim_dir))
         present = netns.forward_rule_present(state.bridge)
         if present is False:
             state.iptables_rule = netns.forward_rule(state.bridge)

@@ -6,6 +6,7 @@ are already gone, so `sim down` can finish after a partial `up`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -32,13 +33,29 @@ def namespace_exists(namespace: str) -> bool:
     return os.path.exists(os.path.join(NETNS_DIR, namespace))
 
 
-def create_bridge(name: str, address: str, prefixlen: int) -> None:
+# The bridge's alias names the sim folder that owns it, so a later `sim up` that meets the bridge
+# can say which `sim down --dir` frees it (a run killed before its teardown leaves it behind).
+OWNER_ALIAS = "labctl-sim:"
+
+
+def create_bridge(name: str, address: str, prefixlen: int, owner: str) -> None:
     if not link_exists(name):
         run(["ip", "link", "add", name, "type", "bridge"])
+    run(["ip", "link", "set", "dev", name, "alias", f"{OWNER_ALIAS}{owner}"])
     addr = f"{address}/{prefixlen}"
     if f" {addr} " not in run(["ip", "-4", "-o", "addr", "show", "dev", name]).stdout:
         run(["ip", "addr", "add", addr, "dev", name])
     run(["ip", "link", "set", name, "up"])
+
+
+def bridge_owner(name: str) -> str | None:
+    """The sim folder a labctl sim bridge was created for; None for a link labctl did not make."""
+    proc = run(["ip", "-j", "link", "show", "dev", name], check=False)
+    try:
+        alias = str(json.loads(proc.stdout)[0].get("ifalias", ""))
+    except (ValueError, IndexError, AttributeError):
+        return None
+    return alias[len(OWNER_ALIAS) :] if alias.startswith(OWNER_ALIAS) else None
 
 
 def delete_link(name: str) -> bool:

@@ -342,3 +342,19 @@ def test_a_bridge_that_is_not_ours_is_never_adopted(tmp_path: Path) -> None:
         assert subprocess.run(["ip", "link", "show", "lcit3"], capture_output=True).returncode == 0
     finally:
         subprocess.run(["ip", "link", "del", "lcit3"], check=False)
+
+
+def test_a_bridge_left_by_another_sim_names_the_folder_that_frees_it(tmp_path: Path) -> None:
+    reason = _why_not()
+    if reason:
+        pytest.skip(f"simulated lab unavailable: {reason}")
+    first = tmp_path / "first"
+    sim.up(first, hosts=["a"], bridge="lcit5", prefix="lcn-", subnet="10.254.2.0/24")
+    try:
+        with pytest.raises(HostError, match=f"belongs to the sim in {first}") as err:
+            sim.up(tmp_path / "second", hosts=["a"], bridge="lcit5", prefix="lco-", subnet="10.254.3.0/24")
+        assert f"labctl sim down --dir {first}" in err.value.hint
+        assert not (tmp_path / "second").exists()
+        assert sim.status(first)[0].reachable
+    finally:
+        sim.down(first)

@@ -211,6 +211,25 @@ def test_a_dockerd_whose_pid_file_is_gone_is_found_in_proc_and_two_are_not_guess
     names = {"1": "init", "42": "dockerd", "43": "containerd", "self": ""}
     monkeypatch.setattr(daemon.os, "listdir", lambda path: list(names) if path == "/proc" else [])
     monkeypatch.setattr(daemon.procs, "comm", lambda pid: names.get(str(pid), ""))
+    zombies = {45}
+    monkeypatch.setattr(daemon.procs, "alive", lambda pid: pid not in zombies)
+    names["45"] = "dockerd"  # a stopped daemon nobody reaped is not the one running
     assert daemon._pid_of_dockerd() == 42
     names["44"] = "dockerd"  # which one to restart is not labctl's guess
     assert daemon._pid_of_dockerd() is None
+
+
+def test_a_stopped_dockerd_left_a_zombie_by_its_parent_counts_as_stopped() -> None:
+    import subprocess
+
+    from labctl.agent.sandbox import daemon
+
+    # This process is the child's parent and does not reap it before the stop returns,
+    # as a test session that started dockerd did not: it stays in /proc as a zombie.
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        daemon._stop_background(child.pid, seconds=10)  # raised "did not stop" before
+        assert Path(f"/proc/{child.pid}").exists()  # the zombie is there all along
+    finally:
+        child.kill()
+        child.wait()

@@ -106,11 +106,15 @@ def _pid_of_dockerd() -> Optional[int]:
     try:
         with open(PIDFILE) as f:
             pid = int(f.read().strip())
-        if procs.comm(pid) == "dockerd":
+        if procs.comm(pid) == "dockerd" and procs.alive(pid):
             return pid
     except (OSError, ValueError):
         pass
-    found = [int(n) for n in os.listdir("/proc") if n.isdigit() and procs.comm(int(n)) == "dockerd"]
+    found = [
+        int(n)
+        for n in os.listdir("/proc")
+        if n.isdigit() and procs.comm(int(n)) == "dockerd" and procs.alive(int(n))
+    ]
     return found[0] if len(found) == 1 else None
 
 
@@ -254,9 +258,11 @@ def _wait_answering(seconds: float, proc: "Optional[subprocess.Popen[bytes]]" = 
 def _stop_background(pid: int, seconds: float = 60) -> None:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + seconds
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+    # procs.alive, not /proc/PID: a daemon whose parent never reaps it (a test session that
+    # started it, an init that does not wait) stays a zombie in /proc after it has stopped.
+    while procs.alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if os.path.exists(f"/proc/{pid}"):
+    if procs.alive(pid):
         raise AgentError(f"dockerd (pid {pid}) did not stop within {seconds:g} s of SIGTERM", "op_failed")
 
 
