@@ -13,6 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline: CI shares two cores, and a slow example is not a wrong one.
+settings.register_profile("labctl", deadline=None)
+settings.load_profile("labctl")
 
 REPO = Path(__file__).resolve().parents[1]
 SIM_HOSTS = ["m5", "irina", "pharaoh", "workstation"]
