@@ -80,6 +80,7 @@ MAX_ARGV = 100_000
 CANCELLED = "cancelled"  # the caller's cancel flag closed the command
 NO_PYTHON = "no_python"  # the host has no interpreter at its `python`
 NO_JSON = "no_json"  # the agent printed no answer: killed, crashed, or an interpreter too old
+BAD_ANSWER = "bad_answer"  # JSON, but not the shape the command answers in (labctl/agent/answers.py)
 # The agent's kinds for an OSError it could name (labctl/agent/__main__.py), with the path.
 FILE_KINDS = {"disk_full": "ENOSPC", "read_only": "EROFS", "permission_denied": "EACCES"}
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep the hash a function of the code alone
@@ -251,7 +252,25 @@ def call_agent(
                 named = file_error(run.host.name, str(answer.get("path") or ""), FILE_KINDS[kind], str(error))
                 raise AgentFailed(named.message, named.hint, kind)
         raise AgentFailed(f"{run.host.name}: agent '{command}' failed: {error}.", kind=kind)
+    from labctl.agent.answers import answer_problem
+
+    # The one place answers arrive: past it, code reads them as their command declares them.
+    found = answer_problem(command, answer, args)
+    if found is not None:
+        raise _bad_answer(run.host, command, found)
     return answer
+
+
+def _bad_answer(host: Host, command: str, problem: str) -> AgentFailed:
+    """The host answered in JSON, but not as labctl's agent answers `command`: name the host."""
+    py = shlex.quote(host.python)
+    return AgentFailed(
+        f"{host.name} answered `{command}` with a reply labctl cannot read: {problem}.",
+        f"labctl's agent answers otherwise, so check what {py} runs there: "
+        f"`labctl exec --limit {host.name} -- {py} -c 'import sys; print(sys.version)'` should print "
+        "a plain Python 3.8 or newer; if it does, rerun with -v and report this message.",
+        BAD_ANSWER,
+    )
 
 
 def agent_event(stream: str, line: str, *names: str) -> dict[str, Any] | None:
@@ -263,9 +282,14 @@ def agent_event(stream: str, line: str, *names: str) -> dict[str, Any] | None:
         event = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(event, dict) or "event" not in event:
+    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
         return None
-    return event if not names or event["event"] in names else None
+    if names and event["event"] not in names:
+        return None
+    from labctl.agent.answers import event_problem
+
+    # Events are part of the answer: one of a known name that labctl cannot read is no event.
+    return event if event_problem(event) is None else None
 
 
 def _no_answer(host: Host, command: str, rc: int | None, output: str) -> AgentFailed:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from labctl.errors import LabctlError
 from labctl.inventory.model import Host
 from labctl.transport.base import TransportError
+from labctl.transport.localfiles import check_local_files
 
 if TYPE_CHECKING:
     from labctl.context import Context
@@ -197,6 +198,8 @@ def fan_out(
 
     if not hosts:
         return []
+    # A bad ssh_key or known_hosts is the user's input: said once (exit 2), before any host is contacted.
+    check_local_files(hosts)
     # Daemon threads: a host stuck in a connect cannot hold the process after Ctrl-C.
     threads = [threading.Thread(target=worker, args=(h,), daemon=True, name=f"host-{h.name}") for h in hosts]
     show = progress and ctx.console.is_terminal

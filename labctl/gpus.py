@@ -114,7 +114,7 @@ def arch_caps(arch_list: list[str]) -> tuple[list[Cap], bool]:
     caps: list[Cap] = []
     ptx = False
     for a in arch_list:
-        m = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", a)
+        m = re.fullmatch(r"(sm|compute)_([0-9]+)([0-9])[a-z]?", a)
         if not m:
             continue
         cap = (int(m.group(2)), int(m.group(3)))

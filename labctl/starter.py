@@ -60,13 +60,13 @@ def write_starter(folder: Path, force: bool = False) -> list[Path]:
             f"Not overwriting {', '.join(str(p) for p in there)}: nothing was written.",
             "Pass --force to replace them with the starter files, or pick another folder.",
         )
-    from labctl.fsutil import write_atomic
+    from labctl.fsutil import write_output
 
     written = []
     for path, text in targets.items():
         if path == folder / INVENTORY:
             text = HEADER.format(path=path) + text
         # A rename: with --force, a symlink there is replaced itself, never the file it points to.
-        write_atomic(path, text, 0o644)
+        write_output(path, text, 0o644)
         written.append(path)
     return written

@@ -110,6 +110,21 @@ def load_model(path: Path, kind: str, model: type[M], *, missing_hint: str, shap
     return parsed
 
 
+def path_component(name: str, what: str, example: str) -> str:
+    """`name` when it can be one path component under a folder of labctl's (a model, a run, a
+    job ...); else an InputError (exit 2) naming `what` and `example`, a command or value that
+    works. The rule is labctl/agent/paths.py's, which the agent applies again on the host."""
+    from labctl.agent.paths import component_problem
+
+    problem = component_problem(name)
+    if problem:
+        raise InputError(
+            f"{what} {name!r} cannot be a file or folder name: {problem}.",
+            f"Give one plain name (no '/' or '\\', not '.' or '..', no control characters), e.g. {example}.",
+        )
+    return name
+
+
 def dotted(path: tuple[Any, ...]) -> str:
     """('hosts', 'm5', 'gpus', 0, 'model') -> 'hosts.m5.gpus[0].model'."""
     out = ""
@@ -136,7 +151,8 @@ def problems_from(
     """
     out: list[Problem] = []
     for err in exc.errors():
-        loc = tuple(err["loc"])
+        # A mapping's key that fails is reported at the key itself (pydantic adds "[key]").
+        loc = tuple(p for p in err["loc"] if p != "[key]")
         full = (*base, *loc)
         out.append((pos.line_of(full) if pos else None, dotted(full), friendly(err, model, loc)))
     return out

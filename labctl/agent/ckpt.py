@@ -30,8 +30,8 @@ from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .fsutil import write_atomic
 
 FORMAT = "labctl-trainer-checkpoint/1"
-_NAME = re.compile(r"^step-(\d{8})\.(pt|json)$")
-_TEMP = re.compile(r"^\.step-\d{8}\.(pt|json)\..*\.tmp$")
+_NAME = re.compile(r"step-([0-9]{8})\.(pt|json)\Z")
+_TEMP = re.compile(r"\.step-[0-9]{8}\.(pt|json)\..*\.tmp\Z")
 # The model fields that must match for a checkpoint's weights to fit the model being trained.
 MODEL_KEYS = ("vocab", "d_model", "n_layers", "n_heads", "d_ff", "max_seq", "tie_embeddings")
 _CHUNK = 1 << 20

@@ -1,5 +1,6 @@
-"""Agent commands for `labctl ckpt`: a training host's newest valid checkpoint, and the
-checkpoint library on the storage host (list, commit, remove, verify).
+"""Agent commands for `labctl ckpt`: a training host's newest valid checkpoint, the
+checkpoint library on the storage host (list, commit, remove, verify), and a restored
+checkpoint checked on arrival and put in place (restore_commit).
 
 The bytes themselves move with the cache's transfer (`cache_serve` on one host,
 `cache_pull` with `into` on the other); these commands only look and decide.
@@ -10,11 +11,13 @@ Standard library only, Python 3.8 syntax, like the rest of the agent.
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any, Dict, List, Optional
 
 from . import ckpt_library as lib
-from .ckpt import CheckpointDir
+from .ckpt import CheckpointDir, manifest_name, pt_name
 from .commands import AgentError
+from .fsutil import fsync_dir
 
 
 def _library_error(exc: lib.LibraryError) -> AgentError:
@@ -143,3 +146,39 @@ def verify_command(args: Dict[str, Any]) -> Dict[str, Any]:
             lib.mark(e["path"], reason)
         out.append(item)
     return {"lib": root, "exists": os.path.isdir(root), "entries": out}
+
+
+def restore_commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """{dir, staging, step, sha256}: a restored checkpoint, whole in the hidden folder `staging`
+    inside `dir`, checked here on arrival against its manifest and the library's sha256, then
+    renamed into `dir`, the .pt before its manifest (the trainer takes a .pt only with its
+    manifest). One that does not verify is removed whole and `dir` is left as it was."""
+    folder = args.get("dir")
+    name = args.get("staging")
+    if not isinstance(folder, str) or not folder.startswith("/"):
+        raise AgentError(f"dir must be an absolute path, got {folder!r}", "bad_args")
+    if not isinstance(name, str) or not name.startswith(".") or "/" in name or name in (".", ".."):
+        raise AgentError(f"staging must be a hidden folder name, got {name!r}", "bad_args")
+    step = int(args["step"])
+    want = args.get("sha256")
+    stage = os.path.join(folder, name)
+    ck = CheckpointDir(stage)
+    reason = ck.check(step)
+    if reason is None and isinstance(want, str):
+        got = str(ck.manifest(step).get("sha256"))
+        if got != want:
+            reason = f"its manifest names sha256 {got[:12]}..., the library's record {want[:12]}..."
+    if reason is not None:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise AgentError(
+            f"the copy of step {step} that arrived in {stage} does not verify ({reason}); it was "
+            f"removed and {folder} was left as it was",
+            "damaged",
+        )
+    files = []
+    for fname in (pt_name(step), manifest_name(step)):
+        os.rename(os.path.join(stage, fname), os.path.join(folder, fname))
+        files.append(os.path.join(folder, fname))
+    fsync_dir(folder)
+    shutil.rmtree(stage, ignore_errors=True)
+    return {"dir": folder, "step": step, "files": files, "sha256": want}

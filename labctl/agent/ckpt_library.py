@@ -36,9 +36,9 @@ DAMAGED = "damaged.json"
 INCOMING_PREFIX = ".incoming-"
 # What backup.json holds. origin: "backup" (host to host), "pull" (a cloud session's output).
 RECORD_KEYS = ("run_id", "step", "origin", "source_host", "source_path", "backed_up_at", "sha256", "bytes")
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
+_STEP_DIR = re.compile(r"step-([0-9]{8})\Z")
 # A run id names a folder: no separators, no leading dot (hidden folders are incoming copies).
-_RUN_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
+_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}\Z")
 
 
 class LibraryError(Exception):
@@ -138,10 +138,25 @@ def mark(path: str, reason: Optional[str]) -> None:
 
 
 def check_entry(path: str, step: int) -> Optional[str]:
-    """Why the copy in `path` is damaged (re-hashed against its manifest), or None when intact."""
-    if read_record(path) is None:
+    """Why the copy in `path` is damaged (re-hashed against its manifest), or None when intact.
+
+    The manifest must also be the one committed (the record keeps its sha256 and size): a .pt
+    changed together with its manifest is not the checkpoint that was backed up."""
+    record = read_record(path)
+    if record is None:
         return f"{RECORD} missing or unreadable"
-    return CheckpointDir(path).check(step)
+    ck = CheckpointDir(path)
+    reason = ck.check(step)
+    if reason is not None:
+        return reason
+    manifest = ck.manifest(step)
+    for key in ("sha256", "bytes"):
+        if record.get(key) is not None and manifest.get(key) != record.get(key):
+            return (
+                f"manifest rewritten: its {key} is {str(manifest.get(key))[:12]}, "
+                f"{RECORD} recorded {str(record.get(key))[:12]} when the copy was committed"
+            )
+    return None
 
 
 def commit(lib: str, run_id: str, step: int, record: Dict[str, Any]) -> Dict[str, Any]:

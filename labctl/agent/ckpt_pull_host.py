@@ -17,7 +17,8 @@ import os
 import shutil
 from typing import Any, Dict, List
 
-from . import ckpt_library
+from . import ckpt_library, paths
+from .cache.manifest import check_name
 from .ckpt import pt_name
 from .commands import AgentError
 from .fsutil import fsync_dir, write_atomic
@@ -76,8 +77,7 @@ def _parts(args: Dict[str, Any]) -> List[Dict[str, Any]]:
     parts = args.get("parts")
     ok = isinstance(parts, list) and all(
         isinstance(p, dict)
-        and isinstance(p.get("name"), str)
-        and "/" not in p["name"]
+        and paths.component_problem(p.get("name")) is None
         and isinstance(p.get("size"), int)
         and isinstance(p.get("sha256"), str)
         for p in parts
@@ -146,9 +146,24 @@ def ckpt_commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _model_name(args: Dict[str, Any]) -> str:
-    name = args.get("name")
-    if not isinstance(name, str) or not name or name.startswith(".") or "/" in name or "\0" in name:
-        raise AgentError(f"{name!r} is not a model name (one folder name, not starting with '.')", "bad_name")
+    """The model library is the one `cache sync` reads: its names follow the cache's rule."""
+    name = check_name(args.get("name"))
+    if paths.component_problem(MODEL_INCOMING + name):
+        raise AgentError(
+            f"{name!r} is too long for a model name: its incoming folder ({MODEL_INCOMING}NAME) must fit "
+            f"in {paths.NAME_MAX} bytes",
+            "bad_name",
+        )
+    return name
+
+
+def _file_name(name: Any) -> str:
+    """`name` when it is one plain, visible file name inside a model folder (.parts is ours)."""
+    problem = paths.component_problem(name)
+    if problem is None and name.startswith("."):
+        problem = "it starts with '.', as labctl's own files there do"
+    if problem:
+        raise AgentError(f"{name!r} is not a file name: {problem}", "bad_args")
     return name
 
 
@@ -167,8 +182,9 @@ def model_state_command(args: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def model_publish_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """{models, name, files: [{name, parts}]}: each file joined from its parts, then the folder
-    renamed into place, so `cache sync` never lists half a model."""
+    """{models, name, files: [{name, parts, size, sha256}]}: each file joined from its parts and
+    checked whole against the size and sha256 the controller exported, then the folder renamed
+    into place, so `cache sync` never lists half a model or a wrong one."""
     root = _abs(args, "models")
     name = _model_name(args)
     final = os.path.join(root, name)
@@ -180,10 +196,19 @@ def model_publish_command(args: Dict[str, Any]) -> Dict[str, Any]:
         raise AgentError("files must be a non-empty list of {name, parts}", "bad_args")
     written = []
     for f in files:
-        fname = f.get("name") if isinstance(f, dict) else None
-        if not isinstance(fname, str) or "/" in fname or fname.startswith("."):
-            raise AgentError(f"{fname!r} is not a file name", "bad_args")
+        fname = _file_name(f.get("name") if isinstance(f, dict) else None)
         _join(incoming, fname, _parts(f))
+        path = os.path.join(incoming, fname)
+        want_size, want_sha = f.get("size"), f.get("sha256")
+        if (isinstance(want_size, int) and os.path.getsize(path) != want_size) or (
+            isinstance(want_sha, str) and _sha(path) != want_sha
+        ):
+            shutil.rmtree(incoming, ignore_errors=True)
+            raise AgentError(
+                f"{fname} of model {name} does not match the file sent (size or sha256) once joined; "
+                "nothing was published; pull again",
+                "damaged",
+            )
         written.append(fname)
     shutil.rmtree(os.path.join(incoming, PARTS), ignore_errors=True)
     os.rename(incoming, final)

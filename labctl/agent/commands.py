@@ -2,7 +2,8 @@
 
 A handler is either a callable or a "module:function" string relative to this package; the
 string form is imported only when that command runs, so a heavy or broken module for one
-command (bench, load) never slows down or breaks another (ping, facts).
+command (bench, load) never slows down or breaks another (ping, facts). What each command
+answers is declared in answers.py: the controller refuses an answer of another shape.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ COMMANDS: Dict[str, Union[str, Handler]] = {
     "ckpt_lib_commit": ".ckpt_lib_cmds:commit_command",
     "ckpt_lib_remove": ".ckpt_lib_cmds:remove_command",
     "ckpt_lib_verify": ".ckpt_lib_cmds:verify_command",
+    "ckpt_restore_commit": ".ckpt_lib_cmds:restore_commit_command",
     "ckpt_pull_state": ".ckpt_pull_host:ckpt_state_command",
     "ckpt_pull_commit": ".ckpt_pull_host:ckpt_commit_command",
     "model_publish_state": ".ckpt_pull_host:model_state_command",

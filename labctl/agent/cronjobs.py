@@ -17,18 +17,21 @@ import re
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from . import paths
+from . import paths, textedit
 
 CRON_DIR = "/etc/cron.d"
 UNIT_DIR = "/etc/systemd/system"
-MARK_RE = re.compile(r"^# labctl:(cron|schedule|command):\s?(.*)$")
+MARK_RE = re.compile(r"# labctl:(cron|schedule|command): ?(.*)\Z")
+# cron cuts an entry into fields at spaces and tabs only (str.split() also cuts at U+00A0 ...).
+FIELD_SEP = re.compile(r"[ \t]+")
 
 
 def parse_job_file(text: str) -> Dict[str, Any]:
     """The marks of one job file, and for a cron.d file its entry: the schedule, the user and
     the shell line cron runs (its `\\%` escapes undone, as cron undoes them)."""
     out: Dict[str, Any] = {}
-    for line in text.splitlines():
+    # Lines as cron reads them: a command holding U+2028 or \x85 is still one line.
+    for line in textedit.text_lines(text):
         m = MARK_RE.match(line)
         if m:
             kind, value = m.groups()
@@ -39,7 +42,7 @@ def parse_job_file(text: str) -> Dict[str, Any]:
             continue
         if line.startswith("#") or not line.strip() or re.match(r"^[A-Z_]+=", line):
             continue
-        fields = line.split(None, 6)
+        fields = FIELD_SEP.split(line.lstrip(" \t"), 6)
         if len(fields) == 7 and "line" not in out:
             out.setdefault("schedule", " ".join(fields[:5]))
             out["user"] = fields[5]
@@ -56,6 +59,10 @@ def _read(path: str) -> Optional[str]:
 
 
 def last_run(name: str) -> Optional[Dict[str, Any]]:
+    problem = paths.component_problem(name)
+    if problem:
+        # A job file's mark names the status file: a crafted one must not reach outside LOCK_DIR.
+        return {"rc": None, "end": None, "error": f"job name {name!r}: {problem}"}
     text = _read(paths.job_status(name))
     if text is None:
         return None
@@ -71,6 +78,13 @@ CRON_DAEMONS = ("cron", "crond")
 RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
 
 
+def _number(text: str) -> int:
+    # cron reads ASCII digits only; int() would also take other scripts' digits ('٥').
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(text)
+    return int(text)
+
+
 def _field(text: str, lo: int, hi: int) -> Set[int]:
     """One cron field as the values it matches; ValueError for what cron would not read."""
     out: Set[int] = set()
@@ -79,10 +93,10 @@ def _field(text: str, lo: int, hi: int) -> Set[int]:
         if base == "*":
             a, b = lo, hi
         elif "-" in base:
-            a, b = (int(x) for x in base.split("-", 1))
+            a, b = (_number(x) for x in base.split("-", 1))
         else:
-            a = b = int(base)
-        n = int(step) if step else 1
+            a = b = _number(base)
+        n = _number(step) if step else 1
         if n < 1 or a < lo or b > hi or a > b:
             raise ValueError(part)
         out.update(range(a, b + 1, n))
@@ -137,7 +151,7 @@ def cron_daemons(proc: str = "/proc") -> List[int]:
     except OSError:
         return found
     for entry in entries:
-        if not entry.isdigit():
+        if not (entry.isascii() and entry.isdigit()):
             continue
         comm = _read(f"{proc}/{entry}/comm")
         stat = _read(f"{proc}/{entry}/stat")

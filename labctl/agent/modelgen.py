@@ -205,10 +205,22 @@ def make_model(
 
 
 def make_model_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """Agent command: {path, size_gb, dtype="bf16", seed=0, shard_gb=None} -> make_model's answer."""
-    path = args.get("path")
+    """Agent command: {models, name | path, size_gb, dtype="bf16", seed=0, shard_gb=None} ->
+    make_model's answer. `models` + `name`: the model library and the model's folder in it (a
+    name that would leave the library is refused here too); `path`: any folder (benchmarks)."""
+    path: Any = args.get("path")
+    if args.get("models") is not None:
+        from .cache.manifest import check_name
+
+        models = args.get("models")
+        if not isinstance(models, str) or not models:
+            raise AgentError("make_model: models must be the model library's folder", "bad_args")
+        path = models.rstrip("/") + "/" + check_name(args.get("name"))
     if not isinstance(path, str) or not path:
-        raise AgentError("make_model needs a folder path (args.path)", "bad_args")
+        raise AgentError(
+            "make_model needs a folder path (args.path), or the library and a model name (args.models, args.name)",
+            "bad_args",
+        )
     try:
         size_gb = float(args.get("size_gb", 1.0))
         seed = int(args.get("seed", 0))

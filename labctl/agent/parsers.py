@@ -11,6 +11,8 @@ import re
 import shlex
 from typing import Any, Dict, List, Optional, Tuple
 
+from .textedit import text_lines
+
 # /proc/net/bonding prints the mode as prose; netplan and the inventory use the short names.
 BOND_MODES = {
     "load balancing (round-robin)": "balance-rr",
@@ -33,7 +35,7 @@ def _int_or_none(text: Optional[str]) -> Optional[int]:
 def parse_os_release(text: str) -> Dict[str, str]:
     """KEY=value lines; values follow shell quoting, as os-release(5) specifies."""
     out: Dict[str, str] = {}
-    for line in text.splitlines():
+    for line in text_lines(text):  # a value holding U+2028 is one line, as the shell reads it
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:
             continue
@@ -345,8 +347,10 @@ def unescape_mount_field(value: str) -> str:
 
 def parse_mounts(text: str) -> List[Dict[str, str]]:
     mounts: List[Dict[str, str]] = []
-    for line in text.splitlines():
-        parts = line.split()
+    # The kernel escapes only blanks, newline and backslash in a field: U+2028 or U+00A0 in a
+    # mount point is part of it, so cut at "\n" and " " alone.
+    for line in text_lines(text):
+        parts = [f for f in line.split(" ") if f]
         if len(parts) < 4:
             continue
         mounts.append(

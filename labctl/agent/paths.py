@@ -9,6 +9,8 @@ under ~/.cache/labctl. Standard library only, Python 3.8, like the rest of the a
 from __future__ import annotations
 
 import os
+import unicodedata
+from typing import Any, Optional
 
 HOME = "/var/lib/labctl"
 # Relative on purpose: an SSH session starts in the user's home, so the agent can be found
@@ -51,6 +53,54 @@ SANDBOX_RUN_DIR = "/run/lock/labctl-sandbox"
 CACHE_META = ".labctl"
 
 
+# The longest file name Linux file systems take (NAME_MAX), in bytes.
+NAME_MAX = 255
+
+
+def char_problem(text: str) -> Optional[str]:
+    """The first character of `text` that no name or path of labctl's may hold, described, or
+    None. Control characters (C0, DEL, C1), line and paragraph separators, spaces other than
+    ' ' and invisible format characters: Python's splitlines() and split() cut at several of
+    them where fstab, cron and the shell do not, and the rest make two names look alike."""
+    for c in text:
+        category = unicodedata.category(c)
+        if category == "Cc":
+            return f"a control character ({c!r})"
+        if category == "Cs":
+            return f"a lone surrogate (U+{ord(c):04X}: bytes that are not UTF-8)"
+        if c != " " and category in ("Zs", "Zl", "Zp", "Cf"):
+            return f"an invisible or line-breaking character (U+{ord(c):04X} {unicodedata.name(c, '')})"
+    return None
+
+
+def component_problem(name: Any) -> Optional[str]:
+    """Why `name` cannot be one path component that labctl joins under a folder of its own (a
+    model, run, job, log, sandbox language ...), or None when it can. The one rule, on both
+    sides: the controller refuses such a name as bad input before anything runs
+    (labctl/validation.py path_component), and the agent refuses it again where it joins the
+    name into a path (`child`), whoever sent it."""
+    if not isinstance(name, str) or not name:
+        return "it is empty"
+    if name in (".", ".."):
+        return "it names a folder itself, not a name inside it"
+    if "/" in name or "\\" in name:
+        return "it has a path separator ('/' or '\\'), which would make it several folders"
+    odd = char_problem(name)
+    if odd:
+        return f"it has {odd}"
+    if len(name.encode("utf-8", "surrogatepass")) > NAME_MAX:
+        return f"it is longer than {NAME_MAX} bytes, the most a file name can be"
+    return None
+
+
+def child(folder: str, name: str, what: str) -> str:
+    """`folder/name` for a `name` that is one path component; ValueError naming `what` otherwise."""
+    problem = component_problem(name)
+    if problem:
+        raise ValueError(f"{what} {name!r} is not a single name: {problem}")
+    return folder.rstrip("/") + "/" + name
+
+
 def home_for(root: bool) -> str:
     """labctl's folder for a user on a host: absolute for root, relative to the home otherwise."""
     return HOME if root else USER_HOME
@@ -62,7 +112,7 @@ def agent_dir(root: bool) -> str:
 
 def runs_dir(root: bool, run_id: str) -> str:
     """Where a training run's per-rank logs and exit codes live on a host."""
-    return home_for(root) + "/runs/" + run_id
+    return child(home_for(root) + "/runs", run_id, "the run id")
 
 
 def local_home() -> str:
@@ -74,7 +124,7 @@ def local_home() -> str:
 
 def job_status(name: str) -> str:
     """Where a scheduled job's wrapper records its last run: "RC START END" (epoch seconds)."""
-    return LOCK_DIR + "/" + name + ".last"
+    return child(LOCK_DIR, name, "the job name") + ".last"
 
 
 def status_history() -> str:

@@ -54,7 +54,7 @@ def scan(keys: Sequence[str], want: Callable[[Dict[str, str]], bool]) -> Procs:
     me = os.getpid()
     found = []
     for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+        if not (name.isascii() and name.isdigit()) or int(name) == me:
             continue
         env = environ(int(name), keys)
         # A zombie's environ reads empty: it is gone in all but name.

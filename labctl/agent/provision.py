@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import re
 import shlex
 import shutil
 import stat
@@ -21,8 +20,11 @@ from typing import Any, Callable, Dict, List, Optional
 from .commands import AgentError
 from .fsutil import write_atomic
 from .net.bondcheck import bond_probe
+from .parsers import parse_mounts
 
-MAX_CONTENT = 1 << 20  # files larger than this are compared by hash only
+# Content sent back up to this size; the sha256 always, which is what plans compare. A probe
+# with "whole": true gets the content at any size (an edit of one line needs the rest).
+MAX_CONTENT = 1 << 20
 
 
 def _file(p: Dict[str, Any]) -> Dict[str, Any]:
@@ -44,7 +46,7 @@ def _file(p: Dict[str, Any]) -> Dict[str, Any]:
         with open(path, "rb") as f:
             data = f.read()
         out["sha256"] = hashlib.sha256(data).hexdigest()
-        if len(data) <= MAX_CONTENT:
+        if len(data) <= MAX_CONTENT or p.get("whole"):
             try:
                 out["text"] = data.decode("utf-8")
             except UnicodeDecodeError:
@@ -55,12 +57,12 @@ def _file(p: Dict[str, Any]) -> Dict[str, Any]:
 def _mount(p: Dict[str, Any]) -> Dict[str, Any]:
     path = os.path.realpath(p["path"])
     found: Optional[Dict[str, Any]] = None
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            dev, mnt, fstype, opts = line.split()[:4]
-            mnt = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), mnt)  # \040 is a space
-            if mnt == path:
-                found = {"device": dev, "fstype": fstype, "options": opts.split(",")}
+    # Bytes, cut by parse_mounts at "\n" and " " alone: a text-mode read would also end a line at
+    # a "\r" in someone's mount point, and str.split() at U+2028 or U+00A0 in one.
+    with open("/proc/self/mounts", "rb") as f:
+        for m in parse_mounts(f.read().decode("utf-8", "surrogateescape")):
+            if m["mountpoint"] == path:
+                found = {"device": m["device"], "fstype": m["fstype"], "options": m["options"].split(",")}
     if found is None:
         return {"mounted": False}
     sv = os.statvfs(path)
@@ -78,7 +80,7 @@ def _meminfo(p: Dict[str, Any]) -> Dict[str, Any]:
         for line in f:
             key, _, rest = line.partition(":")
             parts = rest.split()
-            if parts and parts[0].isdigit():
+            if parts and parts[0].isascii() and parts[0].isdigit():
                 out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
     return {"total_bytes": out.get("MemTotal", 0), "available_bytes": out.get("MemAvailable", 0)}
 
@@ -140,7 +142,7 @@ def _authorized_keys(p: Dict[str, Any]) -> Dict[str, Any]:
         ssh_dir = os.path.join(out["home"], ".ssh")
         out["ssh_dir"] = _file({"path": ssh_dir})
         out["path"] = ssh_dir + "/authorized_keys"
-        out["file"] = _file({"path": out["path"]})
+        out["file"] = _file({"path": out["path"], "whole": True})
     return out
 
 

@@ -3,7 +3,8 @@ orchestra models and running training runs, plus the recent history of this host
 
 The history (paths.status_history(), JSON lines) is what lets the controller judge alerts that
 need a duration from a single call: the agent appends a short record when the newest one is at
-least HISTORY_EVERY_S old, keeps HISTORY_KEEP_S of them and answers the last HISTORY_ANSWER_S.
+least HISTORY_EVERY_S old, keeps HISTORY_KEEP_S of them and answers the last HISTORY_ANSWER_S,
+ages measured by the boot clock so that a wall clock set back or forward stops none of it.
 Writers take history.lock, so two calls at once (two `status --watch`, a metrics scrape) never
 interleave their lines or lose a pruning rewrite. Standard library only, Python 3.8.
 """
@@ -24,12 +25,16 @@ from .gpus import GpuQueryError, gather_gpus
 from .parsers import memory_from_meminfo, parse_meminfo, parse_mounts
 from .runlog import events as runlog_events
 from .runlog import tail_lines
+from .trainer_limit import process_age
 
 STEP = ("step",)
 
 HISTORY_EVERY_S = 10.0
 HISTORY_KEEP_S = 2 * 3600.0
 HISTORY_ANSWER_S = 65 * 60.0
+# A record's wall stamp and its age by the boot clock disagreeing by more than this: the wall
+# clock was set (stepped) since. NTP's slewing stays far below it over HISTORY_KEEP_S.
+CLOCK_STEP_S = 5.0
 CPU_WINDOW_S = 0.2
 LOG_TAIL_BYTES = 64 * 1024
 METRICS_TAIL_BYTES = 4 * 1024 * 1024  # enough for every logged step of a long run: best_loss needs them
@@ -166,10 +171,11 @@ def nccl_errors(log_dir: str) -> Tuple[int, Optional[str]]:
 
 
 def _started(pid: int) -> Optional[float]:
-    try:
-        return os.stat(f"/proc/{pid}").st_mtime
-    except OSError:
-        return None
+    """When `pid` started, on the wall clock as it reads now: its age comes from the boot clock,
+    so a clock set back since the run started does not put the start in the future (which
+    held off "GPU idle while training" until the clock caught up)."""
+    age = process_age(pid)
+    return None if age is None else time.time() - age
 
 
 def _visible_gpus(value: Optional[str]) -> Optional[List[int]]:
@@ -179,7 +185,7 @@ def _visible_gpus(value: Optional[str]) -> Optional[List[int]]:
     out = []
     for part in value.split(","):
         part = part.strip()
-        if part.isdigit():
+        if part.isascii() and part.isdigit():  # as CUDA reads it: '١' is no GPU index
             out.append(int(part))
     return out
 
@@ -237,7 +243,72 @@ def history_record(sample: Dict[str, Any]) -> Dict[str, Any]:
     return {"t": sample["time"], "memory_used_bytes": sample["memory"]["used_bytes"], "gpus": gpus}
 
 
+def boot_id() -> str:
+    """This boot's id: boot_clock() readings compare only within one boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def boot_clock() -> float:
+    """Seconds since boot, suspended time included (a host that slept did not stop aging its
+    samples); time.monotonic() where the platform has no CLOCK_BOOTTIME."""
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(clock_id) if clock_id is not None else time.monotonic()
+
+
+class Clock:
+    """One reading of both clocks: `wall` (time.time(), what a sample shows) and `mono`
+    (boot_clock(), what ages are measured by within boot `boot`)."""
+
+    def __init__(self, wall: float, mono: Optional[float] = None, boot: str = "") -> None:
+        self.wall, self.mono, self.boot = wall, mono, boot
+
+    @classmethod
+    def now(cls) -> "Clock":
+        return cls(time.time(), boot_clock(), boot_id())
+
+    def stamp(self, record: Dict[str, Any]) -> Dict[str, Any]:
+        """`record` with this reading's monotonic time and boot (when known)."""
+        if self.mono is not None and self.boot:
+            record = dict(record, m=self.mono, boot=self.boot)
+        return record
+
+    def boot_age(self, record: Dict[str, Any]) -> Optional[float]:
+        """Seconds since `record` was written by the boot clock, a clock set back or forward
+        since notwithstanding; None for a record of another boot (or of an older agent)."""
+        m = record.get("m")
+        if self.mono is None or not self.boot or record.get("boot") != self.boot:
+            return None
+        if not isinstance(m, (int, float)) or m > self.mono:
+            return None
+        return float(self.mono - m)
+
+    def age(self, record: Dict[str, Any]) -> float:
+        """Seconds since `record` was written: its boot_age, else by its wall stamp."""
+        age = self.boot_age(record)
+        return self.wall - float(record["t"]) if age is None else age
+
+
+def _span(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    hours, minutes = divmod(round(seconds / 60.0), 60)
+    if not hours:
+        return f"{minutes} min"
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
 def _read_history(path: str) -> List[Dict[str, Any]]:
+    """The history's records in the order they were appended (not sorted by their stamps: a
+    clock set back makes those go back too)."""
     out: List[Dict[str, Any]] = []
     try:
         with open(path, "rb") as f:
@@ -251,34 +322,101 @@ def _read_history(path: str) -> List[Dict[str, Any]]:
             continue  # a line cut by a crash or a full disk: skip it, keep the rest
         if isinstance(record, dict) and isinstance(record.get("t"), (int, float)):
             out.append(record)
-    out.sort(key=lambda r: r["t"])
     return out
 
 
-def update_history(path: str, record: Optional[Dict[str, Any]], now: float) -> List[Dict[str, Any]]:
+def _settle(records: List[Dict[str, Any]], clock: Clock) -> Tuple[List[Dict[str, Any]], List[str], bool]:
+    """(records kept, notes on clock changes found now, whether the file must be rewritten).
+
+    A record of this boot whose wall stamp disagrees with its boot-clock age by more than
+    CLOCK_STEP_S saw the clock set since: it is re-dated to the clock as it reads now, so
+    durations ("for 5 minutes") and one record per HISTORY_EVERY_S hold across the change. A
+    record of another boot (or an older agent's) stamped in the future can only be dated by
+    that stamp, which is wrong: it is dropped. Either way a note says so, kept in the history
+    for HISTORY_KEEP_S, instead of the history going silent until the clock catches up."""
+    kept: List[Dict[str, Any]] = []
+    rewrite = False
+    step = 0.0  # the largest clock change found; < 0: set back
+    moved = 0
+    last_moved: Optional[float] = None  # the newest re-dated sample, on today's clock
+    dropped: List[float] = []
+    for r in records:
+        age = clock.age(r)
+        step_since = (clock.wall - float(r["t"])) - age
+        if clock.boot_age(r) is not None and abs(step_since) > CLOCK_STEP_S:
+            r = dict(r, t=clock.wall - age)
+            rewrite = True
+            if "note" not in r:
+                moved += 1
+                last_moved = r["t"]
+                step = step_since if abs(step_since) > abs(step) else step
+        elif age < -CLOCK_STEP_S:
+            dropped.append(-age)
+            rewrite = True
+            continue
+        if age > HISTORY_KEEP_S:
+            rewrite = True
+            continue
+        kept.append(r)
+    notes: List[str] = []
+    if moved and last_moved is not None:
+        way, since, now = "back" if step < 0 else "forward", _utc(last_moved), _utc(clock.wall)
+        notes.append(
+            f"clock went {way} {_span(step)} between {since} and {now}; the {moved} sample(s) "
+            "from before were re-dated by the boot clock"
+        )
+    if dropped:
+        ahead, now = _span(max(dropped)), _utc(clock.wall)
+        notes.append(
+            f"clock went back: {len(dropped)} sample(s) stamped up to {ahead} after now ({now}) were dropped"
+        )
+    return kept, notes, rewrite
+
+
+def update_history(
+    path: str, record: Optional[Dict[str, Any]], now: float, clock: Optional[Clock] = None
+) -> List[Dict[str, Any]]:
     """Append `record` when the newest is >= HISTORY_EVERY_S old, prune past HISTORY_KEEP_S;
-    the records of the last HISTORY_ANSWER_S, oldest first. `record` None: read only."""
+    the records of the last HISTORY_ANSWER_S in the order they came. `record` None: read only.
+    `clock`: this call's reading of both clocks (default: `now` alone, the wall clock).
+
+    Notes on a clock that was set (see _settle) come among the records as {"t", "note"}."""
+    clock = clock or Clock(now)
     if record is None:
-        return [r for r in _read_history(path) if r["t"] >= now - HISTORY_ANSWER_S]
+        records, notes, _ = _settle(_read_history(path), clock)
+        return _answer(records, notes, clock)
+    record = clock.stamp(record)
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     with open(os.path.join(folder, "history.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        records = _read_history(path)
-        if not records or now - records[-1]["t"] >= HISTORY_EVERY_S:
-            records.append(record)
-            kept = [r for r in records if r["t"] >= now - HISTORY_KEEP_S]
-            if len(kept) < len(records) or not os.path.exists(path):
-                text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept)
-                write_atomic(path, text.encode(), mode=0o600)
-            else:
-                with open(path, "a") as f:
-                    f.write(json.dumps(record, separators=(",", ":")) + "\n")
-            records = kept
-    return [r for r in records if r["t"] >= now - HISTORY_ANSWER_S]
+        records, notes, rewrite = _settle(_read_history(path), clock)
+        added = [clock.stamp({"t": clock.wall, "note": n}) for n in notes]
+        samples = [r for r in records if "note" not in r]
+        if added or not samples or clock.age(samples[-1]) >= HISTORY_EVERY_S:
+            added.append(record)
+        if rewrite or not os.path.exists(path):
+            records += added
+            text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+            write_atomic(path, text.encode(), mode=0o600)
+        elif added:
+            records += added
+            with open(path, "a") as f:
+                f.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in added))
+    return _answer(records, [], clock)
+
+
+def _answer(records: List[Dict[str, Any]], notes: List[str], clock: Clock) -> List[Dict[str, Any]]:
+    out = [
+        {k: v for k, v in r.items() if k not in ("m", "boot")}
+        for r in records
+        if clock.age(r) <= HISTORY_ANSWER_S
+    ]
+    return out + [{"t": clock.wall, "note": n} for n in notes]
 
 
 def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    clock = Clock.now()
     before = cpu_times()
     time.sleep(CPU_WINDOW_S)  # busy % needs two readings; the load averages alone lag by minutes
     after = cpu_times()
@@ -288,7 +426,7 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
         load = [0.0, 0.0, 0.0]
     source, gpus, gpu_error = gpu_sample()
     sample: Dict[str, Any] = {
-        "time": time.time(),
+        "time": clock.wall,
         "hostname": socket.gethostname(),
         "cpu": {"count": os.cpu_count() or 1, "load": load, "busy_pct": busy_pct(before, after)},
         "memory": memory(),
@@ -301,8 +439,11 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     }
     record = history_record(sample) if args.get("record", True) else None
     try:
-        sample["history"] = update_history(paths.status_history(), record, sample["time"])
+        history = update_history(paths.status_history(), record, clock.wall, clock)
     except OSError as exc:  # a full or read-only disk: the sample still answers, without history
-        sample["history"] = update_history(paths.status_history(), None, sample["time"])
+        history = update_history(paths.status_history(), None, clock.wall, clock)
         sample["history_error"] = f"cannot write {paths.status_history()}: {exc.strerror or exc}"
+    sample["history"] = [r for r in history if "note" not in r]
+    # "clock went back 2 h at ...": why the history's stamps moved, or why samples are missing.
+    sample["history_notes"] = [str(r["note"]) for r in history if "note" in r]
     return sample

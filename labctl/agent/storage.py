@@ -117,7 +117,9 @@ def gather_disks() -> List[Dict[str, Any]]:
             {
                 "name": name,
                 # /sys/block/*/size counts 512-byte sectors whatever the device's sector size.
-                "size_bytes": int(sectors) * 512 if sectors and sectors.isdigit() else None,
+                "size_bytes": int(sectors) * 512
+                if sectors and sectors.isascii() and sectors.isdigit()
+                else None,
                 "rotational": rotational == "1" if rotational is not None else None,
                 "removable": removable == "1" if removable is not None else None,
                 "model": read_sysfs(os.path.join(base, "device", "model")) or None,

@@ -84,7 +84,8 @@ _ERROR = re.compile(r"^(ERROR:|error:|fatal:|[A-Za-z_][\w.]*(Error|Exception|Exi
 def cuda_of(build: str) -> Optional[str]:
     """torch.version.cuda of a build: None for cpu, "12.6" for cu126."""
     digits = build[2:] if build.startswith("cu") else ""
-    return f"{int(digits[:-1])}.{digits[-1]}" if digits.isdigit() and len(digits) >= 2 else None
+    ok = digits.isascii() and digits.isdigit() and len(digits) >= 2
+    return f"{int(digits[:-1])}.{digits[-1]}" if ok else None
 
 
 def _kind(cuda: Optional[str]) -> str:
@@ -130,7 +131,8 @@ def remove_stale_partials(parent: str, base: str) -> List[str]:
     """Partial envs of `base` (and old ones being replaced) whose builder is gone: killed, or
     its host rebooted."""
     removed = []
-    pattern = re.compile(re.escape("." + base) + r"\.(partial|old)-(\d+)$")
+    # ASCII digits to the very end: what is removed must be a name this builder gave.
+    pattern = re.compile(re.escape("." + base) + r"\.(partial|old)-([0-9]+)\Z")
     for name in os.listdir(parent) if os.path.isdir(parent) else []:
         m = pattern.match(name)
         if m and (int(m.group(2)) == os.getpid() or not procs.alive(int(m.group(2)))):

@@ -224,8 +224,20 @@ def ps_command(args: Dict[str, Any]) -> Dict[str, Any]:
     if not args.get("stop") or not found:
         return {"processes": found, "stopped": [], "remaining": found}
     killed, left = procs.terminate(found, lambda: run_processes(run_id, host), float(args.get("grace", 10)))
-    _mark_stopped(args.get("log_dir"))
+    _mark_stopped(_log_dir(args))
     return {"processes": found, "stopped": found, "killed": bool(killed), "remaining": left}
+
+
+def _log_dir(args: Dict[str, Any]) -> str:
+    """The run's folder the controller names (paths.runs_dir); refused when it climbs with '..'
+    or holds a control character, whoever wrote the run's record. "" when none is given."""
+    log_dir = str(args.get("log_dir") or "")
+    bad = next((p for p in log_dir.split("/") if p and paths.component_problem(p)), None)
+    if bad is not None:
+        raise AgentError(
+            f"log_dir {log_dir!r} is not a run's folder: {paths.component_problem(bad)}", "bad_args"
+        )
+    return log_dir
 
 
 def _mark_stopped(log_dir: Any) -> None:
@@ -239,7 +251,7 @@ def _mark_stopped(log_dir: Any) -> None:
 def spawn_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Start `line` detached from the SSH session (for --detach); output to LOG_DIR/console.log."""
     line = str(args.get("line") or "")
-    log_dir = str(args.get("log_dir") or "")
+    log_dir = _log_dir(args)
     if not line or not log_dir:
         raise AgentError("line and log_dir are required", "bad_args")
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
@@ -280,7 +292,7 @@ def _last_event(console: str) -> Optional[Dict[str, Any]]:
 def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """State of a detached run here: running, exited (rc), or stopped; and its newest event."""
     run_id = str(args.get("run_id") or "")
-    log_dir = str(args.get("log_dir") or "")
+    log_dir = _log_dir(args)
     host = str(args.get("host") or "")
     found = run_processes(run_id, host)
     out: Dict[str, Any] = {"run_id": run_id, "processes": len(found), "log_dir": log_dir}
@@ -292,7 +304,7 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     elif os.path.exists(rc_path):
         with open(rc_path) as f:
             text = f.read().strip()
-        out["rc"] = int(text) if text.lstrip("-").isdigit() else None
+        out["rc"] = int(text) if text.lstrip("-").isascii() and text.lstrip("-").isdigit() else None
         out["state"] = "finished" if out["rc"] == 0 else "failed"
     elif found:
         out["state"] = "running"

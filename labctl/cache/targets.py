@@ -44,12 +44,12 @@ def in_folder(folder: str, name: str) -> str:
     return f"{folder.rstrip('/')}/{name}"
 
 
-def check_models(models: Sequence[str], command: str) -> list[str]:
+def check_models(models: Sequence[str], command: str, example: str | None = None) -> list[str]:
     """The model names given to `labctl cache COMMAND`, each checked, duplicates dropped; the
-    error's example is that command's own."""
+    error's example is that command's own (or `example`, for another command's)."""
     from labctl.agent.commands import AgentError
 
-    example = f"For example: labctl cache {command} tinylm-1g --host m5."
+    example = example or f"For example: labctl cache {command} tinylm-1g --host m5."
     out: list[str] = []
     for m in models:
         try:

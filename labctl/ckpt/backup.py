@@ -6,7 +6,13 @@ from the first host that holds it valid. The training host serves the two files 
 cache's transfer (`cache_serve`), the storage host pulls them (`cache_pull` into the step's
 incoming folder: verified, resumable chunks; the data never passes through this machine),
 and `ckpt_library.commit` re-verifies the copy and renames it into sight. Then, and only for
-runs whose copy did not fail, retention prunes the library (labctl/ckpt/retention.py).
+runs whose copy did not fail, retention prunes the library (labctl/ckpt/retention.py), never
+a run's newest copy that verifies: the copy retention would keep as a run's newest is
+re-hashed first when it was not this time, and a damaged one passes that on to the next step.
+
+A host's newer checkpoint that fails validation there is never skipped in silence: the backup
+names it, why, and the step taken instead (`warnings`); the exit code stays 0 when a good one
+was backed up, 1 when none was.
 
 A step already in the library is not copied again unless it is damaged: the copies a backup
 would otherwise call present are re-hashed on the storage host, and the ones `ckpt verify`
@@ -18,6 +24,7 @@ its incoming folder, which the next backup resumes.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -51,6 +58,54 @@ def choose(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if isinstance(step, int) and step not in out:
             out[step] = f
     return [out[s] for s in sorted(out)]
+
+
+def skipped_on_hosts(
+    run_id: str,
+    hosts: list[dict[str, Any]],
+    picks: list[dict[str, Any]],
+    dry_run: bool,
+    actions: dict[tuple[str, int], str] | None = None,
+) -> list[dict[str, Any]]:
+    """A warning for each checkpoint a host holds newer than its newest valid one (the trainer's
+    validation failed there): which, where, why, and the step backed up instead. `actions`:
+    what became of each (run, step) copy, once known."""
+    from labctl.agent.ckpt import pt_name
+
+    came_from = {p["step"]: p["host"] for p in picks}
+    verb = "would back up" if dry_run else "backed up"
+    out: list[dict[str, Any]] = []
+    for h in hosts:
+        instead = h.get("step")
+        listed = h.get("skipped")
+        for s in listed if isinstance(listed, list) else []:
+            step = s.get("step") if isinstance(s, dict) else None
+            if not isinstance(step, int):
+                continue
+            reason = str(s.get("reason") or "not valid")
+            where = f"{h.get('dir')}/{pt_name(step)}" if h.get("dir") else pt_name(step)
+            text = f"skipped step {step} of {run_id} on {h['host']} ({where}): {reason}; "
+            if isinstance(instead, int) and (actions or {}).get((run_id, instead)) == "failed":
+                text += f"step {instead}, taken instead, failed too"
+            elif isinstance(instead, int):
+                text += f"{verb} step {instead} instead"
+            else:
+                text += f"no valid checkpoint is left on {h['host']}"
+            if step in came_from and came_from[step] != h["host"]:
+                came = "would come" if dry_run else "came"
+                text += f" (step {step} itself {came} from {came_from[step]}, where it is valid)"
+            out.append(
+                {
+                    "run_id": run_id,
+                    "host": h["host"],
+                    "dir": h.get("dir"),
+                    "step": step,
+                    "reason": reason,
+                    "instead": instead if isinstance(instead, int) else None,
+                    "text": text,
+                }
+            )
+    return out
 
 
 def copy_step(
@@ -210,9 +265,17 @@ def backup(
         picks = picked[run_id]
         errors = [{"host": h["host"], "error": h["error"]} for h in hosts if h.get("error")]
         if not picks:
+            skipped = skipped_on_hosts(run_id, hosts, picks, dry_run)
             item = {"run_id": run_id, "action": "nothing", "hosts": hosts}
-            if errors:
-                item.update(action="failed", error="; ".join(f"{e['host']}: {e['error']}" for e in errors))
+            problems = [f"{e['host']}: {e['error']}" for e in errors] + [w["text"] for w in skipped]
+            if problems:
+                # Checkpoints that exist but none valid: nothing good was backed up, so it fails.
+                item.update(action="failed", error="; ".join(problems))
+                if skipped:
+                    item.update(
+                        hint=f"`labctl ckpt list --run {shlex.quote(run_id)}` shows the copies the library "
+                        "still holds; the trainer's next checkpoint can be backed up again.",
+                    )
                 failed.add(run_id)
             out_runs.append(item)
             continue
@@ -253,12 +316,30 @@ def backup(
             else:
                 copy_into(item, src["host"], src["dir"], e["step"])
         out_runs.append(item)
+    # Said once each copy's outcome is known, beside the copy taken instead (or the run's failure).
+    actions = {(r["run_id"], r["step"]): str(r["action"]) for r in out_runs if "step" in r}
+    warnings: list[dict[str, Any]] = []
+    for r in records:
+        run_id = r["run_id"]
+        for w in skipped_on_hosts(run_id, found[run_id], picked[run_id], dry_run, actions):
+            warnings.append(w)
+            for item in out_runs:
+                if item["run_id"] == run_id and item.get("step") == w["instead"]:
+                    item.setdefault("skipped", []).append(w)
+                    break
     new = [
         {"run_id": r["run_id"], "step": r["step"], "backed_up_at": r.get("backed_up_at") or stamp}
         for r in out_runs
         if r["action"] in ("copied", "would copy")
     ]
-    pruned, plan = prune(ctx, lib, now, failed, dry_run, held + new)
+    # What this backup knows of each copy: None verifies (re-hashed, or copied and committed,
+    # or would be), else why it is damaged. Whatever it does not know, prune re-hashes if needed.
+    status: dict[tuple[str, int], str | None] = dict(damaged)
+    status.update({k: None for k in present if k not in damaged})
+    for r in out_runs:
+        if r["action"] in ("copied", "replaced", "present", "would copy", "would replace"):
+            status[(r["run_id"], r["step"])] = None
+    pruned, plan = prune(ctx, lib, now, failed, dry_run, held + new, status)
     return {
         "storage": lib.host.name,
         "library": lib.path,
@@ -269,6 +350,7 @@ def backup(
         "kept": plan,
         "failed": sorted(failed),
         "damaged": [{"run_id": r["run_id"], "step": r["step"]} for r in out_runs if r["action"] == "damaged"],
+        "warnings": warnings,
     }
 
 
@@ -279,13 +361,24 @@ def prune(
     failed: set[str],
     dry_run: bool,
     entries: list[dict[str, Any]],
+    status: dict[tuple[str, int], str | None] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Apply retention to the library's `entries` (the listing and this backup's copies):
     (pruned copies, kept key -> why). Runs whose copy failed this time are left alone, so a
-    failed backup never costs an old copy; a dry run's planned copies count, unremovable."""
+    failed backup never costs an old copy; a dry run's planned copies count, unremovable.
+
+    `status`: what the caller knows of each copy ((run, step) -> None when it verifies, else
+    why it is damaged). A run that would lose a copy keeps its newest good one, and that one
+    must verify: while it is not known to, it is re-hashed, and a damaged one hands the role
+    to the next step down, so a damaged copy never stands in for the newest good one.
+    """
     from labctl.agent_ship import ask_agent
     from labctl.ckpt.retention import Retention, plan_retention
 
+    known: dict[tuple[str, int], str | None] = dict(status or {})
+    for e in entries:
+        if e.get("damaged"):
+            known.setdefault((e["run_id"], e["step"]), str(e["damaged"]))
     dated = []
     where: dict[str, tuple[str, int]] = {}
     for e in entries:
@@ -296,7 +389,16 @@ def prune(
         if key not in where:
             dated.append((key, when))
             where[key] = (e["run_id"], e["step"])
-    plan = plan_retention(dated, now, Retention())
+    while True:
+        bad = [k for k, w in where.items() if known.get(w)]
+        plan = plan_retention(dated, now, Retention(), damaged=bad)
+        losing = {where[k][0] for k in plan.prune} - failed
+        unsure = [where[plan.newest[r]] for r in sorted(losing) if where[plan.newest[r]] not in known]
+        if not unsure:
+            break
+        found = rehash(ctx, lib, unsure, mark=not dry_run)
+        for pair in unsure:
+            known[pair] = found.get(pair, "no longer in the library")
     doomed = [where[k] for k in plan.prune if k in where and where[k][0] not in failed]
     if doomed and not dry_run:
         ask_agent(ctx, lib.host, "ckpt_lib_remove", {"lib": lib.path, "copies": [list(d) for d in doomed]})

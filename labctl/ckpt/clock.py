@@ -14,11 +14,15 @@ ENV = "LABCTL_NOW"
 
 
 def parse_utc(text: str) -> datetime:
-    """An ISO 8601 time as an aware UTC datetime (no zone given: UTC); ValueError when it is none."""
+    """An ISO 8601 time as an aware UTC datetime (no zone given: UTC); ValueError when it is none,
+    or when its UTC falls outside the years 1-9999 (9999-12-31T23:00-05:00 is in 10000 UTC)."""
     value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{text!r} in UTC is outside the years 1-9999") from None
 
 
 def now() -> datetime:
@@ -28,9 +32,10 @@ def now() -> datetime:
         return datetime.now(UTC)
     try:
         return parse_utc(text)
-    except ValueError:
+    except ValueError as e:
+        why = str(e) if "outside the years" in str(e) else "it is not an ISO 8601 time"
         raise InputError(
-            f"{ENV}={text!r} is not an ISO 8601 time.",
+            f"{ENV}={text!r} cannot be used: {why}.",
             f"Set it like {ENV}=2027-03-01T02:00:00Z, or unset it to use the system clock.",
         ) from None
 

@@ -141,13 +141,27 @@ def newest_on_hosts(ctx: Context, records: list[dict[str, Any]]) -> dict[str, li
     return out
 
 
+def library_run_id(run_id: str, where: str) -> str:
+    """`run_id` when the library can hold it (the storage host's own rule, ckpt_library's);
+    else an InputError (exit 2) naming `where`, before any host is asked."""
+    from labctl.agent.ckpt_library import LibraryError, check_run_id
+
+    try:
+        return check_run_id(run_id)
+    except LibraryError as e:
+        raise InputError(
+            f"{where}: {e}.",
+            "Give the run's id as `labctl ckpt list` shows it, e.g. p1-20261123-213000-ab12.",
+        ) from None
+
+
 def copies(ctx: Context, lib: Library, run_id: str | None = None) -> dict[str, Any]:
     """The library's committed copies ({entries, incoming}); a HostError when its host fails."""
     from labctl.agent_ship import ask_agent
 
     args: dict[str, Any] = {"lib": lib.path}
     if run_id is not None:
-        args["run_id"] = run_id
+        args["run_id"] = library_run_id(run_id, "The run")
     answer: dict[str, Any] = ask_agent(ctx, lib.host, "ckpt_lib_list", args, timeout=120)
     return answer
 

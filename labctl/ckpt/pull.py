@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from labctl.inventory.model import Host
 
 PART_BYTES = 64 << 20  # one put_bytes: small enough to hold in memory, large enough to be quick
-_STEP_FILE = re.compile(r"^step-(\d{8})\.(pt|json)$")
+_STEP_FILE = re.compile(r"step-([0-9]{8})\.(pt|json)\Z")
 _SETTINGS_MAX = 1 << 20  # a settings file is small; a bigger .json is not one
 Say = Callable[[str], None]
 
@@ -281,10 +281,11 @@ def pull(
 
     library = find_storage(ctx.inventory, storage)
     host, lib = library.host, library.path
-    if model is not None and (not model or model.startswith(".") or "/" in model):
-        raise InputError(
-            f"--model {model!r} is not a model name.", "Give one folder name, e.g. --model tinylm-ft."
-        )
+    if model is not None:
+        from labctl.cache.targets import check_models
+
+        # `cache sync` reads the model library: a name it takes is one its rule accepts.
+        check_models([model], "sync", "Give --model one folder name, e.g. --model tinylm-ft.")
     with opened(source) as root:
         found, damaged = scan(root)
         if damaged:
@@ -466,7 +467,7 @@ def _model_state(
             f"{host.name}:{state['path']} already holds another model; nothing was pulled.",
             "Give --model another name, or remove that folder first.",
         )
-    return {**state, "models": models, "name": name}
+    return {**state, "models": models, "name": name, "local": local}
 
 
 def _publish(hr: HostRun, shelf: dict[str, Any], exported: dict[str, Any], tell: Say) -> dict[str, Any]:
@@ -482,7 +483,8 @@ def _publish(hr: HostRun, shelf: dict[str, Any], exported: dict[str, Any], tell:
     files = []
     for fname in exported["files"]:
         parts, _ = upload_parts(hr, folder / fname, f"{incoming}/.parts", fname, shelf["parts"])
-        files.append({"name": fname, "parts": parts})
+        # The whole file's size and sha256 too: the host checks the joined file before publishing.
+        files.append({"name": fname, "parts": parts, **shelf["local"][fname]})
     done = call_agent(hr, "model_publish", {"models": models, "name": name, "files": files}, timeout=600)
     tell(
         f"{name}: in {hr.host.name}'s model library at {done['path']} (labctl cache sync {name} fills a cache)"

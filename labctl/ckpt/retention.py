@@ -7,16 +7,20 @@ once (and `why` names every rule that keeps it). The defaults are seed 000 §5.3
 weekly for 3 months (13 ISO weeks), monthly for a year.
 
 The rules run per run (the key's first part, "RUN/step-00000120"): a library holding several
-runs keeps each run's own history, and a run's newest copy is always kept, whatever the
-rules say, so the checkpoint a run would resume from is never pruned. A copy dated after
-`now` (a clock set wrong somewhere) is kept: it is not for this plan to judge.
+runs keeps each run's own history, and a run's newest good copy (the highest step not known
+to be damaged: an older step backed up after a newer one is not the newer) is always kept,
+whatever the rules say, so the checkpoint a run would resume from is never pruned. The caller
+names the copies it found `damaged`; those count for no rule and are never pruned here
+(mending or dropping one is `ckpt backup`'s and `ckpt verify --remove-damaged`'s to say). A
+copy dated after `now` (a clock set wrong somewhere) is kept: it is not for this plan to judge.
 
 Pure: no clock, no files. The caller gives `now` (labctl.ckpt.clock.now()).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -39,6 +43,8 @@ class RetentionPlan:
     keep: list[str] = field(default_factory=list)
     prune: list[str] = field(default_factory=list)
     why: dict[str, str] = field(default_factory=dict)
+    # Per run, the key of the copy kept as its newest good one (absent: every copy is damaged).
+    newest: dict[str, str] = field(default_factory=dict)
 
 
 def _utc(when: datetime) -> datetime:
@@ -69,28 +75,52 @@ def run_of(key: str) -> str:
     return key.split("/", 1)[0]
 
 
-def plan_retention(entries: list[tuple[str, datetime]], now: datetime, policy: Retention) -> RetentionPlan:
+_STEP = re.compile(r"step-([0-9]+)\Z")
+
+
+def step_of(key: str) -> int:
+    """The step a key names ("RUN/step-00000120" -> 120); -1 for a key that names none."""
+    m = _STEP.search(key)
+    return int(m.group(1)) if m else -1
+
+
+def plan_retention(
+    entries: list[tuple[str, datetime]],
+    now: datetime,
+    policy: Retention,
+    damaged: Collection[str] = (),
+) -> RetentionPlan:
     """Split the library's copies (key, backed_up_at) into those to keep and those to prune.
 
-    `keep` and `prune` come in the order of `entries`; `why` says for every key why it is kept
-    (each rule that keeps it) or pruned.
+    `damaged`: the keys of copies known not to re-hash. `keep` and `prune` come in the order of
+    `entries`; `why` says for every key why it is kept (each rule that keeps it) or pruned.
     """
     now = _utc(now)
+    bad = set(damaged)
     reasons: dict[str, list[str]] = {key: [] for key, _ in entries}
-    runs: dict[str, list[tuple[datetime, str]]] = {}
+    runs: dict[str, list[tuple[datetime, int, str]]] = {}
     for key, when in entries:
-        runs.setdefault(run_of(key), []).append((_utc(when), key))
+        if key in bad:
+            reasons[key] = [
+                "damaged: left to `labctl ckpt backup`, which mends it or names the command that drops it"
+            ]
+            continue
+        runs.setdefault(run_of(key), []).append((_utc(when), step_of(key), key))
+    plan = RetentionPlan()
     for run, copies in runs.items():
-        # Newest first; a tie on the time goes to the later key (the higher step).
+        # By step, not by when it was backed up: an older step copied later is not the newest.
+        newest = max(copies, key=lambda c: (c[1], c[0], c[2]))[2]
+        plan.newest[run] = newest
+        reasons[newest].append(f"newest copy of {run}")
+        # Newest first; a tie on the time goes to the higher step.
         copies.sort(reverse=True)
-        reasons[copies[0][1]].append(f"newest copy of {run}")
-        for when, key in copies:
+        for when, _step, key in copies:
             if when > now:
                 reasons[key].append(f"dated after now ({when:%Y-%m-%dT%H:%M:%SZ})")
         for name, bucket in RULES:
             limit = getattr(policy, name)
             seen: set[str] = set()
-            for when, key in copies:
+            for when, _step, key in copies:
                 if when > now:
                     continue
                 period = bucket(when)
@@ -100,7 +130,6 @@ def plan_retention(entries: list[tuple[str, datetime]], now: datetime, policy: R
                     break
                 seen.add(period)
                 reasons[key].append(f"{name} {period}")
-    plan = RetentionPlan()
     for key, _ in entries:
         if key in plan.why:
             continue  # a key given twice is planned once

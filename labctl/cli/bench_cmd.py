@@ -41,17 +41,22 @@ def make_model(
     Example: labctl bench make-model --size-gb 2 --host irina
     """
     from labctl.agent_ship import call_agent
-    from labctl.cache.targets import in_folder, library_root, storage_host
+    from labctl.cache.targets import check_models, library_root, storage_host
     from labctl.fanout import HostResult, HostRun, fan_out
     from labctl.recap import print_recap
 
+    if name is not None:
+        check_models(
+            [name], "make-model", "For example: labctl bench make-model --name tinylm-2g --size-gb 2."
+        )
     c = make_context(ctx, inventory, json_out, verbose)
     target = storage_host(c.inventory, host)
     folder = name or f"tinylm-{size_gb:g}g"
-    path = in_folder(library_root(target), folder)
+    library = library_root(target)
 
     def step(run: HostRun) -> HostResult:
-        ans = call_agent(run, "make_model", {"path": path, "size_gb": size_gb, "dtype": dtype}, timeout=3600)
+        args = {"models": library, "name": folder, "size_gb": size_gb, "dtype": dtype}
+        ans = call_agent(run, "make_model", args, timeout=3600)
         return HostResult(run.host.name, "changed", data=ans)
 
     try:
@@ -133,7 +138,9 @@ def model_load(
     if out:
         import json
 
-        out.write_text(json.dumps(result, indent=2))
+        from labctl.fsutil import write_output
+
+        write_output(out, json.dumps(result, indent=2))
     if plot:
         write_plot(result, plot)
     if c.json_mode:
@@ -152,7 +159,9 @@ def network(
     streams: Annotated[
         str, typer.Option("--streams", help="Stream counts to measure, comma-separated, e.g. 1,2,4.")
     ] = "1,2,4",
-    seconds: Annotated[float, typer.Option("--seconds", help="How long each stream count sends.")] = 5.0,
+    seconds: Annotated[
+        float, typer.Option("--seconds", callback=positive, help="How long each stream count sends.")
+    ] = 5.0,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,

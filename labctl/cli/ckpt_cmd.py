@@ -52,8 +52,8 @@ def list_cmd(
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
-    """The library's copies (run, step, size, when, origin), and each run's newest checkpoint
-    still only on a training host.
+    """The library's copies (run, step, size, when, origin), each run's newest checkpoint
+    still only on a training host, and newer ones damaged there.
 
     Examples:
 
@@ -91,15 +91,33 @@ def list_cmd(
                         "bytes": f.get("bytes"),
                     }
                 )
+    # Newer checkpoints a host holds that fail the trainer's validation there: never left unsaid.
+    damaged_on_hosts = []
+    for r in records:
+        for f in found[r["run_id"]]:
+            skipped = f.get("skipped")
+            for s in skipped if isinstance(skipped, list) else []:
+                if isinstance(s, dict) and isinstance(s.get("step"), int):
+                    damaged_on_hosts.append(
+                        {
+                            "run_id": r["run_id"],
+                            "step": s["step"],
+                            "host": f["host"],
+                            "dir": f.get("dir"),
+                            "reason": str(s.get("reason") or "not valid"),
+                        }
+                    )
     listed = [{k: v for k, v in e.items() if k != "record"} for e in held["entries"]]
     data = {
         "storage": lib.host.name,
         "library": lib.path,
         "copies": listed,
         "only_on_hosts": only_on_hosts,
+        "damaged_on_hosts": damaged_on_hosts,
     }
 
     def render() -> None:
+        from rich.markup import escape
         from rich.table import Table
 
         from labctl.fmt import fmt_bytes
@@ -125,6 +143,12 @@ def list_cmd(
                 f"[yellow]only on {o['host']}[/]",
             )
         c.console.print(t)
+        for d in damaged_on_hosts:
+            c.console.print(
+                f"[yellow]warning:[/] step {d['step']} of {escape(d['run_id'])} on {d['host']} is damaged "
+                f"({escape(str(d['reason']))}); backup takes that host's newest valid one instead.",
+                soft_wrap=True,
+            )
         if not listed and not only_on_hosts:
             c.console.print("Nothing yet: `labctl ckpt backup` copies each run's newest checkpoint here.")
 
@@ -151,10 +175,12 @@ def backup_cmd(
     """Copy each run's newest valid checkpoint host to host into the storage host's library.
 
     The training host serves, the storage host pulls (verified, resumable chunks; never
-    through this machine); the copy is listed only once verified. A step already in the
-    library is not copied again unless it is damaged (re-hashed, or found so by `ckpt verify`):
-    then it is copied again and replaced. An interrupted backup resumes. Then the library is pruned:
-    30 daily, 13 weekly, 12 monthly copies, and each run's newest, are kept.
+    through this machine); the copy is listed only once verified. A newer checkpoint that
+    fails validation on its host is named in a warning, with the step taken instead. A step
+    already in the library is not copied again unless it is damaged (re-hashed, or found so by
+    `ckpt verify`): then it is copied again and replaced. An interrupted backup resumes. Then the
+    library is pruned: 30 daily, 13 weekly, 12 monthly copies, and each run's newest copy that
+    verifies, are kept.
 
     Examples:
 
@@ -217,6 +243,10 @@ def backup_cmd(
         for p in data["pruned"]:
             verb = "would prune" if dry_run else "pruned"
             c.console.print(f"{verb} {escape(p['run_id'])} step {p['step']}")
+        # A run that failed for want of a valid checkpoint said so in its error already.
+        for w in data["warnings"]:
+            if w["instead"] is not None:
+                c.console.print(f"[yellow]warning:[/] {escape(w['text'])}", soft_wrap=True)
 
     _done(c, data, render, 1 if data["failed"] or data["damaged"] else 0)
 
@@ -248,14 +278,14 @@ def verify_cmd(
         labctl ckpt verify --run p1-20261123-213000-ab12 --json
     """
     from labctl.agent_ship import ask_agent
-    from labctl.ckpt.library import find_storage, repair_hints
+    from labctl.ckpt.library import find_storage, library_run_id, repair_hints
 
     c = make_context(ctx, inventory, json_out, verbose)
     try:
         lib = find_storage(c.inventory, storage)
         args: dict[str, Any] = {"lib": lib.path, "mark": True, "remove_damaged": remove_damaged}
         if run:
-            args["run_id"] = run
+            args["run_id"] = library_run_id(run, "--run")
         answer = ask_agent(c, lib.host, "ckpt_lib_verify", args, timeout=7 * 24 * 3600.0)
         bad = [e for e in answer["entries"] if e["status"] == "damaged"]
         hints = repair_hints(c, lib, bad)
@@ -328,7 +358,9 @@ def restore_cmd(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Copy a checkpoint from the library to HOST, where a run with that checkpoint folder
-    resumes from it. The files appear whole or not at all.
+    resumes from it. The copy is re-hashed before it is sent and checked again on HOST before
+    its files appear, whole or not at all; a damaged one is refused, naming the run's newest
+    copy that verifies.
 
     Examples:
 

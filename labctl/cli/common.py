@@ -40,11 +40,22 @@ LimitOpt = Annotated[
 ]
 
 
+MAX_POSITIVE = 1e9  # 31 years of seconds: past about 9e9 s a timer overflows (sleep, socket timeouts)
+
+
 def positive(value: Optional[float]) -> Optional[float]:
     """A typer callback for a number that must be finite and above 0 (seconds, sizes): the
     range checks typer offers pass `nan`, and -1 would mean "no limit" further down."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(f"{value} is not a number above 0.")
+    if value is not None and not (math.isfinite(value) and 0 < value <= MAX_POSITIVE):
+        raise typer.BadParameter(f"{value} is not a number above 0 and at most {MAX_POSITIVE:g}.")
+    return value
+
+
+def finite(value: Optional[float]) -> Optional[float]:
+    """A typer callback for a number whose range typer checks (min/max): those checks pass `nan`
+    (every comparison with it is false), and `inf` where there is no max."""
+    if value is not None and not (math.isfinite(value) and abs(value) <= MAX_POSITIVE):
+        raise typer.BadParameter(f"{value} is not a finite number of at most {MAX_POSITIVE:g}.")
     return value
 
 

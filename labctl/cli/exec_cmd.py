@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context, positive
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, finite, make_context, positive
 
 
 def exec_(
@@ -37,6 +37,7 @@ def exec_(
         typer.Option(
             "--revert-after",
             min=5,
+            callback=finite,
             max=3600,
             help="With --network: seconds after which the host restores its old network unless confirmed.",
         ),

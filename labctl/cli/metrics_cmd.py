@@ -107,6 +107,7 @@ def _report_textfile(c: Any, target: Path, statuses: list[Any]) -> int:
                 "hosts": [
                     {
                         "host": s.host,
+                        "status": s.status,
                         "reachable": s.reachable,
                         "exported": s.sample is not None,
                         "error": s.error,
@@ -121,7 +122,7 @@ def _report_textfile(c: Any, target: Path, statuses: list[Any]) -> int:
         note = f" (skipped {'; '.join(skipped)})" if skipped else ""
         c.console.print(f"wrote {target}: {len(statuses) - len(skipped)} hosts{note}, {firing} alerts firing")
         for s in down:
-            c.console.print(f"{s.host}: unreachable ({s.error}); exported as labctl_host_up 0")
+            c.console.print(f"{s.host}: {s.status} ({s.error}); exported as labctl_host_up 0")
     return 1 if down else 0
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, finite, make_context
 
 if TYPE_CHECKING:
     from labctl.context import Context
@@ -49,6 +49,7 @@ WaitOpt = Annotated[
     typer.Option(
         "--wait",
         min=0,
+        callback=finite,
         help="Seconds to wait for another rotation on the same host (default 600; 0: refuse at once).",
         show_default=False,
     ),
@@ -219,8 +220,11 @@ def stop_cmd(
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
-    """Unload the whole warm set: every orchestra server stopped (SIGTERM, SIGKILL after the
-    file's stop_grace), GPU memory freed, warm.json emptied (phase 3 then refuses to start)."""
+    """Unload the whole warm set: every server of this lab on each serving host stopped, whether
+    warm.json lists it or not (SIGTERM, SIGKILL after the file's stop_grace), GPU memory freed,
+    warm.json emptied (phase 3 then refuses to start). Another lab's servers on the same machine
+    are left alone. Each host is then asked again: exit 1 naming any server still running (pid,
+    model, port) and the command that stops it."""
     run_rotation(ctx, "stop", file, dry_run, None, wait, inventory, json_out, verbose)
 
 
@@ -253,7 +257,10 @@ def rotate_cmd(
     missing (evicting only cold models), started on their GPUs and health-checked before the
     leaving ones are stopped (make-before-break; where memory does not allow it, the leaving
     one goes first). Every stage is timed. A lock on each serving host makes a second rotation
-    wait (--wait) or refuse; a rotation killed half-way is repaired by the next one.
+    wait (--wait) or refuse; a rotation killed half-way is repaired by the next one. A model on a
+    GPU the inventory no longer has moves to one it has, models over the warm count or gone from
+    the file leave; the hosts are then read again, and anything that differs from the plan is an
+    error (exit 1) naming it.
 
     Examples:
 

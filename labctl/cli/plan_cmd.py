@@ -29,8 +29,17 @@ def _start(text: Optional[str]) -> datetime:
             f"--start {text!r} is not a date.",
             "Write it as YYYY-MM-DD or YYYY-MM-DDTHH:MM, e.g. --start 2026-11-30 or --start 2026-11-30T09:00.",
         ) from None
+    if not when.tzinfo:
+        return when
     # An offset given (Z, +01:00) is converted: the plan is drawn and printed in local time.
-    return when.astimezone().replace(tzinfo=None) if when.tzinfo else when
+    try:
+        return when.astimezone().replace(tzinfo=None)
+    except OverflowError:  # 0001-01-01T00:00+05:00 is a day before the first one in local time
+        raise InputError(
+            f"--start {text}: in local time it falls outside the dates Python can represent "
+            f"({datetime.min.date()} to {datetime.max.date()}).",
+            "Give a date between those, e.g. --start 2026-11-30 or --start 2026-11-30T09:00Z.",
+        ) from None
 
 
 @app.command("week")

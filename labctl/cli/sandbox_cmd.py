@@ -7,12 +7,11 @@ labctl/sandbox/ and the host's agent.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, finite, make_context
 
 if TYPE_CHECKING:
     from labctl.context import Context
@@ -23,6 +22,7 @@ app = typer.Typer(
 )
 
 EXIT_TIMEOUT = 124  # as timeout(1)
+MAX_INPUT_BYTES = 64 * 2**20  # a source or stdin file; it travels to the host inside one agent call
 
 LangOpt = Annotated[str, typer.Option("--lang", help="The program's language, e.g. python or c.")]
 HostOpt = Annotated[
@@ -33,17 +33,26 @@ HostOpt = Annotated[
 ]
 
 
-def _read(path: str, what: str) -> str:
+def _read(path: str, what: str) -> bytes:
+    """The file's bytes, as they are: a source in any encoding reaches the sandbox unchanged."""
     from labctl.errors import InputError
 
-    if path == "-":
-        return sys.stdin.read()
     try:
-        return Path(path).read_text(encoding="utf-8", errors="surrogateescape")
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        else:
+            with open(path, "rb") as f:  # at most the cap: /dev/zero is a file too
+                data = f.read(MAX_INPUT_BYTES + 1)
     except OSError as e:
         raise InputError(
             f"cannot read the {what} {path}: {e.strerror}.", "Give a readable file, or - for stdin."
         ) from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputError(
+            f"the {what} {path} is over {MAX_INPUT_BYTES // 2**20} MiB, more than a sandbox run takes.",
+            "Give a smaller file, or run it where it can read its data itself.",
+        )
+    return data
 
 
 @app.command("run")
@@ -56,7 +65,7 @@ def run_cmd(
         typer.Option("--stdin", help="A file given to the program as its stdin.", show_default=False),
     ] = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0.1, max=3600, help="Wall-time limit, seconds.")
+        float, typer.Option("--timeout", min=0.1, max=3600, callback=finite, help="Wall-time limit, seconds.")
     ] = 10.0,
     memory: Annotated[
         int, typer.Option("--memory", min=6, max=65536, help="Memory limit (no swap), MB.")
@@ -68,8 +77,10 @@ def run_cmd(
 ) -> None:
     """Run one program in a fresh container of the sandbox host's warm pool.
 
-    The program's stdout and stderr are printed as they were (each capped at 1 MiB), then one
-    summary line on stderr. labctl exits with the program's own exit code, 124 when it ran past
+    The source and the stdin file go to the program byte for byte, in whatever encoding. Its
+    stdout and stderr are printed (each capped at 1 MiB; bytes that are not UTF-8 show as the
+    replacement character, and --json adds stdout_b64/stderr_b64 with the exact bytes), then
+    one summary line on stderr. labctl exits with the program's own exit code, 124 when it ran past
     --timeout (its container was killed, with everything in it), 1 when the host failed, 2 for
     bad input.
 
@@ -81,11 +92,11 @@ def run_cmd(
     """
     from labctl.sandbox.api import run
 
-    source = _read(file, "program")
     if file == "-" and stdin_file == "-":
         from labctl.errors import InputError
 
         raise InputError("the program and its stdin cannot both come from -.", "Give one of them as a file.")
+    source = _read(file, "program")
     data = _read(stdin_file, "stdin file") if stdin_file is not None else None
     c = make_context(ctx, inventory, json_out, verbose)
     try:
@@ -93,28 +104,25 @@ def run_cmd(
     finally:
         c.close()
     if c.json_mode:
-        c.emit(
-            {
-                k: res.get(k)
-                for k in (
-                    "lang",
-                    "exit_code",
-                    "stdout",
-                    "stderr",
-                    "truncated",
-                    "timed_out",
-                    "oom_killed",
-                    "wall_ms",
-                )
-            }
-        )
+        keys = ("lang", "exit_code", "stdout", "stderr", "truncated", "timed_out", "oom_killed", "wall_ms")
+        doc = {k: res.get(k) for k in keys}
+        # Output that is not UTF-8: the text above has U+FFFD for it, these the exact bytes.
+        doc.update({k: res[k] for k in ("stdout_b64", "stderr_b64") if k in res})
+        c.emit(doc)
     else:
         from labctl.console import write_stdout
 
-        write_stdout(res["stdout"])
-        sys.stderr.write(res["stderr"])
+        write_stdout(_printable(res["stdout"], sys.stdout))
+        sys.stderr.write(_printable(res["stderr"], sys.stderr))
         sys.stderr.write(summary(res) + "\n")
     raise typer.Exit(exit_code(res))
+
+
+def _printable(text: str, stream: Any) -> str:
+    """`text` as `stream` can write it: what its encoding lacks (an é on an ASCII terminal, the
+    U+FFFD standing for bytes that were not UTF-8) becomes '?' instead of an error."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    return text.encode(encoding, "replace").decode(encoding, "replace")
 
 
 def exit_code(res: dict[str, Any]) -> int:

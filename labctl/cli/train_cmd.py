@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -253,6 +252,7 @@ def train(
     if ctx.invoked_subcommand is not None:
         return
     from labctl.errors import InputError
+    from labctl.shell import split_words
     from labctl.train import run
     from labctl.train.duration import parse_duration
     from labctl.train.request import JobOptions, TrainRequest, parse_ranks
@@ -268,7 +268,7 @@ def train(
         device=device.value if device else None,
         python=python,
         script=script,
-        script_args=tuple(shlex.split(script_args)),
+        script_args=tuple(split_words(script_args, "--script-args")),
         dry_run=dry_run,
         backend=backend.value,
         output=output,

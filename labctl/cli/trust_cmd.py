@@ -37,6 +37,7 @@ def trust(
     from labctl.inventory.select import select_hosts
     from labctl.recap import print_recap
     from labctl.transport.hostkeys import fetch_host_key, fingerprint, pin_host_key, pinned_keys
+    from labctl.transport.localfiles import check_local_files
 
     c = make_context(ctx, inventory, json_out, verbose)
     chosen = select_hosts(c.inventory, ",".join(hosts) if hosts else None, label="labctl trust")
@@ -67,6 +68,7 @@ def trust(
         }
         return r
 
+    check_local_files(chosen, writing_known_hosts=True)  # before a key is fetched that could not be pinned
     results = fan_out(c, chosen, fetch, label="fetching host keys")
     for r in results:
         if not r.ok:

@@ -266,6 +266,11 @@ def check_network(probe: NetworkProbe | None, skipped: str | None) -> list[Line]
     r = probe.report
     best = r.get("best") or {}
     mbps, share = best.get("mbps"), best.get("share")
+    if not isinstance(mbps, (int, float)):  # the sender answered with no stream measured
+        return [
+            Line(FAIL, "bandwidth", None, f"{pair}: no stream was measured",
+                 f"Run labctl bench network --from {probe.sender} --to {probe.receiver} for detail.")
+        ]  # fmt: skip
     link = (r.get("link") or {}).get("mbps")
     text = f"{pair}: {mbps:.0f} Mbit/s, 1 stream" + (
         f", {share:.0%} of the {link} Mbit/s link" if share else ""

@@ -6,6 +6,7 @@ All problems in a file are collected and reported together, each as
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,11 @@ def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
         problems.append(
             (pos.line_of(("lab",)), "lab", f"'lab' is required and must be text. Write {TOP_KEYS['lab']}.")
         )
+    elif any(ord(c) < 32 or ord(c) == 127 for c in lab):
+        # The name tags processes through their environment, which cannot hold a NUL.
+        problems.append(
+            (pos.line_of(("lab",)), "lab", f"{lab!r} has a control character. Write {TOP_KEYS['lab']}.")
+        )
 
     defaults: dict[str, Any] = {}
     raw_defaults = data.get("defaults") or {}
@@ -134,7 +140,8 @@ def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
             merged[key] = _resolve(merged.get(key), base_dir)
         host = Host.model_validate(merged)
         key_file = host.ssh_key
-        if host.connection == "ssh" and key_file is not None and not key_file.is_file():
+        # Only a missing key here; what else is wrong with the file, the transport says before connecting.
+        if host.connection == "ssh" and key_file is not None and not os.path.lexists(key_file):
             origin = ("hosts", name, "ssh_key") if "ssh_key" in raw else ("defaults", "ssh_key")
             problems.append(
                 (

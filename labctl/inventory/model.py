@@ -31,6 +31,13 @@ HOSTNAME_RE = re.compile(
 )
 HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 ROLE_RE = re.compile(r"^[a-z][a-z0-9_-]*\Z")
+# What reaches command lines, a cron launcher's #! line and SSH: an absolute path (POSIX, or a
+# Windows drive path) or a command name on the host's PATH, with no blank, quote or control character.
+PYTHON_RE = re.compile(
+    r"/[A-Za-z0-9._+@=,~/-]*|[A-Za-z]:[\\/][A-Za-z0-9._+@=,~\\/-]*|[A-Za-z0-9_][A-Za-z0-9._+-]*", re.ASCII
+)
+# A POSIX user name (the portable file name characters, not starting with '-' or '.').
+USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", re.ASCII)
 
 
 def _is_number(annotation: Any) -> bool:
@@ -94,9 +101,12 @@ SYSTEM_FOLDERS = (
 
 def host_path(v: str) -> str:
     """A path on a host as labctl writes it into fstab, cron, units or a command line:
-    absolute, without control characters or `..`, normalised (`/mnt/x/` → `/mnt/x`)."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in v):
-        raise ValueError(f"{v!r} contains a control character (a newline or tab); write the path on one line")
+    absolute, without control, separator or invisible characters (paths.char_problem) or `..`,
+    normalised (`/mnt/x/` → `/mnt/x`)."""
+    odd = paths.char_problem(v)
+    if odd:
+        # é stays welcome; what a line-splitting reader would cut at, or no one can see, does not.
+        raise ValueError(f"{v!r} contains {odd}; write the path on one line, in visible characters")
     if not v.startswith("/"):
         raise ValueError(f"'{v}' is not an absolute path; write it from /, e.g. /mnt/model-cache")
     if ".." in v.split("/"):
@@ -124,7 +134,9 @@ class GPU(Strict):
     memory_gb: float = Field(gt=0, description="memory per GPU in GB, e.g. memory_gb: 32")
     count: int = Field(1, ge=1, description="how many of this GPU the host has, e.g. count: 4")
     compute_capability: Optional[str] = Field(
-        None, pattern=r"^\d+\.\d+$", description='CUDA compute capability, e.g. compute_capability: "7.0"'
+        None,
+        pattern=r"^[0-9]+\.[0-9]+$",
+        description='CUDA compute capability, e.g. compute_capability: "7.0"',
     )
 
 
@@ -291,15 +303,41 @@ class Sandbox(Strict):
 Port = Annotated[int, Field(ge=1, le=65535, description="SSH port, 1-65535, e.g. port: 22")]
 
 
+def python_command(v: str) -> str:
+    """The interpreter labctl runs on a host, as `PYTHON_RE` allows it."""
+    if not PYTHON_RE.fullmatch(v):
+        raise ValueError(
+            "not an interpreter labctl can run: write an absolute path (/usr/bin/python3) or a "
+            "command on the host's PATH (python3), in ASCII, with no blank, quote or control character"
+        )
+    return v
+
+
+def user_name(v: str) -> str:
+    """A login name as SSH, cron and `sudo -u` take it (`USER_RE`)."""
+    if not USER_RE.fullmatch(v):
+        raise ValueError(
+            "not a user name: ASCII letters, digits, '_', '.' or '-', starting with a letter "
+            "or '_', at most 32 characters"
+        )
+    return v
+
+
+PythonCommand = Annotated[str, AfterValidator(python_command)]
+UserName = Annotated[str, AfterValidator(user_name)]
+
+
 class ConnectionSettings(Strict):
     """Keys that may stand in `defaults` and in each host (the host's own win)."""
 
-    user: Optional[str] = Field(None, description="SSH user, e.g. user: root")
+    user: Optional[UserName] = Field(None, description="SSH user, e.g. user: root")
     port: Optional[Port] = None
     connection: Optional[Literal["ssh", "local"]] = Field(
         None, description="connection: ssh (default) or local (this machine, no SSH)"
     )
-    python: Optional[str] = Field(None, description="interpreter on the host, e.g. python: /usr/bin/python3")
+    python: Optional[PythonCommand] = Field(
+        None, description="interpreter on the host, e.g. python: /usr/bin/python3"
+    )
     ssh_key: Optional[Path] = Field(None, description="private key file, e.g. ssh_key: keys/id_ed25519")
     known_hosts: Optional[Path] = Field(
         None, description="pinned host keys, e.g. known_hosts: keys/known_hosts"
@@ -332,6 +370,10 @@ class HostSpec(ConnectionSettings):
     @field_validator("address")
     @classmethod
     def _address(cls, v: str) -> str:
+        # ipaddress takes any text as an IPv6 scope (fe80::1%SCOPE), blanks and newlines included.
+        _, percent, scope = v.partition("%")
+        if percent and not re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", scope, re.ASCII):
+            raise ValueError("the scope after '%' must be an interface name, e.g. fe80::1%eno1")
         try:
             ipaddress.ip_address(v)
             return v

@@ -298,6 +298,6 @@ def plot_figure(result: dict[str, Any], now: datetime | None = None) -> Figure:
 
 
 def write_plot(result: dict[str, Any], path: Path, now: datetime | None = None) -> None:
-    fig = plot_figure(result, now)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    from labctl.fsutil import save_figure
+
+    save_figure(plot_figure(result, now), path, dpi=120)

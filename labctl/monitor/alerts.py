@@ -149,6 +149,17 @@ def load_rules(path: Path | None) -> AlertRules:
 # --- judging ---------------------------------------------------------------------------------
 
 
+def reading(value: Any) -> Optional[float]:
+    """`value` as a float when it is a number a sample can hold, else None: true/false are no
+    readings (bool is an int to Python), and an integer past a float's range is no reading either."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def streak_start(
     points: list[tuple[float, Optional[float]]], bad: Callable[[float], bool]
 ) -> Optional[float]:
@@ -312,16 +323,17 @@ def _run_alerts(host: str, sample: dict[str, Any], rules: AlertRules) -> list[Al
                 )
             )
         stall = rules.loss_stalled
-        step, best_step = run.get("step"), run.get("best_step")
+        # The steps are what the run's script logged: judged only when both are numbers.
+        step, best_step = reading(run.get("step")), reading(run.get("best_step"))
         if stall.enabled and step is not None and best_step is not None and step - best_step >= stall.steps:
             out.append(
                 Alert(
                     "loss_stalled",
                     host,
                     stall.severity,
-                    f"run {run_id}: loss not improved for {step - best_step} steps (best {run.get('best_loss')} "
-                    f"at step {best_step}, now {run.get('loss')} at step {step})",
-                    float(step - best_step),
+                    f"run {run_id}: loss not improved for {step - best_step:.0f} steps (best {run.get('best_loss')} "
+                    f"at step {run.get('best_step')}, now {run.get('loss')} at step {run.get('step')})",
+                    step - best_step,
                     float(stall.steps),
                     run_id=run_id,
                 )

@@ -34,10 +34,18 @@ class HostStatus:
     error: Optional[str] = None
     hint: Optional[str] = None
     seconds: float = 0.0
+    # fan_out's word for the host: "ok", "skipped", or why there is no sample ("unreachable",
+    # "timeout", "failed" for a host that answered what labctl cannot read, ...).
+    status: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.status:
+            self.status = "ok" if self.sample is not None else "skipped" if self.reachable else "unreachable"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "host": self.host,
+            "status": self.status,
             "reachable": self.reachable,
             "sample": self.sample,
             "alerts": [a.to_json() for a in self.alerts],
@@ -62,19 +70,20 @@ def collect(ctx: Context, hosts: Sequence[Host], rules: AlertRules, record: bool
         if run.host.is_windows:
             raise Skipped("skipped: windows (the status agent is Linux-only)")
         data = call_agent(run, "status", status_args(run.host, record), timeout=STATUS_TIMEOUT_S)
-        return HostResult(run.host.name, "ok", data=data)
+        # Judged here, in the host's own step: whatever its sample holds stays that host's problem.
+        return HostResult(
+            run.host.name, "ok", data=data, extra={"alerts": evaluate(run.host.name, data, rules)}
+        )
 
     results = fan_out(ctx, hosts, step, label="status", progress=False)
     out = []
     for r in results:
         if r.status == "ok" and isinstance(r.data, dict):
-            out.append(
-                HostStatus(r.host, True, r.data, evaluate(r.host, r.data, rules), None, None, r.seconds)
-            )
+            out.append(HostStatus(r.host, True, r.data, r.extra["alerts"], None, None, r.seconds, "ok"))
             continue
         if r.status != "skipped":
             # A half-broken connection (a host that rebooted, a channel that timed out) must
             # not be reused by the next round.
             ctx.pool.drop(r.host)
-        out.append(HostStatus(r.host, r.status == "skipped", None, [], r.error, r.hint, r.seconds))
+        out.append(HostStatus(r.host, r.status == "skipped", None, [], r.error, r.hint, r.seconds, r.status))
     return out

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from labctl.errors import InputError
+from labctl.monitor.alerts import reading
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -30,13 +31,6 @@ DEFAULT_PORT = 9835
 GPU_LABELS = ("host", "gpu", "uuid", "model_name")
 RUN_LABELS = ("host", "run_id")
 ALERT_LABELS = ("host", "alert", "severity", "gpu", "run_id")
-
-
-def _num(value: Any) -> Optional[float]:
-    # bool is an int to Python, never a reading here
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
 
 
 def _text(value: Any) -> str:
@@ -91,32 +85,32 @@ def families(statuses: Iterable[HostStatus]) -> list[Metric]:
             continue
         cpu = sample.get("cpu") or {}
         loads = cpu.get("load") or []
-        if loads and _num(loads[0]) is not None:
+        if loads and reading(loads[0]) is not None:
             load1.add_metric([host], float(loads[0]))
         memory = sample.get("memory") or {}
         for fam, key in ((mem_total, "total_bytes"), (mem_avail, "available_bytes")):
-            if (v := _num(memory.get(key))) is not None:
+            if (v := reading(memory.get(key))) is not None:
                 fam.add_metric([host], v)
         cache = sample.get("cache") or {}
         for fam, key in ((cache_size, "size_bytes"), (cache_used, "used_bytes")):
-            if (v := _num(cache.get(key))) is not None:
+            if (v := reading(cache.get(key))) is not None:
                 fam.add_metric([host], v)
         if isinstance(sample.get("warm"), list):
             warm.add_metric([host], float(len(sample["warm"])))
         for g in sample.get("gpus") or []:
             labels = [host, _text(g.get("index")), _text(g.get("uuid")), _text(g.get("name"))]
-            total, used = _num(g.get("memory_total_bytes")), _num(g.get("memory_used_bytes"))
+            total, used = reading(g.get("memory_total_bytes")), reading(g.get("memory_used_bytes"))
             if used is not None:
                 fb_used.add_metric(labels, used / MIB)
                 if total is not None:
                     fb_free.add_metric(labels, max(total - used, 0.0) / MIB)
             for fam, key in ((util, "utilization_pct"), (temp, "temperature_c"), (power, "power_w")):
-                if (v := _num(g.get(key))) is not None:
+                if (v := reading(g.get(key))) is not None:
                     fam.add_metric(labels, v)
         for r in sample.get("runs") or []:
             labels = [host, _text(r.get("run_id"))]
             for fam, key in ((step, "step"), (loss, "loss"), (tps, "tokens_per_s")):
-                if (v := _num(r.get(key))) is not None:
+                if (v := reading(r.get(key))) is not None:
                     fam.add_metric(labels, v)
     return [
         up, scrape, load1, mem_total, mem_avail, cache_size, cache_used, warm,
@@ -190,10 +184,12 @@ def check_textfile_dir(directory: Path) -> Path:
 
 
 def write_textfile(path: Path, text: str) -> None:
-    """node_exporter reads every *.prom file: write beside it under a hidden name, then rename."""
-    from labctl.fsutil import write_atomic
+    """node_exporter reads every *.prom file: written beside it under a hidden name, fsynced, then
+    renamed over it. A write that fails (a full or read-only folder) leaves the old file whole and
+    no hidden file behind, and is named with its fix."""
+    from labctl.fsutil import write_output
 
-    write_atomic(path, text)
+    write_output(path, text, flag="--textfile")
 
 
 def parse_listen(value: str) -> tuple[str, int]:

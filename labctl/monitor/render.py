@@ -16,6 +16,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from labctl.monitor.alerts import reading
+
 GIB = 1 << 30
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow"}
 
@@ -68,7 +70,8 @@ def host_rows(status: Any) -> list[tuple[Any, ...]]:
         detail = Text(why)
         if status.hint:
             detail.append(f" {status.hint}", style="dim")
-        return [(Text("unreachable", style="bold red"), "", "", "", "", detail)]
+        word = status.status if status.status not in ("ok", "skipped") else "unreachable"
+        return [(Text(word, style="bold red"), "", "", "", "", detail)]
     s = status.sample
     rows: list[tuple[Any, ...]] = [_cpu_row(s)]
     cache = s.get("cache")
@@ -142,19 +145,26 @@ def _warm_text(w: dict[str, Any]) -> str:
 
 def _progress(r: dict[str, Any]) -> Optional[float]:
     step, steps = r.get("step"), r.get("steps")
-    return step / steps * 100 if isinstance(step, int) and isinstance(steps, int) and steps > 0 else None
+    if not (isinstance(step, int) and isinstance(steps, int) and steps > 0):
+        return None
+    try:
+        return step * 100 / steps
+    except OverflowError:  # a script's step count past a float's range
+        return None
 
 
 def _run_text(r: dict[str, Any]) -> Text:
-    step, steps = r.get("step"), r.get("steps")
+    # A run's figures are what its script logged (labctl/agent/answers.py): shown when numbers.
+    step, steps = _whole(r.get("step")), _whole(r.get("steps"))
     parts = [
         str(r.get("run_id", "?")),
         f"step {'-' if step is None else step}" + (f"/{steps}" if steps else ""),
     ]
-    if r.get("loss") is not None:
-        parts.append(f"loss {r['loss']:.4g}")
-    if r.get("tokens_per_s") is not None:
-        parts.append(f"{_si(r['tokens_per_s'])} tok/s")
+    loss, speed = reading(r.get("loss")), reading(r.get("tokens_per_s"))
+    if loss is not None:
+        parts.append(f"loss {loss:.4g}")
+    if speed is not None:
+        parts.append(f"{_si(speed)} tok/s")
     text = Text("  ".join(parts))
     if r.get("nccl_errors"):
         text.append(f"  {r['nccl_errors']} NCCL errors", style="bold red")
@@ -201,6 +211,10 @@ def _used_of(used: Any, total: Any) -> str:
     if len(u) + len(t) + 2 > 10 and u != "-":
         u = f"{used / GIB:.0f}"
     return f"{u}/{t}G"
+
+
+def _whole(x: Any) -> Optional[int]:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
 
 
 def _si(x: float) -> str:

@@ -23,7 +23,7 @@ MAX_SECONDS = 300.0
 def parse_streams(text: str) -> list[int]:
     """`--streams 1,2,4`: stream counts, each a whole number from 1 to MAX_STREAMS; sorted, once each."""
     parts = [p.strip() for p in text.split(",")]
-    bad = [p for p in parts if not (p.isdigit() and 1 <= int(p) <= MAX_STREAMS)]
+    bad = [p for p in parts if not (p.isascii() and p.isdigit() and 1 <= int(p) <= MAX_STREAMS)]
     if not text.strip() or bad:
         shown = ", ".join(repr(p) for p in bad) if bad and text.strip() else repr(text)
         raise InputError(

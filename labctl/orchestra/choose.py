@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from labctl.errors import InputError
 from labctl.orchestra.place import EPS, GpuKey, Placement
@@ -280,7 +280,12 @@ def order_steps(before: Placement, after: Placement) -> list[Step]:
     return steps
 
 
-def lowest_warm(before_count: int, steps: Sequence[Step]) -> int:
+class _Action(Protocol):
+    @property
+    def action(self) -> str: ...
+
+
+def lowest_warm(before_count: int, steps: Sequence[_Action]) -> int:
     """The fewest models loaded at any point while `steps` run from `before_count` loaded."""
     n = low = before_count
     for s in steps:

@@ -46,6 +46,9 @@ class RotationPlan:
     cursor: str | None
     lowest: int  # the fewest warm models at any moment of the steps
     reason: str = ""
+    # Models running on a GPU the orchestra no longer has: model -> why they stop (and start
+    # again on a GPU it has, where they stay warm).
+    displaced: dict[str, str] = field(default_factory=dict)
 
     @property
     def joining(self) -> list[str]:
@@ -69,12 +72,13 @@ class RotationPlan:
             "kind": self.kind,
             "joining": self.joining,
             "leaving": self.leaving,
-            "why": dict(self.choice.why) if self.choice else {},
+            "why": {**(self.choice.why if self.choice else {}), **self.displaced},
             "steps": [s.to_json() for s in self.steps],
             "placement": self.after.as_dict(),
             "lowest_warm": self.lowest,
             "cursor": self.cursor,
             "reason": self.reason,
+            "displaced": dict(self.displaced),
         }
 
 
@@ -109,19 +113,25 @@ def decide(
     in_: Sequence[str] = (),
 ) -> RotationPlan:
     """What `kind` (rotate | start | stop) does, from the repaired state of every serving host."""
-    gpus, _ = orchestra_gpus(inv, orch, hosts, views)
+    gpus, left_out = orchestra_gpus(inv, orch, hosts, views)
     current = [{**m, "host": host} for host, rep in sorted(repairs.items()) for m in rep.current]
     cursor = next((v.warm.get("cursor") for v in views.values() if v.warm and v.warm.get("cursor")), None)
     needs = {m["name"]: float(m.get("memory_gb") or 0.0) for m in current}
     needs.update(orch.needs([n for n in orch.names]))
+    keys = {g.key for g in gpus}
     where = {m["name"]: (m["host"], int(m["gpu"])) for m in current if m.get("gpu") is not None}
+    # A server on a GPU the orchestra no longer has (gone from the inventory, kept for training,
+    # left out by the file's gpus:) is not part of the placement: it stops, and starts again on
+    # one of the orchestra's GPUs if it stays warm.
+    displaced = {m["name"]: _displaced_why(m, left_out) for m in current if where.get(m["name"]) not in keys}
     before = placement_of(where, needs, gpus)
     choice: Choice | None
     reason = ""
+    in_library = all(m["name"] in orch.names for m in current)
     if kind == "stop":
         choice = None
         warm_after: list[str] = []
-    elif kind == "start" and len(current) >= orch.warm:
+    elif kind == "start" and len(current) == orch.warm and in_library and not displaced:
         choice = None
         warm_after = [m["name"] for m in current]
         reason = f"{len(current)} of {orch.warm} warm models already answer"
@@ -140,10 +150,22 @@ def decide(
         warm_after = list(choice.warm_after)
         cursor = choice.cursor
     after = place({n: needs[n] for n in warm_after}, gpus, keep=before.assignment())
-    steps = order_steps(before, after)
     by_key = {g.key: g for g in gpus}
-    plan_steps = []
-    for s in steps:
+    # The displaced stop first: their model cannot start on its new GPU while its old server runs.
+    plan_steps = [
+        PlanStep(
+            "stop",
+            m["name"],
+            m["host"],
+            m.get("gpu"),
+            str(m.get("gpu_model") or ""),
+            round(needs.get(m["name"], 0.0), 2),
+            "move" if m["name"] in after.where else "gpu-gone",
+        )
+        for m in current
+        if m["name"] in displaced
+    ]
+    for s in order_steps(before, after):
         g = by_key.get((s.host, s.gpu))
         plan_steps.append(
             PlanStep(
@@ -153,13 +175,31 @@ def decide(
                 s.gpu,
                 g.model if g else "",
                 round(needs.get(s.model, 0.0), 2),
-                s.mode,
+                "move" if s.model in displaced else s.mode,
             )
         )
     if not plan_steps and not reason:
         reason = "the warm set is already as planned"
     return RotationPlan(
-        kind, choice, before, after, plan_steps, cursor, lowest_warm(len(current), steps), reason
+        kind,
+        choice,
+        before,
+        after,
+        plan_steps,
+        cursor,
+        lowest_warm(len(current), plan_steps),
+        reason,
+        displaced,
+    )
+
+
+def _displaced_why(m: Mapping[str, Any], left_out: Sequence[tuple[Gpu, str]]) -> str:
+    host, gpu = m["host"], m.get("gpu")
+    if gpu is None:
+        return f"it runs on {host} without a GPU; it moves to one of the orchestra's GPUs"
+    why = next((w for g, w in left_out if g.key == (host, int(gpu))), None)
+    return f"{host} GPU {gpu} is " + (
+        f"no longer the orchestra's ({why})" if why else "gone from the inventory (or no longer detected)"
     )
 
 

@@ -10,7 +10,7 @@ matching what really answers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +79,11 @@ class Repair:
         if self.damaged:
             out.append(f"{self.host}: warm.json was unreadable ({self.damaged}); rebuilt from what answers")
         for s in self.orphans:
-            why = "not answering" if s.get("recorded") else "not in warm.json (a rotation stopped half-way)"
+            why = (
+                "not answering"
+                if s.get("recorded")
+                else "not in warm.json (started by hand, or by a rotation stopped half-way)"
+            )
             out.append(f"{self.host}: stopped {s['model']} (pid {s['pid']}, port {s.get('port')}): {why}")
         for m in self.lost:
             out.append(
@@ -101,7 +105,9 @@ def find_repair(view: HostView) -> Repair:
         pid = m.get("pid")
         s = by_pid.get(int(pid)) if isinstance(pid, int) else None
         if s is not None and s.get("model") == m["name"] and s.get("healthy"):
-            rep.current.append({**m, "port": s.get("port", m.get("port")), "state": "loaded"})
+            # The GPU the server was started on (its tag) wins over what warm.json says.
+            gpu = s["gpu"] if "gpu" in s else m.get("gpu")
+            rep.current.append({**m, "gpu": gpu, "port": s.get("port", m.get("port")), "state": "loaded"})
             claimed.add(int(s["pid"]))
         else:
             rep.lost.append(m)
@@ -140,3 +146,91 @@ def read_views(
             failed[0].hint or "Check the hosts with `labctl facts`, then run again.",
         )
     return {r.host: HostView.from_answer(r.host, r.data or {}) for r in results}
+
+
+def gone_hosts(views: Mapping[str, HostView], serving: Sequence[str], lab: str) -> dict[str, dict[str, Any]]:
+    """The hosts that served this orchestra at the last commit (warm.json's `hosts` and `peers`
+    on any serving host) and serve it no more: {name: its record ({"address", "user", "port",
+    "models"}; {} where warm.json kept only its name)}. The newest warm.json wins; one another
+    lab wrote (two labs on one machine) names none of this lab's hosts."""
+    out: dict[str, dict[str, Any]] = {}
+    for view in sorted(views.values(), key=lambda v: float((v.warm or {}).get("updated") or 0)):
+        warm = view.warm or {}
+        if warm.get("lab", lab) != lab:
+            continue
+        names = warm.get("hosts")
+        peers = warm.get("peers")
+        names = names if isinstance(names, list) else []
+        peers = peers if isinstance(peers, dict) else {}
+        for name in names:
+            if isinstance(name, str) and name not in serving:
+                out.setdefault(name, {})
+        for name, record in peers.items():
+            if isinstance(name, str) and name not in serving and isinstance(record, dict):
+                out[name] = dict(record)
+    return out
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """One way the hosts differ from the plan once it was carried out."""
+
+    host: str
+    text: str
+    pid: int | None = None  # a server that still runs and should not
+
+
+def leftovers(views: Mapping[str, HostView], after: Mapping[str, tuple[str, int]]) -> list[Leftover]:
+    """Pure: the state read again after a rotation, start or stop, against the plan's warm set
+    (`after`: model -> (host, GPU)). Empty when exactly the planned servers run, each on its
+    planned GPU, answering and recorded in warm.json; else one Leftover for each difference."""
+    out: list[Leftover] = []
+    running: dict[str, tuple[str, dict[str, Any]]] = {}
+    for host, view in sorted(views.items()):
+        rep = find_repair(view)
+        for s in rep.orphans:
+            why = "not answering" if s.get("recorded") else "not in warm.json"
+            out.append(
+                Leftover(
+                    host,
+                    f"{host}: {s['model']} (pid {s['pid']}, port {s.get('port')}) runs, {why}",
+                    int(s["pid"]),
+                )
+            )
+        for m in rep.lost:
+            out.append(Leftover(host, f"{host}: warm.json records {m['name']} but no server answers for it"))
+        for m in rep.current:
+            name, pid = str(m["name"]), m.get("pid")
+            if name in running:
+                out.append(
+                    Leftover(
+                        host,
+                        f"{host}: {name} (pid {pid}) runs a second time (also on {running[name][0]})",
+                        pid,
+                    )
+                )
+                continue
+            running[name] = (host, m)
+    for name, (host, m) in sorted(running.items()):
+        pid, gpu = m.get("pid"), m.get("gpu")
+        want = after.get(name)
+        if want is None:
+            out.append(
+                Leftover(
+                    host,
+                    f"{host}: {name} (pid {pid}, port {m.get('port')}) still runs on GPU {gpu}; the plan stops it",
+                    pid,
+                )
+            )
+        elif (host, gpu) != tuple(want):
+            out.append(
+                Leftover(
+                    host,
+                    f"{host}: {name} (pid {pid}) runs on GPU {gpu}, the plan put it on {want[0]} GPU {want[1]}",
+                    pid,
+                )
+            )
+    for name, (host, gpu) in sorted(after.items()):
+        if name not in running:
+            out.append(Leftover(host, f"{host}: {name} does not answer on GPU {gpu}, where the plan put it"))
+    return out

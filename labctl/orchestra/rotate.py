@@ -17,6 +17,7 @@ Every stage is timed; the result is JSON-ready (`to_json`) for `--json` and `ben
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from labctl.agent import paths
 from labctl.errors import HostError, InputError, LabctlError
 from labctl.hostlock import LockKind
-from labctl.orchestra.hoststate import HostView, Repair, find_repair, read_views
+from labctl.orchestra.hoststate import HostView, Repair, find_repair, gone_hosts, leftovers, read_views
 
 if TYPE_CHECKING:
     from labctl.cache.targets import Target
@@ -80,6 +81,9 @@ class RotationResult:
     seconds: float = 0.0
     waited_for_lock: float = 0.0
     warm: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # host → models now
+    # Servers on hosts that served the orchestra and are no longer in the inventory: labctl cannot
+    # reach them, so they are named with the command that stops them.
+    left_behind: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -106,6 +110,7 @@ class RotationResult:
             "seconds": round(self.seconds, 3),
             "waited_for_lock": round(self.waited_for_lock, 3),
             "warm": self.warm,
+            "left_behind": self.left_behind,
         }
 
 
@@ -154,26 +159,111 @@ def rotate(ctx: Context, orch: Orchestra, opts: Options) -> RotationResult:
     hosts = serving_hosts(ctx, orch)
     by_name = {h.name: h for h in hosts}
     with ExitStack() as locks:
-        if not opts.dry_run:
-            for h in sorted(hosts, key=lambda h: h.name):
-                locks.enter_context(
-                    HostLock(HostRun(ctx, h, _cancel()), opts.lock_wait, opts.report, ROTATION)
-                )
+
+        def lock(chosen: Sequence[Host]) -> None:
+            if not opts.dry_run:
+                for h in sorted(chosen, key=lambda h: h.name):
+                    locks.enter_context(
+                        HostLock(HostRun(ctx, h, _cancel()), opts.lock_wait, opts.report, ROTATION)
+                    )
+
+        lock(hosts)
         waited = time.monotonic() - t0
         views = read_views(ctx, hosts, orch.server.health)
+        # Hosts that served at the last commit and serve no more: those still in the inventory
+        # are reached and emptied; the others (and one that does not answer) can only be named.
+        gone = gone_hosts(views, list(by_name), ctx.inventory.lab)
+        retired: dict[str, Host] = {}
+        retired_views: dict[str, HostView] = {}
+        unreachable: dict[str, str] = {}
+        for name in sorted(gone):
+            h = ctx.inventory.hosts.get(name)
+            if h is None or h.is_windows:
+                continue
+            try:
+                lock([h])
+                retired_views.update(read_views(ctx, [h], orch.server.health, gpus=False))
+                retired[name] = h
+            except HostError as e:
+                unreachable[name] = e.message
         repairs = {name: find_repair(v) for name, v in views.items()}
         plan = decide(ctx.inventory, orch, hosts, views, repairs, opts.kind, opts.out, opts.in_)
         result = RotationResult(opts.kind, plan, opts.dry_run, waited_for_lock=waited)
+        removed = {n: r for n, r in gone.items() if n not in retired}
+        result.left_behind = left_behind(removed, ctx.inventory.lab, unreachable)
         if opts.dry_run:
             result.repairs = [n for r in repairs.values() for n in r.notes()]
+            result.repairs += [retire_note(h, v, orch, dry_run=True) for h, v in retired_views.items()]
+            result.repairs += [lb["note"] for lb in result.left_behind]
             result.warm = {h: [dict(m) for m in r.current] for h, r in repairs.items()}
             result.seconds = time.monotonic() - t0
             return result
-        ex = _Executor(ctx, orch, opts, by_name, views, plan, result)
+        result.repairs += [lb["note"] for lb in result.left_behind if not lb["command"]]
+        ex = _Executor(ctx, orch, opts, by_name, views, plan, result, retired)
         ex.repair(repairs)
+        ex.retire(retired_views)
         ex.run()
+        if opts.kind == "stop":
+            ex.stop_rest()
+        ex.verify()
     result.seconds = time.monotonic() - t0
     return result
+
+
+def retire_note(host: str, view: HostView, orch: Orchestra, dry_run: bool = False) -> str:
+    servers = ", ".join(f"{s['model']} (pid {s['pid']}, port {s.get('port')})" for s in view.servers)
+    what = (
+        f"{'would stop' if dry_run else 'stopped'} its servers: {servers}"
+        if servers
+        else "none of its servers run"
+    )
+    return (
+        f"{host}: no longer one of the orchestra's hosts (hosts: {orch.hosts}), but its warm.json was "
+        f"this orchestra's; {what}, warm.json emptied"
+    )
+
+
+def left_behind(
+    removed: dict[str, dict[str, Any]], lab: str, unreachable: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Pure: for each host the last commit named that labctl cannot reach now (gone from the
+    inventory, or in `unreachable`: {name: why}), what it ran by warm.json's record and the
+    command that stops it there."""
+    import shlex
+
+    unreachable = unreachable or {}
+    out: list[dict[str, Any]] = []
+    for name, record in sorted(removed.items()):
+        models = [
+            m for m in record.get("models") or [] if isinstance(m, dict) and isinstance(m.get("pid"), int)
+        ]
+        if record and not models:
+            continue  # it ran nothing of this orchestra at the last commit
+        if name in unreachable:
+            where = f"{name}: no longer one of the orchestra's hosts and labctl cannot reach it ({unreachable[name]})"
+            kill = "kill -TERM " + " ".join(f"-{int(m['pid'])}" for m in models)
+            command = f"labctl exec -l {name} -- {kill}"
+        else:
+            where = f"{name}: no longer in the inventory, so labctl cannot reach it"
+            address, user, port = (
+                record.get("address"),
+                record.get("user") or "root",
+                record.get("port") or 22,
+            )
+            target = f"{user}@{address}" if address else name
+            kill = shlex.quote("kill -TERM " + " ".join(f"-{int(m['pid'])}" for m in models))
+            command = f"ssh {'' if port == 22 else f'-p {int(port)} '}{target} {kill}"
+        if models:
+            listed = ", ".join(f"{m.get('name')} (pid {m['pid']}, port {m.get('port')})" for m in models)
+            note = (
+                f"{where}, but it ran servers of lab {lab} at the last rotation: {listed}; left behind. "
+                f"Stop them there: `{command}`"
+            )
+            out.append({"host": name, "models": models, "command": command, "note": note})
+        else:
+            note = f"{where}; it served the orchestra before: if servers of lab {lab} still run there, stop them on the host"
+            out.append({"host": name, "models": [], "command": None, "note": note})
+    return out
 
 
 def _cancel() -> Any:
@@ -194,6 +284,7 @@ class _Executor:
         views: dict[str, HostView],
         plan: RotationPlan,
         result: RotationResult,
+        retired: dict[str, Host] | None = None,
     ) -> None:
         from labctl.cache.targets import resolve_target
 
@@ -206,8 +297,9 @@ class _Executor:
             result,
         )
         self.views = views
+        self.retired = dict(retired or {})
         self.targets: dict[str, Target] = {h: resolve_target(ctx.inventory, h) for h in hosts}
-        self.warm: dict[str, list[dict[str, Any]]] = {h: [] for h in hosts}
+        self.warm: dict[str, list[dict[str, Any]]] = {h: [] for h in [*hosts, *self.retired]}
         self.cursor = plan.cursor
         self.started = time.time()
 
@@ -222,15 +314,30 @@ class _Executor:
         from labctl.fanout import on_host
 
         args = {"lab": self.ctx.inventory.lab, "host": host, **args}
-        return on_host(
-            self.ctx, self.hosts[host], lambda run: call_agent(run, command, args, timeout=timeout, **kw)
-        )
+        h = self.hosts.get(host) or self.retired[host]
+        return on_host(self.ctx, h, lambda run: call_agent(run, command, args, timeout=timeout, **kw))
 
     def _commit(self, host: str, entry: dict[str, Any] | None = None) -> None:
+        # `peers`: every serving host's address and servers, so that a host later removed from
+        # the inventory can still be named with what it ran and how to stop it.
+        peers = {
+            name: {
+                "address": h.address,
+                "user": h.user,
+                "port": h.port,
+                "models": [
+                    {"name": m["name"], "pid": m.get("pid"), "port": m.get("port")} for m in self.warm[name]
+                ],
+            }
+            for name, h in sorted(self.hosts.items())
+        }
         warm = {
+            "lab": self.ctx.inventory.lab,
+            "host": host,
             "models": self.warm[host],
             "warm_size": self.orch.warm,
             "hosts": sorted(self.hosts),
+            "peers": peers,
             "cursor": self.cursor,
         }
         self._call(host, "orch_commit", {"warm": warm, "history": entry})
@@ -248,6 +355,76 @@ class _Executor:
                 for n in notes:
                     self._say(f"repaired {n}")
                 self._commit(host, {"at": time.time(), "kind": "repair", "notes": notes, "ok": True})
+
+    def retire(self, views: dict[str, HostView]) -> None:
+        """Hosts that no longer serve the orchestra: every server of this lab there stopped, their
+        warm.json emptied (phase 3 reads it), what was done noted."""
+        for host, view in sorted(views.items()):
+            if not view.servers and not view.warm_models:
+                continue
+            if view.servers:
+                self._stop(host, [], ())
+            note = retire_note(host, view, self.orch)
+            self.result.repairs.append(note)
+            self._say(f"repaired {note}")
+            self._commit(host, {"at": time.time(), "kind": "repair", "notes": [note], "ok": True})
+
+    def stop_rest(self) -> None:
+        """`orchestra stop`: whatever of this lab still runs on a serving host (recorded or not)
+        is stopped too, not only what warm.json listed."""
+        for host in sorted(self.hosts):
+            answer = self._call(
+                host,
+                "orch_stop",
+                {"models": None, "pids": None, "grace": self.orch.server.stop_grace},
+                timeout=self.orch.server.stop_grace + 60,
+            )
+            stopped = answer.get("stopped") or []
+            if stopped:
+                listed = ", ".join(f"{s.get('model')} (pid {s.get('pid')})" for s in stopped)
+                note = f"{host}: stopped {listed}: running, but not in warm.json"
+                self.result.repairs.append(note)
+                self._say(f"repaired {note}")
+            self.warm[host] = []
+            self._commit(host)
+
+    def verify(self) -> None:
+        """Plan again: read every host's state afresh and compare it with the plan's warm set;
+        exit 1 naming whatever differs, and the hosts removed from the inventory that still ran
+        servers at the last commit."""
+        hosts = [*self.hosts.values(), *self.retired.values()]
+        views = read_views(self.ctx, hosts, self.orch.server.health, gpus=False)
+        after = self.plan.after.assignment()
+        left = leftovers(views, after)
+        stranded = [lb for lb in self.result.left_behind if lb["command"]]
+        if not left and not stranded:
+            return
+        what = "rotate" if self.opts.kind == "rotate" else f"orchestra {self.opts.kind}"
+        lines = [x.text for x in left] + [lb["note"] for lb in stranded]
+        pids: dict[str, list[int]] = {}
+        for x in left:
+            if x.pid is not None:
+                pids.setdefault(x.host, []).append(x.pid)
+        kills = [
+            f"`labctl exec -l {h} -- kill -TERM {' '.join(f'-{p}' for p in sorted(ps))}`"
+            for h, ps in sorted(pids.items())
+        ]
+        if kills:
+            hint = (
+                f"Stop what is left by hand ({', '.join(kills)}: each server is a process group; "
+                "-KILL for one that ignores TERM), then check with `labctl orchestra status`. A server that "
+                "outlives SIGKILL is stuck in the kernel (a GPU driver): check the host."
+            )
+        elif left:
+            hint = f"Run `labctl {what}` again: it repairs warm.json from what answers (`labctl orchestra status` shows it)."
+        else:
+            hint = "Stop the servers named above on their hosts (labctl no longer tracks them), or put the host back in the inventory."
+        raise HostError(
+            f"`labctl {what}` carried out its plan, but the hosts do not run what it planned: "
+            + "; ".join(lines)
+            + ".",
+            hint,
+        )
 
     def run(self) -> None:
         """The plan's steps in order: consecutive starts on one host form a batch whose health
@@ -290,6 +467,9 @@ class _Executor:
             "stages": self.result.stages(),
             "seconds": round(sum(self.result.stages().values()), 3),
             "ok": True,
+            # Who rotated: `orchestra status` tells a scheduled copy on a host the inventory no
+            # longer has (its cron entry left behind) from this lab's own runs.
+            "by": {"controller": socket.gethostname(), "inventory": str(self.ctx.inventory.path)},
         }
 
     def _cache(self, joining: Sequence[Any]) -> None:

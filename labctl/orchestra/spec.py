@@ -45,7 +45,7 @@ DEFAULT_ORCHESTRA = Path("playbooks/orchestra.yaml")
 TEMPLATE_FIELDS = ("path", "port", "gpu", "name")
 # Model names become file names (logs/NAME.log), environment values and --in/--out arguments.
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
-_EVERY_RE = re.compile(r"(\d+)([dhm])")
+_EVERY_RE = re.compile(r"(\d+)([dhm])", re.ASCII)
 _UNIT_S = {"d": 86400, "h": 3600, "m": 60}
 
 
@@ -112,6 +112,17 @@ class Server(Strict):
             )
         if "port" not in fields:
             raise ValueError("the template must name {port}: labctl picks the port and checks health on it")
+        # The host fills the template with every value as quoted text (agent/orchestra/host.py
+        # _format); filled here the same way, a format spec the host would refuse ({port:d},
+        # {path!x}) fails now, before any server starts.
+        sample = {"path": "/mnt/model-cache/model", "port": "8000", "gpu": "0", "name": "model"}
+        try:
+            v.format(**{k: shlex.quote(x) for k, x in sample.items()})
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:
+            raise ValueError(
+                f"the template cannot be filled ({e}); each placeholder is filled with quoted text, so "
+                "write {port}, {path}, {gpu} or {name} without a format spec or conversion"
+            ) from None
         return v
 
     @field_validator("health")
@@ -152,15 +163,16 @@ class ModelEntry(Strict):
     def _relative(cls, v: Optional[str]) -> Optional[str]:
         if v is None:
             return v
-        # The RAM cache holds what sits directly in the storage folder (agent/cache/manifest.py).
-        if any(ord(c) < 32 for c in v) or not v.strip():
-            raise ValueError("the path is empty or has a control character")
-        if "/" in v or v.startswith("."):
-            raise ValueError(
-                f"'{v}' is not a folder directly inside the storage host's library; "
-                "write its name alone (no '/', not starting with '.')"
-            )
-        return v
+        # The RAM cache holds what sits directly in the storage folder: the cache's own rule.
+        from labctl.agent.cache.manifest import check_name
+        from labctl.agent.commands import AgentError
+
+        if not v.strip():
+            raise ValueError("the path is empty")
+        try:
+            return check_name(v)
+        except AgentError as e:
+            raise ValueError(e.message) from None
 
     @model_validator(mode="after")
     def _params_with_bits(self) -> ModelEntry:

@@ -12,6 +12,7 @@ no lock, nothing written.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -95,10 +96,37 @@ def scheduled_rotation(lists: list[HostResult], file: str | None = None) -> dict
     return out
 
 
+def rotated_from_outside(last: dict[str, Any] | None, addresses: Sequence[str] | None) -> str | None:
+    """Pure: the problem when the newest rotation came from labctl's scheduled copy (`cron
+    install`'s lab copy) on a machine whose address no host of the inventory has: a host removed
+    from the inventory still holds the rotate entry and rotates by its own old copy of the lab.
+    `addresses`: the inventory's hosts' addresses as IPs (None: not all known, say nothing)."""
+    from labctl.schedule.plan import INVENTORY
+
+    if not last or addresses is None:
+        return None
+    by, client = last.get("by") or {}, last.get("client")
+    if not isinstance(by, dict) or by.get("inventory") != INVENTORY or not isinstance(client, str):
+        return None
+    if client in addresses:
+        return None
+    return (
+        f"the last rotation ran from labctl's scheduled copy on {client}, which is no host of the "
+        "inventory: a host removed from it still holds the rotate entry of `labctl cron install` "
+        "and rotates by its old copy of the lab. Remove the entry there: "
+        f"`ssh root@{client} 'rm -f /etc/cron.d/labctl-rotate; systemctl disable --now labctl-rotate.timer'`"
+    )
+
+
 def summarize(
-    views: dict[str, HostView], every_s: float, warm_size: int, schedule: dict[str, Any] | None = None
+    views: dict[str, HostView],
+    every_s: float,
+    warm_size: int,
+    schedule: dict[str, Any] | None = None,
+    addresses: Sequence[str] | None = None,
 ) -> Status:
-    """Pure: the status from what the hosts answered; `schedule` from scheduled_rotation."""
+    """Pure: the status from what the hosts answered; `schedule` from scheduled_rotation;
+    `addresses` as rotated_from_outside takes them."""
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     others: list[str] = []
@@ -132,6 +160,9 @@ def summarize(
             history = view.history
     rotations = [h for h in history if h.get("kind") in ("rotate", "start") and h.get("ok")]
     last = rotations[-1] if rotations else None
+    outside = rotated_from_outside(last, addresses)
+    if outside:
+        notes.append(outside)
     hits = sum(len(h.get("cache_hits") or []) for h in rotations)
     misses = sum(len(h.get("cache_misses") or []) for h in rotations)
     schedule = schedule if schedule is not None else scheduled_rotation([])
@@ -144,4 +175,18 @@ def orchestra_status(ctx: Context, orch: Orchestra, file: Path | None = None) ->
 
     views = read_views(ctx, serving_hosts(ctx, orch), orch.server.health, gpus=False)
     schedule = scheduled_rotation(list_jobs(ctx), str(file) if file else None)
-    return summarize(views, orch.every_s, orch.warm, schedule)
+    return summarize(views, orch.every_s, orch.warm, schedule, _ip_addresses(ctx))
+
+
+def _ip_addresses(ctx: Context) -> list[str] | None:
+    """The inventory's hosts' addresses as IPs; None when a name does not resolve here (then an
+    SSH client's address cannot be told apart from them)."""
+    import socket
+
+    out = []
+    for h in ctx.inventory.hosts.values():
+        try:
+            out += [str(a[4][0]) for a in socket.getaddrinfo(h.address, None, proto=socket.IPPROTO_TCP)]
+        except (OSError, UnicodeError):
+            return None
+    return out

@@ -24,6 +24,8 @@ from labctl.plan.throughput import TABLE_SOURCE, Measured, Rate, gpu_key, rate_f
 
 DAY = 24 * 60
 WEEK = 7 * DAY
+# The last day a week can start on: its end (the 8th day's 00:00) is datetime.max's day at 24:00.
+LAST_START = date.max - timedelta(days=7)
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,12 @@ def schedule(plan: PlanFile, measured: dict[tuple[int, str], Measured], start: d
         opens = math.ceil((start - datetime.combine(day, time())).total_seconds() / 60)
     else:
         day, opens = start, 0
+    if day > LAST_START:
+        raise InputError(
+            f"--start {day.isoformat()}: the week would end after the last date Python can represent "
+            f"({date.max.isoformat()}).",
+            f"Give --start {LAST_START.isoformat()} or earlier.",
+        )
     rates = all_rates(plan, measured)
     check_feasible(plan, rates)
     order = sorted(plan.jobs, key=lambda j: j.priority)  # sorted() is stable: the file's order breaks ties

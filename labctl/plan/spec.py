@@ -17,7 +17,11 @@ from labctl.validation import load_model
 DEFAULT_PLAN = Path("playbooks/plan.yaml")
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 DAYS: tuple[Day, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-CLOCK = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$|^24:00$")
+CLOCK = re.compile(r"(?:([01][0-9]|2[0-3]):([0-5][0-9])|24:00)\Z")
+# Bounds far past any real job that keep the week's arithmetic in floats: a step count of 400
+# digits or a rate of 1e-320 tokens/s would overflow it (or divide by zero) instead of planning.
+MAX_COUNT = 10**15
+MIN_RATE, MAX_RATE = 1e-3, 1e12
 
 
 def clock_minutes(text: str) -> int:
@@ -70,12 +74,15 @@ class Job(Strict):
         ge=1,
         description="the training phase (matches `labctl train --phase` runs), e.g. phase: 1",
     )
-    steps_left: int = Field(gt=0, description="the steps still to train, e.g. steps_left: 20000")
+    steps_left: int = Field(
+        gt=0, le=MAX_COUNT, description="the steps still to train, e.g. steps_left: 20000"
+    )
     from_step: int = Field(
-        default=0, ge=0, description="the step its checkpoint holds now, e.g. from_step: 0"
+        default=0, ge=0, le=MAX_COUNT, description="the step its checkpoint holds now, e.g. from_step: 0"
     )
     tokens_per_step: int = Field(
         gt=0,
+        le=MAX_COUNT,
         description="tokens in one optimizer step (global batch x seq_len), e.g. tokens_per_step: 524288",
     )
     tokens_per_s: dict[str, float] = Field(
@@ -98,8 +105,8 @@ class Job(Strict):
     @classmethod
     def _positive(cls, v: dict[str, float]) -> dict[str, float]:
         for gpu, rate in v.items():
-            if rate <= 0:
-                raise ValueError(f"tokens_per_s for {gpu} must be above 0")
+            if not MIN_RATE <= rate <= MAX_RATE:
+                raise ValueError(f"tokens_per_s for {gpu} must be from {MIN_RATE:g} to {MAX_RATE:g}")
         return v
 
 

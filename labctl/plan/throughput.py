@@ -10,12 +10,13 @@ a figure on another type by GPU_TABLE, whose source the output names.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labctl.plan.spec import Job
+from labctl.plan.spec import MAX_COUNT, MAX_RATE, MIN_RATE, Job
 
 TABLE_SOURCE = (
     "NVIDIA datasheets, peak dense TFLOPS (FP32; FP16 on tensor cores with FP32 accumulate "
@@ -69,13 +70,23 @@ def run_rate(events: list[dict[str, Any]]) -> tuple[str, float] | None:
     start = next((e for e in events if e.get("event") == "start"), None)
     if start is None or not start.get("device_name") or start.get("device_name") == "cpu":
         return None
-    rates = [float(e["tokens_per_s"]) for e in events if e.get("event") == "step" and e.get("tokens_per_s")]
+    rates = [r for r in (_rate(e.get("tokens_per_s")) for e in events if e.get("event") == "step") if r]
     if len(rates) > 1:
         rates = rates[1:]
     if not rates:
         return None
-    world = max(int(start.get("world_size") or 1), 1)
-    return str(start["device_name"]), statistics.median(rates) / world
+    world = start.get("world_size")
+    world = world if isinstance(world, int) and 1 <= world <= MAX_COUNT else 1
+    rate = statistics.median(rates) / world
+    return (str(start["device_name"]), rate) if rate >= MIN_RATE else None
+
+
+def _rate(value: object) -> float | None:
+    """A step's tokens/s as the plan can use it; None for what a damaged record holds instead
+    (text, NaN, 0, a figure no GPU reaches)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if MIN_RATE <= value <= MAX_RATE else None
 
 
 def measured_rates(runs_root: Path) -> dict[tuple[int, str], Measured]:
@@ -86,6 +97,8 @@ def measured_rates(runs_root: Path) -> dict[tuple[int, str], Measured]:
             record = json.loads(record_path.read_text())
             lines = (record_path.parent / "metrics.jsonl").read_text().splitlines()
         except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict):
             continue
         events = []
         for line in lines:
@@ -99,11 +112,12 @@ def measured_rates(runs_root: Path) -> dict[tuple[int, str], Measured]:
         if found is None or not isinstance(record.get("phase"), int):
             continue
         device, rate = found
+        started = record.get("started")
         m = Measured(
             rate,
             str(record.get("run_id", record_path.parent.name)),
             device,
-            float(record.get("started") or 0),
+            float(started) if isinstance(started, (int, float)) and math.isfinite(started) else 0.0,
         )
         key = (record["phase"], gpu_key(device))
         if key not in out or m.started > out[key].started:

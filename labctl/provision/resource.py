@@ -104,9 +104,11 @@ def load_registry() -> dict[str, type[Resource]]:
 
 
 def unified_diff(path: str, old: str | None, new: str | None) -> str:
+    # Cut at "\n" only, as the file's readers do: splitlines() would show a line holding U+2028
+    # or a form feed as two.
     lines = difflib.unified_diff(
-        (old or "").splitlines(keepends=True),
-        (new or "").splitlines(keepends=True),
+        re.findall(r"[^\n]*\n|[^\n]+", old or ""),
+        re.findall(r"[^\n]*\n|[^\n]+", new or ""),
         fromfile=f"{path} (now)" if old is not None else "/dev/null",
         tofile=f"{path} (planned)" if new is not None else "/dev/null",
     )

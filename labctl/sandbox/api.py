@@ -8,6 +8,7 @@ hundreds of programs costs one session per host, not one per program.
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -124,23 +125,45 @@ def host_failure(ctx: Context, host: Host, langs: Sequence[str], e: LabctlError)
     return e
 
 
+def _bytes(value: object, what: str, example: str) -> bytes | None:
+    """A program's source or stdin as bytes: bytes as given, text as UTF-8 (text read with
+    surrogateescape gets its original bytes back, whatever their encoding)."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    raise InputError(f"a sandbox program's {what} must be text or bytes.", f"Pass {example}.")
+
+
 def check_program(p: dict[str, Any], limits: Limits) -> dict[str, Any]:
-    source = p.get("source")
-    if not isinstance(source, str):
-        raise InputError("a sandbox program needs its source as text.", "Pass source='print(1)'.")
+    """The program as the agent takes it: its source and stdin as base64 of their bytes, so a
+    Latin-1 file or a binary input arrives in the container exactly as it was given."""
+    source = _bytes(p.get("source"), "source", "source='print(1)' or the file's bytes")
+    if source is None:
+        raise InputError("a sandbox program needs its source.", "Pass source='print(1)' or the file's bytes.")
     timeout = p.get("timeout") or limits.timeout_s
     memory = p.get("memory_mb") or limits.memory_mb
-    if not (0 < float(timeout) <= 3600):
+    try:
+        in_range = 0 < float(timeout) <= 3600
+    except (TypeError, ValueError):
+        in_range = False
+    if not in_range:
         raise InputError(f"timeout {timeout} s is out of range.", "Give 0 < timeout <= 3600 seconds.")
-    if not (6 <= int(memory) <= 65536):
+    try:
+        in_range = 6 <= int(memory) <= 65536
+    except (TypeError, ValueError, OverflowError):
+        in_range = False
+    if not in_range:
         raise InputError(f"memory {memory} MB is out of range.", "Give 6 to 65536 MB.")
-    stdin = p.get("stdin")
-    if stdin is not None and not isinstance(stdin, str):
-        raise InputError("a sandbox program's stdin must be text.", "Pass stdin='...' or leave it out.")
+    stdin = _bytes(p.get("stdin"), "stdin", "stdin='...' or bytes, or leave it out")
+    if not isinstance(p.get("lang"), str):
+        raise InputError(
+            "a sandbox program needs its language.", "Pass lang='python' (or another recipe's name)."
+        )
     return {
         "lang": p["lang"],
-        "source": source,
-        "stdin": stdin,
+        "source_b64": base64.b64encode(source).decode("ascii"),
+        "stdin_b64": None if stdin is None else base64.b64encode(stdin).decode("ascii"),
         "timeout": float(timeout),
         "memory_mb": int(memory),
     }
@@ -155,9 +178,11 @@ def run_many(
     inventory: Path | str | None = None,
     ctx: Context | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every program (dicts: lang, source, stdin, timeout, memory_mb) and return one result
-    per program, in order: lang, exit_code, stdout, stderr, truncated, timed_out, oom_killed,
-    wall_ms. Programs are dealt round-robin over the sandbox hosts, one agent call per host,
+    """Run every program (dicts: lang, source, stdin, timeout, memory_mb; source and stdin text
+    or bytes) and return one result per program, in order: lang, exit_code, stdout, stderr,
+    truncated, timed_out, oom_killed, wall_ms. stdout and stderr are text (bytes that are not
+    UTF-8 replaced by U+FFFD); where they were not UTF-8, stdout_b64 and stderr_b64 hold the
+    exact bytes, base64-encoded. Programs are dealt round-robin over the sandbox hosts, one agent call per host,
     `concurrency` at a time on each. A host that fails raises HostError naming it."""
     from labctl.agent_ship import call_agent
     from labctl.context import Context
@@ -211,10 +236,10 @@ def run_many(
 
 
 def run(
-    source: str,
+    source: str | bytes,
     lang: str,
     *,
-    stdin: str | None = None,
+    stdin: str | bytes | None = None,
     timeout: float | None = None,
     memory_mb: int | None = None,
     host: str | None = None,

@@ -5,7 +5,6 @@ keys, playbooks) and the job; on every Linux host it drives, that key authorised
 from __future__ import annotations
 
 import copy
-import shlex
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -14,6 +13,7 @@ from labctl.errors import InputError
 from labctl.inventory.model import Host, Inventory
 from labctl.provision.playbook import Entry, Play, Playbook
 from labctl.schedule.jobs import ORCHESTRA_COPY, Job, companions
+from labctl.shell import command_line, quote
 
 ORCHESTRATOR_ROLE = "orchestrator"
 BIN = paths.CONTROLLER_DIR + "/bin/labctl"
@@ -66,14 +66,15 @@ def driven_hosts(inv: Inventory) -> list[Host]:
 
 def job_command(job: Job) -> str:
     """The shell command the cron entry runs on the orchestrator."""
-    line = shlex.join([BIN, "-i", INVENTORY, *job.args])
+    argv = [BIN, "-i", INVENTORY, *job.args]
     if job.waits_for is not None:
         # Blocking (no -n): the run starts once the other job's run, if any, has finished.
-        line = shlex.join(["flock", f"{paths.LOCK_DIR}/{job.waits_for}.lock", *shlex.split(line)])
+        argv = ["flock", f"{paths.LOCK_DIR}/{job.waits_for}.lock", *argv]
+    line = command_line(argv)
     if job.output is None:
         return line
-    out = shlex.quote(job.output)
-    tmp = shlex.quote(job.output + ".tmp")
+    out = quote(job.output)
+    tmp = quote(job.output + ".tmp")
     # The snapshot is replaced whole, and the job still exits with labctl's code.
     return f"{line} >{tmp}; rc=$?; mv -f {tmp} {out}; exit $rc"
 
@@ -108,31 +109,53 @@ def rewrite_inventory(doc: dict[str, Any]) -> dict[str, Any]:
 
 def known_hosts_copy(hosts: list[Host]) -> str:
     """The pinned host keys of `hosts`' known_hosts files, merged (each line once)."""
+    from labctl.agent.textedit import text_lines
+
     lines: list[str] = []
     for f in dict.fromkeys(h.known_hosts for h in hosts if h.known_hosts is not None):
         assert f is not None
         try:
-            text = Path(f).read_text()
+            data = Path(f).read_bytes()
         except OSError as e:
             raise InputError(
                 f"Cannot read the pinned host keys {f}: {e.strerror}.",
                 "Run `labctl trust` first: the orchestrator needs the same pinned keys.",
             ) from None
-        lines += [line for line in text.splitlines() if line.strip() and line not in lines]
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data[: e.start].count(b"\n") + 1
+            raise InputError(
+                f"The pinned host keys {f} are not text: line {line} is not UTF-8.",
+                f"Fix or delete that line (`sed -i '{line}d' {quote(str(f))}`), then pin that host again with `labctl trust`.",
+            ) from None
+        # Cut at "\n" only, as ssh reads it: a comment holding U+2028 stays a comment in the copy.
+        lines += [line for line in text_lines(text) if line.strip(" \t") and line not in lines]
     return "\n".join(lines) + ("\n" if lines else "")
 
 
 def playbook_files(inventory_path: Path) -> dict[str, str]:
     """The default playbooks folder (beside the inventory, as labctl/defaults.py finds it)."""
     from labctl.defaults import default_places
+    from labctl.validation import path_component
 
     for folder in default_places(Path("playbooks"), inventory_path):
         if folder.is_dir():
-            return {
-                p.name: p.read_text()
-                for p in sorted(folder.iterdir())
-                if p.suffix in (".yaml", ".yml") and p.is_file()
-            }
+            out: dict[str, str] = {}
+            for p in sorted(folder.iterdir()):
+                if p.suffix in (".yaml", ".yml") and p.is_file():
+                    # Each becomes a file of the same name in the orchestrator's lab copy.
+                    path_component(
+                        p.name, f"A playbook's file name in {folder}", "site.yaml (rename the file)"
+                    )
+                    try:
+                        out[p.name] = p.read_text()
+                    except UnicodeDecodeError:
+                        raise InputError(
+                            f"The playbook {p} is not UTF-8 text.",
+                            f"Save {p} as UTF-8, or move it out of {folder}.",
+                        ) from None
+            return out
     return {}
 
 

@@ -139,7 +139,7 @@ def namespace_pids(namespace: str) -> list[int]:
     if not namespace_exists(namespace):
         return []
     out = run(["ip", "netns", "pids", namespace], check=False).stdout
-    return [int(p) for p in out.split() if p.isdigit()]
+    return [int(p) for p in out.split() if p.isascii() and p.isdigit()]
 
 
 def kill_namespace(namespace: str, grace: float = 2.0) -> int:

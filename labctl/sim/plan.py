@@ -32,7 +32,9 @@ CONNECTION_KEYS = ("user", "port", "connection", "python", "ssh_key", "known_hos
 
 _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 _BRIDGE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*\Z")
-_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)\Z", re.IGNORECASE)
+_RATE_RE = re.compile(
+    r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)\Z", re.IGNORECASE | re.ASCII
+)
 _RATE_FACTORS = {
     "bit": 1,
     "kbit": 1_000,

@@ -13,7 +13,8 @@ import re
 from labctl.errors import InputError
 
 UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", re.ASCII)
+MAX_SECONDS = 365 * 86400
 _HINT = "Write a number and a unit, largest first: e.g. 3h50m, 45m, 90s, 1h or 1d12h."
 
 
@@ -22,15 +23,24 @@ def parse_duration(text: str, option: str = "--time-limit") -> int:
     compact = str(text).strip().lower().replace(" ", "")
     m = _DURATION.fullmatch(compact)
     if not compact or m is None:
-        if compact.isdigit():
+        if compact.isascii() and compact.isdigit():
             raise InputError(
                 f"{option} {text!r} has no unit: seconds, minutes or hours?",
                 f"Write e.g. {compact}s or {compact}m.",
             )
         raise InputError(f"{option} {text!r} is not a duration.", _HINT)
-    seconds = sum(int(n) * size for n, (_, size) in zip(m.groups(), UNITS, strict=True) if n)
+    if any(n and len(n.lstrip("0")) > 9 for n in m.groups()):  # past a year; int() refuses 4300 digits
+        seconds = MAX_SECONDS + 1
+    else:
+        seconds = sum(int(n) * size for n, (_, size) in zip(m.groups(), UNITS, strict=True) if n)
     if seconds <= 0:
         raise InputError(f"{option} {text!r} is no time at all.", "Give a duration above zero, e.g. 30m.")
+    if seconds > MAX_SECONDS:
+        # Job files carry it as seconds (Slurm's --time, activeDeadlineSeconds): beyond this they overflow.
+        raise InputError(
+            f"{option} {text!r} is over a year ({format_duration(MAX_SECONDS)}).",
+            "Give a shorter limit, e.g. 3h50m: a paused run resumes when it is started again.",
+        )
     return seconds
 
 

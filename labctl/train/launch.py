@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -25,6 +24,7 @@ from labctl.context import Context
 from labctl.errors import HostError, InputError
 from labctl.fanout import HostResult, HostRun, fan_out
 from labctl.inventory.model import Host
+from labctl.shell import quote
 from labctl.train.phases import Settings
 from labctl.train.plan import Problem, plan_run
 from labctl.train.spec import RUN_ENV, LaunchSpec, NodeSpec
@@ -166,7 +166,7 @@ def ship_script(ctx: Context, spec: LaunchSpec, hosts: list[Host], script: Path)
     data = script.read_bytes()
 
     def step(run: HostRun) -> HostResult:
-        mk = run.conn.run(f"mkdir -p {shlex.quote(spec.log_dir)}", timeout=30)
+        mk = run.conn.run(f"mkdir -p {quote(spec.log_dir)}", timeout=30)
         if mk.rc != 0:
             raise HostError(f"{run.host.name}: cannot create {spec.log_dir}: {mk.stderr.strip()}")
         run.conn.put_bytes(data, str(spec.script), mode=0o600)
@@ -286,7 +286,7 @@ class Outcome:
 
 
 def _command(spec: LaunchSpec, node: NodeSpec) -> str:
-    return f"mkdir -p {shlex.quote(spec.log_dir)} && cd {shlex.quote(spec.log_dir)} && exec {spec.shell_line(node)}"
+    return f"mkdir -p {quote(spec.log_dir)} && cd {quote(spec.log_dir)} && exec {spec.shell_line(node)}"
 
 
 def run_attached(

@@ -15,14 +15,15 @@ from __future__ import annotations
 import difflib
 import shlex
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
 from labctl.agent import paths
 from labctl.errors import InputError
-from labctl.inventory.model import HostPath, Strict
+from labctl.inventory.model import HostPath, PythonCommand, Strict
+from labctl.shell import env_name_problem, env_value_problem
 from labctl.validation import (
     DocumentError,
     Problem,
@@ -41,6 +42,25 @@ STRATEGIES = ("single_gpu_debug", "multi_gpu_full", "multi_gpu_conservative")
 
 class _Strict(Strict):
     pass
+
+
+def _env_name(v: str) -> str:
+    # The name lands unquoted in `env NAME=value torchrun ...` and `export NAME=value`.
+    problem = env_name_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
+def _env_value(v: str) -> str:
+    problem = env_value_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+EnvValue = Annotated[str, AfterValidator(_env_value)]
 
 
 class GradScaling(_Strict):
@@ -129,7 +149,7 @@ class Settings(_Strict):
     stop_grace: int = Field(
         default=10, ge=1, description="stop_grace: 10 (seconds between SIGTERM and SIGKILL)"
     )
-    python: Optional[str] = Field(
+    python: Optional[PythonCommand] = Field(
         default=None,
         description="python: /opt/venv/bin/python (the hosts' interpreter with torch; default: the torch_env)",
     )
@@ -192,7 +212,7 @@ class Settings(_Strict):
         False,
         description="requires_orchestra: true (the orchestra's warm set must be loaded first, as phase 3 needs)",
     )
-    nccl_debug: str = Field(
+    nccl_debug: EnvValue = Field(
         default="WARN", description="nccl_debug: WARN (NCCL_DEBUG on every host: INFO tells more)"
     )
     instance_type: Optional[str] = Field(
@@ -202,7 +222,7 @@ class Settings(_Strict):
         default_factory=lambda: K8sSettings(),
         description="k8s: {checkpoint_pvc: cet-ckpt} (--backend k8s and trainjob; their flags win)",
     )
-    env: dict[str, str] = Field(
+    env: dict[EnvName, EnvValue] = Field(
         default_factory=dict, description="env: {NCCL_IB_DISABLE: '1'} (more environment for every process)"
     )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from labctl.errors import InputError
 
 # Binary units, as Slurm's --mem (64G) and Kubernetes' quantities (64Gi) both read them.
-_MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT])(?:i?B|i)?", re.IGNORECASE)
+_MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT])(?:i?B|i)?", re.IGNORECASE | re.ASCII)
 _MIB_PER_UNIT = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 # The flags that describe a cluster's nodes when the lab's hosts do not (JobOptions field names).
 CLUSTER_FIELDS = ("nodes", "gpus_per_node", "cpus_per_node", "memory_per_node")

@@ -22,6 +22,7 @@ from labctl.train.phases import Settings, load_phases
 from labctl.train.plan import plan_cluster_run
 from labctl.train.request import ClusterShape, TrainRequest
 from labctl.train.results import DryRun, JobFiles, JobPreview, RunsStatus, Stopped, TrainResult
+from labctl.validation import path_component
 
 
 def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> TrainResult:
@@ -33,6 +34,9 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
         script = Path(settings.script)
     if script is not None and not script.is_file():
         raise InputError(f"No script at {script}.", "Give the path of your training script on this machine.")
+    if script is not None:
+        # Its name becomes a file beside the run's logs on every host (and a job's file name).
+        path_component(script.name, "The script's file name", "train.py (rename the file)")
     if hasattr(backend, "check_request"):
         backend.check_request(request, settings)  # a job file's options are refused before preflight
     if backend.runs_on is RunsOn.PLATFORM:

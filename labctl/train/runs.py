@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import InputError
-from labctl.fsutil import write_atomic
+from labctl.fsutil import write_output
+from labctl.validation import path_component
 
 
 def runs_dir(inventory_path: Path) -> Path:
@@ -34,7 +35,7 @@ def save(root: Path, record: dict[str, Any]) -> Path:
     folder = root / record["run_id"]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "run.json"
-    write_atomic(path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    write_output(path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
     return path
 
 
@@ -46,6 +47,7 @@ def update(root: Path, run_id: str, **changes: Any) -> dict[str, Any]:
 
 
 def load(root: Path, run_id: str) -> dict[str, Any]:
+    path_component(run_id, "The run id", "p1-20250101-120000-ab12 (`labctl train status` lists the runs)")
     path = root / run_id / "run.json"
     if not path.exists():
         known = [r["run_id"] for r in list_runs(root)][:5]

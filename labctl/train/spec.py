@@ -7,7 +7,6 @@ and Kubeflow backends write the same run as a job file.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,5 +99,7 @@ class LaunchSpec:
 
     def shell_line(self, node: NodeSpec) -> str:
         """The exact command line for one host, environment included (what --dry-run prints)."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(node.env.items()))
-        return f"env {env} {shlex.join(self.torchrun_argv(node))}"
+        from labctl.shell import command_line, env_assignments
+
+        env = env_assignments(dict(sorted(node.env.items())), f"{node.host}'s environment")
+        return f"env {env} {command_line(self.torchrun_argv(node))}"

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from labctl.agent.textedit import body, newline_of, split_lines, text_lines
 from labctl.fsutil import write_atomic
 
 if TYPE_CHECKING:
@@ -28,12 +30,36 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
-def load_known_hosts(path: Path | None) -> paramiko.HostKeys:
+def line_fields(line: str) -> list[str]:
+    """A known_hosts line's fields as OpenSSH reads them: cut at spaces and tabs only (str.split()
+    also cuts at U+00A0, U+2028 ..., which would make one odd field several good ones)."""
+    return [f for f in re.split(r"[ \t]+", line) if f]
+
+
+def load_known_hosts(path: Path | None, host: str = "") -> paramiko.HostKeys:
+    """The keys pinned in `path` (none when it does not exist yet); a file that is not a
+    known_hosts file is an InputError naming it, never "not pinned" blamed on a host."""
     import paramiko
 
+    from labctl.transport.localfiles import known_hosts_problem, local_file_error
+
     keys = paramiko.HostKeys()
-    if path is not None and path.is_file():
-        keys.load(str(path))
+    if path is None:
+        return keys
+    problem = known_hosts_problem(path)
+    if problem is not None:
+        raise local_file_error("known_hosts", path, [host] if host else [], problem)
+    if not path.exists():
+        return keys
+    # Not keys.load(): it splits on single spaces, so a line aligned with two would pin nothing.
+    for line in text_lines(path.read_bytes().decode("utf-8", "surrogateescape")):
+        fields = line_fields(line)
+        if len(fields) < 3 or fields[0].startswith(("#", "@")):
+            continue  # blank, a comment, or an OpenSSH marker paramiko has no use for
+        entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(fields[:3]))
+        if entry is not None and entry.key is not None:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
     return keys
 
 
@@ -71,14 +97,47 @@ def fetch_host_key(address: str, port: int, timeout: float = 10.0) -> paramiko.P
 
 def pin_host_key(path: Path, address: str, port: int, key: paramiko.PKey) -> None:
     """Replace every key pinned for address:port with `key`, atomically, mode 0600."""
+    from labctl.transport.localfiles import known_hosts_problem, local_file_error
+
+    problem = known_hosts_problem(path, writing=True)
+    if problem is not None:
+        raise local_file_error("known_hosts", path, [], problem)
     name = known_hosts_name(address, port)
-    kept: list[str] = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            fields = line.split()
-            hosts = fields[0].split(",") if fields and not line.lstrip().startswith("#") else []
-            if name in hosts:
-                continue
-            kept.append(line)
-    kept.append(f"{name} {key.get_name()} {key.get_base64()}")
-    write_atomic(path, "\n".join(kept) + "\n", mode=0o600)
+    try:
+        # Bytes cut at b"\n" only, as ssh reads the file: a comment holding U+2028 or a lone
+        # \r stays one comment, and every line but the pinned host's keeps its bytes.
+        data = path.read_bytes() if path.exists() else b""
+        kept = b"".join(_without_host(piece, name) for piece in split_lines(data))
+        newline = newline_of(data)
+        if kept and not kept.endswith(b"\n"):
+            kept += newline
+        kept += f"{name} {key.get_name()} {key.get_base64()}".encode() + newline
+        write_atomic(path, kept, mode=0o600)
+    except OSError as e:
+        raise local_file_error(
+            "known_hosts",
+            path,
+            [],
+            (
+                f"could not be written: {e.strerror}.",
+                "Make its folder writable, then run `labctl trust` again.",
+            ),
+        ) from None
+
+
+def _without_host(piece: bytes, name: str) -> bytes:
+    """One known_hosts line with `name`'s pin taken out: gone when it pins only `name`, its
+    other hosts kept (their pins are not this host's to drop). Comments and @markers stay."""
+    line = body(piece).decode("utf-8", "surrogateescape")
+    fields = line_fields(line)
+    if not fields or fields[0].startswith(("#", "@")):
+        return piece
+    hosts = fields[0].split(",")
+    if name not in hosts:
+        return piece
+    others = [h for h in hosts if h != name]
+    if not others:
+        return b""
+    start = line.index(fields[0])
+    line = line[:start] + ",".join(others) + line[start + len(fields[0]) :]
+    return line.encode("utf-8", "surrogateescape") + piece[len(body(piece)) :]

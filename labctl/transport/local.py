@@ -13,6 +13,7 @@ from pathlib import Path
 
 from labctl.fsutil import write_atomic
 from labctl.inventory.model import Host
+from labctl.shell import check_env
 from labctl.transport.base import CommandResult, LineCallback, LineSplitter, file_error
 from labctl.transport.wrap import GRACE_SECONDS
 
@@ -37,7 +38,8 @@ class LocalConnection:
         # closes, and this command's stdin is /dev/null. Its own session stands in for it: a
         # timeout, Ctrl-C or another host's failure stop that session.
         start = time.monotonic()
-        full_env = {**os.environ, **(env or {})}
+        # The rule SSHConnection's `export` applies: 'A=B' or 'A;id' is bad input, not a Popen error.
+        full_env = {**os.environ, **check_env(env or {}, "the command environment")}
         # Its own session, so a timeout or Ctrl-C can stop everything it started.
         proc = subprocess.Popen(
             ["/bin/sh", "-c", command],

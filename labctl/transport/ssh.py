@@ -7,12 +7,12 @@ import json
 import logging
 import posixpath
 import select
-import shlex
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from labctl.inventory.model import Host
+from labctl.shell import command_line, env_assignments
 from labctl.transport.base import (
     AuthFailed,
     CommandResult,
@@ -25,10 +25,25 @@ from labctl.transport.base import (
     file_error,
 )
 from labctl.transport.hostkeys import fingerprint, known_hosts_name, load_known_hosts
+from labctl.transport.localfiles import inspect_key, local_file_error
 from labctl.transport.wrap import GRACE_SECONDS, wrap_with_watchdog
 
 if TYPE_CHECKING:
     import paramiko
+
+# A host that stops answering (its link down, its kernel hung) sends no RST: TCP alone would
+# wait for minutes. Every connection probes a quiet host every KEEPALIVE_INTERVAL seconds and
+# counts it gone after KEEPALIVE_COUNT_MAX probes without a word back; a system `ssh` that labctl
+# starts gets the same limits as OpenSSH options (OPENSSH_KEEPALIVE).
+KEEPALIVE_INTERVAL = 10
+KEEPALIVE_COUNT_MAX = 3
+DEAD_AFTER = KEEPALIVE_INTERVAL * KEEPALIVE_COUNT_MAX
+OPENSSH_KEEPALIVE = (
+    "-o",
+    f"ServerAliveInterval={KEEPALIVE_INTERVAL}",
+    "-o",
+    f"ServerAliveCountMax={KEEPALIVE_COUNT_MAX}",
+)
 
 # Runs on the host with its python (3.8 or newer, as the agent): receives a file on stdin into
 # a temporary name, reads it back, and renames it into place only when size and sha256 match.
@@ -91,16 +106,86 @@ def _quiet_paramiko() -> None:
         log.propagate = False
 
 
+class Heartbeat:
+    """Notices a host that stopped answering, and closes its session so nothing waits on it.
+
+    paramiko's own keepalive only sends, wants no reply, and only after a pause in what we
+    write. Here a probe that asks for a reply (keepalive@openssh.com, as OpenSSH's
+    ServerAliveInterval sends; servers answer "unknown request") goes out whenever the host has
+    said nothing for `interval` seconds, and any packet from the host counts as an answer. After
+    `dead_after` seconds of silence the transport is closed, which wakes every channel waiting
+    on it, an upload stuck on a full socket included.
+    """
+
+    def __init__(self, transport: paramiko.Transport, interval: float, dead_after: float) -> None:
+        self.transport = transport
+        self.interval = interval
+        self.dead_after = dead_after
+        self.heard = time.monotonic()
+        self.stopped_answering = False
+        self._stop = threading.Event()
+        self._sender: threading.Thread | None = None
+        packetizer = transport.packetizer
+        read_message = packetizer.read_message
+
+        def read_and_note() -> tuple[int, paramiko.Message]:
+            message = read_message()
+            self.heard = time.monotonic()
+            return message
+
+        # The transport's reader thread calls this for every packet, the probes' answers included.
+        packetizer.read_message = read_and_note  # type: ignore[method-assign]
+        threading.Thread(target=self._watch, daemon=True, name="ssh-heartbeat").start()
+
+    def _watch(self) -> None:
+        last_probe = time.monotonic()
+        while not self._stop.wait(1.0) and self.transport.is_active():
+            now = time.monotonic()
+            if now - self.heard > self.dead_after:
+                self.stopped_answering = True
+                self.transport.close()
+                return
+            if now - self.heard >= self.interval and now - last_probe >= self.interval:
+                last_probe = now
+                # Its own thread: a send can block behind a write stuck on a dead link, and this
+                # thread must stay free to give up on the host.
+                if self._sender is None or not self._sender.is_alive():
+                    self._sender = threading.Thread(target=self._probe, daemon=True, name="ssh-keepalive")
+                    self._sender.start()
+
+    def _probe(self) -> None:
+        import paramiko
+        from paramiko.common import cMSG_GLOBAL_REQUEST
+
+        m = paramiko.Message()
+        m.add_byte(cMSG_GLOBAL_REQUEST)
+        m.add_string("keepalive@openssh.com")
+        m.add_boolean(True)  # want a reply: the reply is what proves the host is there
+        try:
+            self.transport._send_user_message(m)  # type: ignore[attr-defined]
+        except Exception:
+            pass  # the transport is going away; the watcher or the reader reports it
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 def _unknown_key_policy(host: Host) -> paramiko.MissingHostKeyPolicy:
     import paramiko
 
     class RefuseUnknown(paramiko.MissingHostKeyPolicy):
         def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+            where = host.known_hosts or "a known_hosts file (the inventory sets none for this host)"
+            check = (
+                f"if that fingerprint is the host's (check with `ssh-keygen -lf /etc/ssh/ssh_host_"
+                f"{key.get_name().split('-')[-1]}_key.pub` on its console), pin it with `labctl trust {host.name}`."
+            )
             raise HostKeyError(
                 f"{host.name} ({host.address}:{host.port}) offered host key {fingerprint(key)} ({key.get_name()}), "
-                f"which is not pinned in {host.known_hosts or 'a known_hosts file'}; nothing was run there.",
-                f"If that fingerprint is the host's (check with `ssh-keygen -lf /etc/ssh/ssh_host_{key.get_name().split('-')[-1]}_key.pub` "
-                f"on its console), pin it with `labctl trust {host.name}`.",
+                f"which is not pinned in {where}; nothing was run there.",
+                check[0].upper() + check[1:]
+                if host.known_hosts
+                else f"Add known_hosts: keys/known_hosts to the inventory's defaults; then, {check}",
                 offered=fingerprint(key),
             )
 
@@ -113,25 +198,35 @@ class SSHConnection:
         self.name = host.name
         self.connect_timeout = connect_timeout or host.connect_timeout
         self._client: paramiko.SSHClient | None = None
+        self._heartbeat: Heartbeat | None = None
 
     def connect(self) -> None:
         import paramiko
 
         _quiet_paramiko()
         h = self.host
+        # This machine's files first: a bad one is the user's input, never "cannot reach".
+        key = None
+        if h.ssh_key is not None:
+            found = inspect_key(h.ssh_key)
+            if isinstance(found, tuple):
+                raise local_file_error("ssh_key", h.ssh_key, [h.name], found)
+            key = found
+        host_keys = load_known_hosts(h.known_hosts, h.name)
         client = paramiko.SSHClient()
         # Only the inventory's file is trusted: ~/.ssh/known_hosts is deliberately not read.
-        client._host_keys = load_known_hosts(h.known_hosts)  # type: ignore[attr-defined]
+        client._host_keys = host_keys  # type: ignore[attr-defined]
         client.set_missing_host_key_policy(_unknown_key_policy(h))
-        key = str(h.ssh_key) if h.ssh_key else None
+        # A key with a passphrase signs through the ssh-agent that holds it (inspect_key checked).
+        key_file = str(key.path) if key is not None and not key.via_agent else None
         t = self.connect_timeout
         try:
             client.connect(
                 h.address,
                 port=h.port,
                 username=h.user,
-                key_filename=key,
-                allow_agent=key is None,
+                key_filename=key_file,
+                allow_agent=key is None or key.via_agent,
                 look_for_keys=key is None,
                 timeout=t,
                 banner_timeout=t,
@@ -153,9 +248,15 @@ class SSHConnection:
             ) from None
         except paramiko.AuthenticationException as e:
             client.close()
+            used = (
+                "your ssh-agent/~/.ssh keys"
+                if key is None
+                else f"key {key.path} (through the ssh-agent)"
+                if key.via_agent
+                else f"key {key.path}"
+            )
             raise AuthFailed(
-                f"{h.name} ({h.address}) refused to log in user '{h.user}' with "
-                f"{'key ' + key if key else 'your ssh-agent/~/.ssh keys'}: {e}.",
+                f"{h.name} ({h.address}) refused to log in user '{h.user}' with {used}: {e}.",
                 "Add the public key to that user's ~/.ssh/authorized_keys on the host, or fix user/ssh_key in the inventory.",
             ) from None
         except TimeoutError:
@@ -174,7 +275,7 @@ class SSHConnection:
             ) from None
         transport = client.get_transport()
         if transport is not None:
-            transport.set_keepalive(15)
+            self._heartbeat = Heartbeat(transport, KEEPALIVE_INTERVAL, DEAD_AFTER)
         self._client = client
 
     @property
@@ -196,8 +297,7 @@ class SSHConnection:
         grace: int = GRACE_SECONDS,
     ) -> CommandResult:
         if env:
-            exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-            command = f"export {exports}; {command}"
+            command = f"export {env_assignments(env, 'the command environment')}; {command}"
         if watchdog and not self.host.is_windows:
             command = wrap_with_watchdog(command, grace=grace)
         result = self._exec(command, timeout=timeout, on_line=on_line, cancel=cancel)
@@ -270,13 +370,13 @@ class SSHConnection:
                     select.select([chan], [], [], 0.1)
             rc = None if (timed_out or cancelled) else chan.recv_exit_status()
         except (OSError, EOFError, paramiko.SSHException) as e:
-            raise self._lost(f"while a command ran there ({type(e).__name__}: {e})") from None
+            raise self._lost("while a command ran there", f" ({type(e).__name__}: {e})") from None
         finally:
             # Closing the channel is what stops the remote command (see wrap.py).
             chan.close()
         if rc == -1 and not transport.is_active():
             # No exit status, and the session is gone: the command's fate is unknown.
-            raise self._lost("while a command ran there; it may not have finished")
+            raise self._lost("while a command ran there", "; it may not have finished")
         return CommandResult(
             rc=rc,
             stdout=out.finish(),
@@ -286,10 +386,19 @@ class SSHConnection:
             cancelled=cancelled,
         )
 
-    def _lost(self, when: str) -> ConnectionLost:
+    def _lost(self, when: str, why: str = "") -> ConnectionLost:
+        """The session went away `when`; `why` is what the transport said (unless the host simply
+        stopped answering, which says all)."""
         h = self.host
+        if self._heartbeat is not None and self._heartbeat.stopped_answering:
+            return ConnectionLost(
+                f"{h.name} ({h.address}:{h.port}) stopped answering for {self._heartbeat.dead_after:g} s "
+                f"(link down or host hung) {when}; labctl stopped waiting for it.",
+                f"Check {h.name}'s network link and console (`ping {h.address}`); once it answers, run the "
+                "command again (what it was running there may or may not have finished).",
+            )
         return ConnectionLost(
-            f"connection to {h.name} ({h.address}:{h.port}) lost {when}.",
+            f"connection to {h.name} ({h.address}:{h.port}) lost {when}{why}.",
             "Check that the host is up and on the network (a reboot, a dropped link, sshd restarted), "
             "then run the command again.",
         )
@@ -311,7 +420,7 @@ class SSHConnection:
             f"{mode:o}",
             "-" if dir_mode is None else f"{dir_mode:o}",
         ]
-        line = f"exec {shlex.quote(self.host.python)} -c {shlex.quote(UPLOAD)} {shlex.join(argv)}"
+        line = f"exec {command_line([self.host.python, '-c', UPLOAD, *argv])}"
         res = self._exec(line, timeout=max(60.0, len(data) / 1e6), stdin=data)
         if res.rc == 0:
             return
@@ -345,6 +454,8 @@ class SSHConnection:
         )
 
     def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         if self._client is not None:
             self._client.close()
             self._client = None

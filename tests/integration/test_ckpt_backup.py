@@ -297,3 +297,95 @@ def test_a_damaged_copy_no_host_holds_any_more_is_named_and_its_hint_drops_it(in
     assert done.returncode == 0 and "removed" in done.stderr, done.stdout + done.stderr
     assert labctl("-i", str(inv), "ckpt", "verify", "--run", run_id).returncode == 0
     assert library_steps(inv, run_id) == [20]
+
+
+def test_a_damaged_newest_checkpoint_on_the_host_is_named_and_never_costs_the_newer_copy(inv: Path) -> None:
+    run_id, folder = fake_run(inv, ["m5"], 0.1, 600, 800)
+    rc, doc = backup(inv, "--run", run_id, now="2026-11-01T03:00:00Z")
+    assert rc == 0 and doc["runs"][0]["step"] == 800 and doc["warnings"] == [], doc
+    sh(inv, "m5", f"printf 'Z' | dd of={folder}/step-00000800.pt bs=1 seek=100 conv=notrunc 2>/dev/null")
+    # Later the same day the host's newest valid one is 600: named, backed up, and 800 stays.
+    proc = ckpt(inv, "backup", "--run", run_id, now="2026-11-01T15:00:00Z")
+    out = " ".join(proc.stderr.split())
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert f"warning: skipped step 800 of {run_id} on m5 ({folder}/step-00000800.pt): sha256 mismatch" in out
+    assert "backed up step 600 instead" in out
+    assert library_steps(inv, run_id) == [600, 800]
+    rc, doc = backup(inv, "--run", run_id, now="2026-11-01T16:00:00Z")
+    assert rc == 0 and doc["pruned"] == [] and doc["runs"][0]["action"] == "present", doc
+    [w] = doc["warnings"]
+    assert (w["host"], w["step"], w["instead"]) == ("m5", 800, 600) and "sha256 mismatch" in w["reason"]
+    assert doc["runs"][0]["skipped"] == [w]
+    assert "newest copy" in doc["kept"][f"{run_id}/step-00000800"]
+    rc, listed = run_json(inv, "ckpt", "list", "--run", run_id)
+    assert rc == 0 and [(d["host"], d["step"]) for d in listed["damaged_on_hosts"]] == [("m5", 800)]
+
+    # Nothing valid left on the host: nothing good was backed up, so it fails, naming both.
+    sh(inv, "m5", f"printf 'Z' | dd of={folder}/step-00000600.pt bs=1 seek=100 conv=notrunc 2>/dev/null")
+    rc, doc = backup(inv, "--run", run_id, now="2026-11-02T03:00:00Z")
+    [r] = doc["runs"]
+    assert rc == 1 and r["action"] == "failed" and "skipped step 800" in r["error"], doc
+    assert "skipped step 600" in r["error"] and "no valid checkpoint is left on m5" in r["error"]
+    assert library_steps(inv, run_id) == [600, 800]
+
+
+def restore_hints(out: str) -> list[list[str]]:
+    """Each `labctl ckpt restore ...` command an error names, as argv."""
+    return [shlex.split(c) for c in re.findall(r"`(labctl ckpt restore [^`]+)`", " ".join(out.split()))]
+
+
+def test_restore_refuses_a_damaged_copy_and_names_the_newest_copy_that_verifies(inv: Path) -> None:
+    run_id, folder = fake_run(inv, ["m5"], 0.1, 10)
+    assert backup(inv, "--run", run_id, now="2026-11-01T03:00:00Z")[0] == 0
+    for step, day in ((20, "02"), (30, "03")):
+        write_ckpt(inv, "m5", folder, step, 0.1)
+        assert backup(inv, "--run", run_id, now=f"2026-11-{day}T03:00:00Z")[0] == 0
+    assert library_steps(inv, run_id) == [10, 20, 30]
+    flip_byte(inv, f"{LIB}/{run_id}/step-00000030/step-00000030.pt")
+    assert labctl("-i", str(inv), "ckpt", "verify", "--run", run_id).returncode == 1
+    # Damage after the verify, so no mark says so: step 20 is not the good one to name.
+    flip_byte(inv, f"{LIB}/{run_id}/step-00000020/step-00000020.pt")
+    there = f"{TRAIN}/ckpt-test-back-{uuid.uuid4().hex[:8]}"
+    good = ["labctl", "ckpt", "restore", run_id, "--to", "m5", "--step", "10", "--dir", there]
+    for step in ([], ["--step", "20"]):
+        proc = ckpt(inv, "restore", run_id, "--to", "m5", "--dir", there, *step)
+        assert proc.returncode == 1 and "damaged" in proc.stderr and "Traceback" not in proc.stderr, (
+            proc.stderr
+        )
+        assert restore_hints(proc.stderr) == [good], proc.stderr
+        assert sh(inv, "m5", f"ls -A {there} 2>/dev/null || true").split() == []
+    done = as_written(inv, good, REPO)
+    assert done.returncode == 0, done.stderr
+    assert sh(inv, "m5", f"ls -A {there}").split() == ["step-00000010.json", "step-00000010.pt"]
+    assert sha(inv, "m5", f"{there}/step-00000010.pt") == sha(inv, "m5", f"{folder}/step-00000010.pt")
+
+
+def test_a_copy_damaged_after_its_rehash_is_caught_on_arrival_rehash_patched_to_damage_it(inv: Path) -> None:
+    """The library's copy goes bad between its re-hash and the transfer (rehash is wrapped to
+    flip a byte on irina right after it passed): the restored files are checked on m5 before
+    they are renamed in, so nothing reaches the trainer's folder."""
+    run_id, _folder = fake_run(inv, ["m5"], 0.5, 10)
+    assert backup(inv, "--run", run_id)[0] == 0
+    pt = f"{LIB}/{run_id}/step-00000010/step-00000010.pt"
+    there = f"{TRAIN}/ckpt-test-back-{uuid.uuid4().hex[:8]}"
+    damage = [sys.executable, "-m", "labctl", "-i", str(inv), "exec", "-l", "irina", "--"]
+    damage += [f"printf Z | dd of={pt} bs=1 seek=100 conv=notrunc 2>/dev/null"]
+    code = (
+        "import subprocess, sys\n"
+        "import labctl.ckpt.restore as r\n"
+        "real, done = r.rehash, []\n"
+        "def rehash(*a, **k):\n"
+        "    out = real(*a, **k)\n"
+        "    if not done:\n"
+        f"        done.append(subprocess.run({damage!r}, capture_output=True).returncode)\n"
+        "    return out\n"
+        "r.rehash = rehash\n"
+        f"sys.argv = ['labctl', '-i', {str(inv)!r}, 'ckpt', 'restore', {run_id!r}, '--to', 'm5', '--dir', {there!r}]\n"
+        "from labctl.cli.app import main\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    out = " ".join(proc.stderr.split())
+    assert proc.returncode == 1 and "Traceback" not in out, out
+    assert "did not verify there" in out and "sha256 mismatch" in out and "nothing was restored" in out
+    assert sh(inv, "m5", f"ls -A {there} 2>/dev/null || true").split() == []

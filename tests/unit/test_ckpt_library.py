@@ -11,8 +11,9 @@ import pytest
 
 from labctl.agent import ckpt_library as lib
 from labctl.agent.ckpt import CheckpointDir, manifest_name, pt_name
-from labctl.agent.ckpt_lib_cmds import list_command, verify_command
-from labctl.ckpt.backup import choose
+from labctl.agent.ckpt_lib_cmds import list_command, restore_commit_command, verify_command
+from labctl.agent.commands import AgentError
+from labctl.ckpt.backup import choose, skipped_on_hosts
 
 MODEL = {
     "vocab": 16,
@@ -148,3 +149,75 @@ def test_backup_copies_one_step_once_from_the_first_host_holding_it() -> None:
         {"host": "h4", "step": 30, "dir": "/c"},
     ]
     assert [(f["host"], f["step"]) for f in choose(found)] == [("h4", 30), ("m5", 40)]
+
+
+def test_a_copy_whose_manifest_was_rewritten_to_match_other_bytes_is_damaged(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    incoming(tmp_path, "run-a", 7)
+    lib.commit(root, "run-a", 7, {})
+    final = Path(lib.step_dir(root, "run-a", 7))
+    # Other bytes, and a manifest made to agree with them: the trainer's check alone passes it.
+    CheckpointDir(str(final)).save(7, b"not the weights that were backed up", MODEL, save=write_bytes)
+    assert CheckpointDir(str(final)).check(7) is None
+    [found] = verify_command({"lib": root, "mark": True})["entries"]
+    assert found["status"] == "damaged" and "manifest rewritten" in found["reason"], found
+    assert lib.damaged_reason(str(final)) is not None
+
+
+def staged(folder: Path, step: int, payload: bytes = b"weights" * 1000) -> Path:
+    stage = folder / f".labctl-restore-step-{step:08d}"
+    CheckpointDir(str(stage)).save(step, payload, MODEL, save=write_bytes)
+    return stage
+
+
+def test_a_restored_copy_is_checked_on_arrival_and_put_in_place_whole_or_not_at_all(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    stage = staged(folder, 30)
+    sha = CheckpointDir(str(stage)).manifest(30)["sha256"]
+    args = {"dir": str(folder), "staging": stage.name, "step": 30, "sha256": sha}
+    done = restore_commit_command(args)
+    assert sorted(os.listdir(folder)) == [manifest_name(30), pt_name(30)]
+    assert CheckpointDir(str(folder)).check(30) is None and done["sha256"] == sha
+
+    # Damaged on the way: refused, the hidden copy removed, the good step 30 already there kept.
+    stage = staged(folder, 30)
+    with open(stage / pt_name(30), "r+b") as f:
+        f.seek(10)
+        f.write(b"X")
+    with pytest.raises(AgentError, match=r"does not verify.*sha256 mismatch"):
+        restore_commit_command(args)
+    assert sorted(os.listdir(folder)) == [manifest_name(30), pt_name(30)]
+    assert CheckpointDir(str(folder)).check(30) is None
+
+    # Whole and self-consistent, but not the checkpoint the library holds: refused as well.
+    staged(folder, 40, b"other bytes")
+    other = {"dir": str(folder), "staging": ".labctl-restore-step-00000040", "step": 40, "sha256": sha}
+    with pytest.raises(AgentError, match="library's record"):
+        restore_commit_command(other)
+    assert sorted(os.listdir(folder)) == [manifest_name(30), pt_name(30)]
+    with pytest.raises(AgentError, match="hidden folder"):
+        restore_commit_command({**args, "staging": "../elsewhere"})
+
+
+def test_a_damaged_newer_checkpoint_on_a_host_is_named_with_the_step_taken_instead() -> None:
+    hosts = [
+        {
+            "host": "m5",
+            "dir": "/c",
+            "step": 600,
+            "skipped": [{"step": 800, "reason": "sha256 mismatch: 1234... on disk, manifest says abcd..."}],
+        },
+        {"host": "irina", "dir": "/c", "step": 800, "skipped": []},
+        {"host": "h3", "dir": "/c", "step": None, "skipped": [{"step": 700, "reason": "manifest missing"}]},
+    ]
+    picks = choose(hosts)
+    [m5, h3] = skipped_on_hosts("r1", hosts, picks, dry_run=False)
+    assert (m5["host"], m5["step"], m5["instead"]) == ("m5", 800, 600)
+    assert m5["text"] == (
+        "skipped step 800 of r1 on m5 (/c/step-00000800.pt): sha256 mismatch: 1234... on disk, manifest "
+        "says abcd...; backed up step 600 instead (step 800 itself came from irina, where it is valid)"
+    )
+    assert h3["instead"] is None and "no valid checkpoint is left on h3" in h3["text"]
+    [failed, _] = skipped_on_hosts("r1", hosts, picks, dry_run=False, actions={("r1", 600): "failed"})
+    assert "step 600, taken instead, failed too" in failed["text"]
+    assert "would back up step 600" in skipped_on_hosts("r1", hosts, picks, dry_run=True)[0]["text"]

@@ -183,3 +183,22 @@ def test_a_model_folder_appears_whole_and_is_never_replaced(tmp_path: Path) -> N
         model_publish_command({"models": models, "name": "m", "files": files})
     with pytest.raises(AgentError, match="not a model name"):
         model_state_command({"models": models, "name": ".hidden"})
+
+
+def test_a_model_file_that_joins_into_other_bytes_than_were_exported_is_never_published(
+    tmp_path: Path,
+) -> None:
+    models = str(tmp_path / "models")
+    incoming = os.path.join(models, ".incoming-m")
+    body = b"w" * 300
+    sha = hashlib.sha256(body).hexdigest()
+    parts = put_parts(incoming, "model.safetensors", body, 128)
+    # Every part arrived as sent, but the file the controller exported was another one.
+    files = [{"name": "model.safetensors", "parts": parts, "size": 300, "sha256": "0" * 64}]
+    with pytest.raises(AgentError, match="does not match the file sent"):
+        model_publish_command({"models": models, "name": "m", "files": files})
+    assert os.listdir(models) == []
+    parts = put_parts(incoming, "model.safetensors", body, 128)
+    files = [{"name": "model.safetensors", "parts": parts, "size": 300, "sha256": sha}]
+    done = model_publish_command({"models": models, "name": "m", "files": files})
+    assert os.listdir(done["path"]) == ["model.safetensors"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from labctl.ckpt import clock
 from labctl.ckpt.retention import Retention, plan_retention
@@ -127,5 +129,86 @@ def test_labctl_now_sets_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LABCTL_NOW", "next tuesday")
     with pytest.raises(InputError, match="LABCTL_NOW"):
         clock.now()
+    # A local time whose UTC is in the year 10000: named, not an OverflowError.
+    monkeypatch.setenv("LABCTL_NOW", "9999-12-31T23:00:00-05:00")
+    with pytest.raises(InputError, match="outside the years 1-9999"):
+        clock.now()
     monkeypatch.delenv("LABCTL_NOW")
     assert clock.now().tzinfo is not None
+
+
+def test_an_older_step_backed_up_after_a_newer_one_never_costs_the_newer_copy() -> None:
+    # Step 800 backed up first; the host's 800 went bad, so the next backup took 600, later the same day.
+    entries = [
+        ("r/step-00000800", at("2026-11-01T03:00:00Z")),
+        ("r/step-00000600", at("2026-11-01T15:00:00Z")),
+    ]
+    plan = plan_retention(entries, at("2026-11-01T16:00:00Z"), Retention())
+    assert "r/step-00000800" in plan.keep and plan.newest == {"r": "r/step-00000800"}
+    assert plan.why["r/step-00000800"].startswith("kept: newest copy of r")
+    none = plan_retention(entries, at("2026-11-01T16:00:00Z"), Retention(daily=0, weekly=0, monthly=0))
+    assert none.keep == ["r/step-00000800"] and none.prune == ["r/step-00000600"]
+
+
+def test_a_damaged_copy_is_never_the_newest_good_one_and_retention_leaves_it() -> None:
+    entries = [
+        ("r/step-00000400", at("2026-11-01T03:00:00Z")),
+        ("r/step-00000600", at("2026-11-02T03:00:00Z")),
+        ("r/step-00000800", at("2026-11-03T03:00:00Z")),
+    ]
+    plan = plan_retention(
+        entries,
+        at("2026-11-04T00:00:00Z"),
+        Retention(daily=0, weekly=0, monthly=0),
+        damaged={"r/step-00000800"},
+    )
+    assert plan.newest == {"r": "r/step-00000600"}
+    assert plan.keep == ["r/step-00000600", "r/step-00000800"] and plan.prune == ["r/step-00000400"]
+    assert "damaged" in plan.why["r/step-00000800"]
+    # A damaged copy fills no rule's day: that day's good copy is the one kept for it.
+    same_day = [
+        ("r/step-00000001", at("2026-11-01T03:00:00Z")),
+        ("r/step-00000002", at("2026-11-01T04:00:00Z")),
+        ("r/step-00000009", at("2026-11-05T04:00:00Z")),
+    ]
+    daily = plan_retention(
+        same_day,
+        at("2026-11-06T00:00:00Z"),
+        Retention(daily=2, weekly=0, monthly=0),
+        damaged={"r/step-00000002"},
+    )
+    assert daily.prune == [] and "daily 2026-11-01" in daily.why["r/step-00000001"]
+
+
+@st.composite
+def libraries(draw: st.DrawFn) -> tuple[list[tuple[str, datetime]], set[str], datetime, Retention]:
+    """Backups of up to 3 runs, steps in any order, some damaged, some dated after now, any rules."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    entries: list[tuple[str, datetime]] = []
+    damaged: set[str] = set()
+    for run in draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3, unique=True)):
+        steps = draw(st.lists(st.integers(0, 10**6), min_size=1, max_size=25, unique=True))
+        for step in steps:  # drawn in any order: the order the backups happened in
+            key = f"{run}/step-{step:08d}"
+            entries.append((key, start + timedelta(minutes=draw(st.integers(0, 800 * 24 * 60)))))
+            if draw(st.booleans()):
+                damaged.add(key)
+    now = start + timedelta(days=draw(st.integers(0, 800)))
+    policy = Retention(*(draw(st.integers(0, 40)) for _ in range(3)))
+    return entries, damaged, now, policy
+
+
+@given(libraries())
+def test_retention_never_removes_a_runs_newest_verified_copy(
+    library: tuple[list[tuple[str, datetime]], set[str], datetime, Retention],
+) -> None:
+    entries, damaged, now, policy = library
+    plan = plan_retention(entries, now, policy, damaged=damaged)
+    keys = {k for k, _ in entries}
+    assert set(plan.keep) | set(plan.prune) == keys and not set(plan.keep) & set(plan.prune)
+    for run in {k.split("/")[0] for k in keys}:
+        good = [k for k in keys if k.startswith(run + "/") and k not in damaged]
+        if good:
+            newest = max(good, key=lambda k: int(k.rsplit("-", 1)[1]))
+            assert newest in plan.keep and plan.newest[run] == newest, (run, plan.why)
+    assert not damaged & set(plan.prune)

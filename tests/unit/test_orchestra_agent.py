@@ -60,9 +60,14 @@ class Agent:
         self.host, self.other = f"h1-{tag}", f"h2-{tag}"
         self.lab = f"lab-{tag}"
 
-    def run(self, command: str, args: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
+    def run(
+        self, command: str, args: dict[str, Any], ssh_from: str | None = None
+    ) -> tuple[int, dict[str, Any], str]:
         args = {"lab": self.lab, **args}  # every orch_ command is asked for one lab's servers
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # labctl comes from the zipapp
+        # labctl comes from the zipapp; SSH_CONNECTION only as a test sets it (sshd's, for a host).
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SSH_CONNECTION")}
+        if ssh_from:
+            env["SSH_CONNECTION"] = f"{ssh_from} 50000 10.0.0.10 22"
         proc = subprocess.run(
             [sys.executable, "-c", BOOT, str(self.pyz), str(self.home), command, json.dumps(args)],
             capture_output=True,
@@ -403,3 +408,14 @@ def test_stop_by_pid_stops_only_those_servers(agent: Agent, tmp_path: Path) -> N
     assert not procs.alive(one["pid"]) and procs.alive(two["pid"])
     agent.ok("orch_stop", {"host": agent.host, "models": None, "grace": 5})
     assert not procs.alive(two["pid"])
+
+
+def test_a_history_entry_records_the_address_the_controller_came_from_over_ssh(agent: Agent) -> None:
+    warm = {"models": [], "warm_size": 1, "hosts": [agent.host]}
+    rc, _, err = agent.run(
+        "orch_commit", {"host": agent.host, "warm": warm, "history": {"kind": "rotate"}}, ssh_from="10.0.0.30"
+    )
+    assert rc == 0, err
+    agent.ok("orch_commit", {"host": agent.host, "warm": warm, "history": {"kind": "start"}})
+    history = agent.ok("orch_state", {"host": agent.host})["history"]
+    assert [(h["kind"], h.get("client")) for h in history] == [("rotate", "10.0.0.30"), ("start", None)]

@@ -126,7 +126,10 @@ def test_a_job_for_flagged_nodes_reads_no_inventory_and_opens_no_connection(
 @pytest.mark.parametrize("backend", ["slurm", "k8s", "trainjob"])
 def test_a_lab_that_refuses_connections_is_not_asked(tmp_path: Path, phases: Path, backend: str) -> None:
     (tmp_path / "keys").mkdir()
-    (tmp_path / "keys" / "id").write_text("not really a key")
+    # A real key: a file that is none is refused on this machine before any host is asked.
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "keys" / "id")], check=True
+    )
     inv = tmp_path / "inv.yaml"
     inv.write_text(REFUSING_LAB)
     base = ["-i", str(inv), "train", "-f", str(phases), "--phase", "2", "--backend", backend, *NEEDS[backend]]

@@ -45,20 +45,15 @@ def page_round(n: int) -> int:
 
 
 def check_name(name: Any) -> str:
-    """A model is a file or folder directly inside the storage folder: one plain path component."""
-    bad = (
-        not isinstance(name, str)
-        or not name
-        or name.startswith(".")
-        or "/" in name
-        or "\0" in name
-        or "\n" in name
-        or len(name.encode("utf-8", "replace")) > 255
-    )
-    if bad:
+    """A model is a file or folder directly inside the storage folder: one plain path component
+    (paths.component_problem), and not a hidden one: META lives there too."""
+    problem = paths.component_problem(name)
+    if problem is None and name.startswith("."):
+        problem = "it starts with '.', as labctl's own files there do"
+    if problem:
         raise AgentError(
-            f"{name!r} is not a model name: give the name of a file or folder directly inside the "
-            "storage folder (no '/', not starting with '.')",
+            f"{name!r} is not a model name ({problem}): give the name of a file or folder directly inside "
+            "the storage folder (no '/', not starting with '.')",
             "bad_name",
         )
     return name
@@ -199,7 +194,7 @@ def state_problem(doc: Any) -> Optional[str]:
             return f"its file {rel!r} is not {{size, done}}"
         done = f.get("done", {})
         if not isinstance(done, dict) or not all(
-            isinstance(k, str) and k.isdigit() and isinstance(v, str) for k, v in done.items()
+            isinstance(k, str) and k.isascii() and k.isdigit() and isinstance(v, str) for k, v in done.items()
         ):
             return f"its file {rel!r} has a 'done' that is not chunk number: hash"
     if not isinstance(doc.get("keep", {}), dict):

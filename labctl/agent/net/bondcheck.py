@@ -24,6 +24,7 @@ from ..nics import (
     read_sysfs,
 )
 from ..parsers import parse_bonding
+from ..textedit import text_lines
 from .netplan import netplan_binary, netplan_problems
 
 PROC_BONDING = "/proc/net/bonding"
@@ -184,7 +185,7 @@ def ifupdown_conflicts(
         seen.add(path)
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
-                lines = f.read().splitlines()
+                lines = text_lines(f.read())  # a comment holding U+2028 stays one comment
         except OSError:
             continue
         for line in lines:

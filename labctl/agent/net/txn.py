@@ -54,8 +54,9 @@ def net_dir() -> str:
 
 
 def _txn_dir(txn_id: str) -> str:
-    if not txn_id or "/" in txn_id or txn_id.startswith("."):
-        raise AgentError(f"bad transaction id {txn_id!r}", "input")
+    problem = paths.component_problem(txn_id)
+    if problem or txn_id.startswith("."):
+        raise AgentError(f"bad transaction id {txn_id!r}: {problem or 'it starts with a dot'}", "input")
     return os.path.join(net_dir(), txn_id)
 
 

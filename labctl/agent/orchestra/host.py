@@ -49,7 +49,7 @@ POLL_S = 0.25
 LOG_TAIL_LINES = 20
 LOG_HEADER = "==== labctl orch_start "
 # A model's name becomes a log file's name and a shell word: keep it to safe characters.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}\Z")
 TEMPLATE_FIELDS = "{path} {port} {gpu} {name}"
 
 
@@ -109,7 +109,7 @@ def _gpu(value: Any) -> Optional[int]:
 
 
 def _int_tag(value: Optional[str]) -> Optional[int]:
-    return int(value) if value and value.isdigit() else None
+    return int(value) if value and value.isascii() and value.isdigit() else None
 
 
 def _of(env: Dict[str, str], lab: str, host: str) -> bool:
@@ -244,7 +244,7 @@ def _probe_all(entries: List[Dict[str, Any]], health_path: str) -> List[Dict[str
 
 
 def log_path(model: str) -> str:
-    return os.path.join(paths.ORCHESTRA_LOGS, model + ".log")
+    return paths.child(paths.ORCHESTRA_LOGS, model, "the model") + ".log"
 
 
 def log_tail(model: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -641,6 +641,11 @@ def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     out: Dict[str, Any] = {"path": paths.WARM_STATE, "updated": updated}
     if entry is not None:
         os.makedirs(os.path.dirname(paths.ORCHESTRA_HISTORY), exist_ok=True)
-        _append_history(dict(entry, updated=entry.get("updated", updated)))
+        entry = dict(entry, updated=entry.get("updated", updated))
+        # The address the controller came from: a rotation a host outside the inventory started.
+        client = (os.environ.get("SSH_CONNECTION") or "").split()
+        if client:
+            entry["client"] = client[0]
+        _append_history(entry)
         out["history"] = paths.ORCHESTRA_HISTORY
     return out

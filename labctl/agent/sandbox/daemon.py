@@ -113,7 +113,7 @@ def _pid_of_dockerd() -> Optional[int]:
     found = [
         int(n)
         for n in os.listdir("/proc")
-        if n.isdigit() and procs.comm(int(n)) == "dockerd" and procs.alive(int(n))
+        if n.isascii() and n.isdigit() and procs.comm(int(n)) == "dockerd" and procs.alive(int(n))
     ]
     return found[0] if len(found) == 1 else None
 
@@ -219,7 +219,7 @@ def probe(p: Dict[str, Any]) -> Dict[str, Any]:
     from ..provision import _file
 
     # Mode and owner with the text: the plan keeps the file 0644, and compares what it reads.
-    out["daemon_json"] = _file({"path": DAEMON_JSON})
+    out["daemon_json"] = _file({"path": DAEMON_JSON, "whole": True})  # merged into: any size
     out["daemon"] = (
         daemon_answers() if out["docker"] else {"answering": False, "error": "docker is not installed"}
     )

@@ -81,7 +81,7 @@ def processes() -> List[Dict[str, Any]]:
     found = []
     me = os.getpid()
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != me:
+        if name.isascii() and name.isdigit() and int(name) != me:
             proc = _process(int(name))
             if proc is not None:
                 found.append(proc)

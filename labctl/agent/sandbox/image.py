@@ -201,6 +201,10 @@ def build_image(
     Returns {lang, image, recipe, built, seconds, size_bytes}; `built` is False when the image
     with that label was there. Needs root (debootstrap) and a Debian mirror the host reaches.
     """
+    problem = paths.component_problem(lang)
+    if problem:
+        # The language names the build's lock file and temp root, which a build of it removes.
+        raise AgentError(f"sandbox language {lang!r}: {problem}", "bad_args")
     if os.geteuid() != 0:
         raise AgentError("building a sandbox image needs root (debootstrap); connect as root", "op_failed")
     start = time.monotonic()

@@ -9,6 +9,8 @@ languages.py): nothing here decides a limit.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import subprocess
 import threading
@@ -16,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
 
+from .. import paths
 from ..commands import AgentError
 from .docker import Client, DockerError, oom_kills
 from .pool import Pool
@@ -32,18 +35,41 @@ def _text(b: bytes) -> str:
     return b.decode("utf-8", "replace")
 
 
+def _payload(prog: Dict[str, Any], key: str) -> Optional[bytes]:
+    """A program's `key` (source, stdin) as the bytes to hand it: `KEY_b64` carries any bytes
+    (a Latin-1 source, a binary input), `KEY` text; None when neither is given."""
+    coded = prog.get(key + "_b64")
+    if coded is not None:
+        try:
+            return base64.b64decode(str(coded), validate=True)
+        except (binascii.Error, ValueError):
+            raise AgentError(f"the program's {key}_b64 is not base64", "bad_args") from None
+    value = prog.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise AgentError(f"the program's {key} must be text (or {key}_b64 base64)", "bad_args")
+    # surrogateescape: text decoded that way by a caller gets its original bytes back
+    return value.encode("utf-8", "surrogateescape")
+
+
+def _output(key: str, data: bytes) -> Dict[str, Any]:
+    """`key` as text, and where the bytes are not UTF-8, `KEY_b64` with them exactly."""
+    try:
+        return {key: data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {key: _text(data), key + "_b64": base64.b64encode(data).decode("ascii")}
+
+
 def _outcome(
     code: Optional[int], out: bytes, err: bytes, trunc: bool, late: bool, t0: float
 ) -> Dict[str, Any]:
     """What one exec in the container (compile or run) reports, timed from `t0`."""
-    return {
-        "exit_code": code,
-        "stdout": _text(out),
-        "stderr": _text(err),
-        "truncated": trunc,
-        "timed_out": late,
-        "wall_ms": int((time.monotonic() - t0) * 1000),
-    }
+    result: Dict[str, Any] = {"exit_code": code}
+    result.update(_output("stdout", out))
+    result.update(_output("stderr", err))
+    result.update(truncated=trunc, timed_out=late, wall_ms=int((time.monotonic() - t0) * 1000))
+    return result
 
 
 class _Pools:
@@ -162,13 +188,19 @@ def _run_claimed(
                 if e.status in GONE_STATUSES:
                     raise _Gone(str(e)) from None
                 raise
-        source = prog["source"].encode() if isinstance(prog["source"], str) else prog["source"]
+        source = _payload(prog, "source") or b""
         path = "/work/" + spec["file"]
         run = list(spec["run"])
+        inline = None
         if not spec.get("compile") and len(source) <= INLINE_MAX and b"\0" not in source:
+            try:  # an argument reaches Docker as JSON text: only UTF-8 goes inline unchanged
+                inline = source.decode("utf-8")
+            except UnicodeDecodeError:
+                inline = None
+        if inline is not None:
             # one exec instead of two on the hot path: the shell writes the source, then
             # becomes the program (exec), which gets stdin and is what the exit code is of
-            run = ["sh", "-c", INLINE_SCRIPT, source.decode("utf-8", "surrogateescape"), path, *run]
+            run = ["sh", "-c", INLINE_SCRIPT, inline, path, *run]
         else:
             code, _, err, _, late = _exec(
                 client, name, [*PUT_CMD, path], env, source, 4096, time.monotonic() + PUT_TIMEOUT
@@ -185,8 +217,7 @@ def _run_claimed(
             if late or code != 0:
                 result.update(stage="compile", **_outcome(code, out, err, trunc, late, t0))
                 return result
-        stdin = prog.get("stdin")
-        data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+        data = _payload(prog, "stdin") or b""
         t0 = time.monotonic()
         code, out, err, trunc, late = _exec(client, name, run, env, data, cap, t0 + timeout)
         result.update(_outcome(code, out, err, trunc, late, t0))
@@ -242,6 +273,10 @@ def _args(args: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Dict[str, Any], D
     limits = args.get("limits")
     if not isinstance(programs, list) or not isinstance(langs, dict) or not isinstance(limits, dict):
         raise AgentError("sandbox_run needs programs (list), langs and limits (objects)", "bad_args")
+    for lang, spec in langs.items():
+        problem = paths.component_problem(spec.get("file") if isinstance(spec, dict) else None)
+        if problem:
+            raise AgentError(f"langs.{lang}.file must be a file name in /work: {problem}", "bad_args")
     return programs, langs, limits
 
 
@@ -295,7 +330,7 @@ def bench_command(args: Dict[str, Any]) -> Dict[str, Any]:
         took = time.monotonic() - t0
         bad = sum(1 for r in res if r["exit_code"] != 0 or r["stdout"].strip() != expect)
         pool = _stats([r["latency_ms"] for r in res], took, bad)
-        source = programs[0]["source"].encode()
+        source = _payload(programs[0], "source") or b""
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=conc) as ex:
             outs = list(ex.map(lambda _, src=source: _docker_run(baseline, src, expect), range(runs)))

@@ -29,10 +29,10 @@ from labctl.provision.resource import (
     probe_error,
     register,
 )
-from labctl.provision.resources.files import edit_lines, owner_ids, plan_file
+from labctl.provision.resources.files import edit_lines, file_bytes, owner_ids, plan_file
 from labctl.schedule.bundle import RUNTIME_PROBE, make_bundle, oldest_python, runtime
 
-KEY_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+\Z")
+KEY_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp[0-9]+) [A-Za-z0-9+/=]+\Z")
 MARK_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,100}\Z")
 
 
@@ -232,10 +232,12 @@ class AuthorizedKey(Resource):
         path, ssh_dir = str(st["path"]), str(st["path"]).rsplit("/", 1)[0]
         if probe_error({"f": st["file"]}, "f"):
             raise PlanError(f"cannot read {path}: {probe_error({'f': st['file']}, 'f')}.")
-        current = (st["file"].get("text") or "") if st["file"].get("exists") else ""
+        # Bytes: a file that is not UTF-8 has no "text", and must not read as empty (all keys lost).
+        current = file_bytes(st["file"]) or b""
         line = authorized_line(p.key, p.mark) if p.key else None
         # Any line under our mark is ours: a new key replaces the old one in place.
-        new = edit_lines(current, line, rf"\s{re.escape(p.mark)}$", p.state == "present")
+        # sshd cuts a key line at spaces and tabs only; \s would also take U+00A0, \x85 or \v.
+        new = edit_lines(current, line, rf"[ \t]{re.escape(p.mark)}\Z", p.state == "present")
         change = Change()
         if new == current:
             return change

@@ -8,7 +8,6 @@ cron, or a systemd service + timer where systemd runs (PID 1). The command runs 
 from __future__ import annotations
 
 import re
-import shlex
 from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
@@ -16,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from labctl.agent import paths
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
 from labctl.provision.resources.files import plan_file
+from labctl.shell import command_line, quote
 
 CRON_DIR = "/etc/cron.d"
 UNIT_DIR = "/etc/systemd/system"
@@ -23,7 +23,7 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,48}\Z")
 USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\Z")
 # One element of a field: `*`, `N` or `A-B`, then a step `/S` only after `*` or a range (as
 # Debian's cron reads it: `5/10` is an error there).
-PART_RE = re.compile(r"(?:(\*)|(\d+)-(\d+)|(\d+))(?:/(\d+))?")
+PART_RE = re.compile(r"(?:(\*)|(\d+)-(\d+)|(\d+))(?:/(\d+))?", re.ASCII)
 RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
 FIELD_NAMES = ["minute", "hour", "day of month", "month", "day of week"]
 DOW = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
@@ -159,8 +159,7 @@ class CronParams(Params):
 
 
 def locked_command(name: str, command: str) -> str:
-    lock = f"{paths.LOCK_DIR}/{name}.lock"
-    return f"flock -n {lock} sh -c {shlex.quote(command)}"
+    return command_line(["flock", "-n", f"{paths.LOCK_DIR}/{name}.lock", "sh", "-c", command])
 
 
 def job_line(name: str, command: str) -> str:
@@ -170,9 +169,9 @@ def job_line(name: str, command: str) -> str:
     flock -n exits 1 when another run holds the lock: that run records its own result, so a 1
     while the lock is still held is not recorded (a job that itself exited 1 left it free).
     """
-    lock = f"{paths.LOCK_DIR}/{name}.lock"
-    log = f"{paths.LOG_DIR}/{name}.log"
-    status = paths.job_status(name)
+    lock = quote(f"{paths.LOCK_DIR}/{name}.lock")
+    log = quote(f"{paths.LOG_DIR}/{name}.log")
+    status = quote(paths.job_status(name))
     return (
         f"{locked_command(name, command)} >>{log} 2>&1; rc=$?; "
         f"if [ $rc -ne 1 ] || flock -n {lock} true; then "
@@ -206,7 +205,7 @@ def unit_escape(text: str) -> str:
 
 def systemd_units(p: CronParams) -> tuple[str, str]:
     assert p.schedule and p.command
-    command = shlex.quote(job_line(p.name, p.command))
+    command = quote(job_line(p.name, p.command))
     service = (
         f"# labctl:cron:{p.name}\n{marks(p)}[Unit]\nDescription=labctl job {p.name}\n\n[Service]\nType=oneshot\nUser={p.user}\n"
         f"ExecStart=/bin/sh -c {unit_escape(command)}\n"
@@ -245,7 +244,7 @@ class Cron(Resource):
             name = f"labctl-{self.params.name}.timer"
             probes["enabled"] = {
                 "kind": "command",
-                "cmd": f"systemctl is-enabled {name} 2>/dev/null; systemctl is-active {name} 2>/dev/null; true",
+                "cmd": f"systemctl is-enabled {quote(name)} 2>/dev/null; systemctl is-active {quote(name)} 2>/dev/null; true",
             }
         return probes
 

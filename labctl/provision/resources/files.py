@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import string
-from typing import Any, Literal, Optional
+from typing import Any, AnyStr, Literal, Optional
 
 from pydantic import Field, model_validator
 
+from labctl.agent.provision import MAX_CONTENT
+from labctl.agent.textedit import edit_line
 from labctl.inventory.model import Host, HostPath
 from labctl.provision.resource import (
     Change,
@@ -38,6 +41,64 @@ def file_text(state: dict[str, Any]) -> str | None:
     return None
 
 
+def file_bytes(state: dict[str, Any]) -> bytes | None:
+    """The file's bytes as the probe sent them; None when absent or not sent (too large)."""
+    if not state.get("exists"):
+        return None
+    if "text" in state:
+        return str(state["text"]).encode("utf-8", "surrogateescape")
+    if "b64" in state:
+        return base64.b64decode(state["b64"])
+    return None
+
+
+def _as_bytes(content: str | bytes) -> bytes:
+    return content.encode("utf-8", "surrogateescape") if isinstance(content, str) else content
+
+
+def same_content(st: dict[str, Any], want: bytes) -> bool:
+    """Whether the probed file holds `want`. The agent sends a file's sha256 at any size but its
+    content only up to MAX_CONTENT, so the hash is what both sides compare whenever it is there."""
+    if st.get("sha256"):
+        return bool(st["sha256"] == hashlib.sha256(want).hexdigest())
+    return file_bytes(st) == want
+
+
+def content_diff(path: str, st: dict[str, Any], want: bytes | None) -> str:
+    """The diff --diff shows; for content too large to send or show, one line saying so."""
+    old = file_bytes(st)
+    if (st.get("exists") and old is None) or max(len(old or b""), len(want or b"")) > MAX_CONTENT:
+        now = f"{st.get('size', len(old or b''))} bytes" if st.get("exists") else "no file"
+        planned = "no file" if want is None else f"{len(want)} bytes"
+        return (
+            f"--- {path} (now)\n+++ {path} (planned)\n"
+            f"@@ content differs: {now} now, {planned} planned; too large to show @@\n"
+        )
+
+    def shown(data: bytes | None) -> str | None:
+        return None if data is None else data.decode("utf-8", "replace")
+
+    return unified_diff(path, shown(old) if st.get("exists") else None, shown(want))
+
+
+def write_op(path: str, data: bytes) -> dict[str, Any]:
+    """A write_file op carrying `data` byte for byte: as text when it is UTF-8, else base64."""
+    try:
+        return {"op": "write_file", "path": path, "text": data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"op": "write_file", "path": path, "b64": base64.b64encode(data).decode()}
+
+
+def writable_text(field: str, value: str | None) -> None:
+    """ValueError when `value` holds a lone surrogate (YAML's "\\ud800"): no file can hold it."""
+    bad = re.search("[\ud800-\udfff]", value or "")
+    if bad:
+        raise ValueError(
+            f"{field} holds {bad.group()!r}, half of a UTF-16 pair that no UTF-8 file can hold; "
+            "write the character itself (or its \\U0001XXXX escape)"
+        )
+
+
 class FileParams(Params):
     path: HostPath = Field(description="absolute path on the host, e.g. path: /etc/motd")
     content: Optional[str] = Field(None, description="the file's text")
@@ -51,12 +112,13 @@ class FileParams(Params):
     def _content_needed(self) -> FileParams:
         if self.state == "present" and self.content is None:
             raise ValueError("a present file needs content (or state: absent)")
+        writable_text("content", self.content)
         return self
 
 
 def plan_file(
     path: str,
-    want: str | None,
+    want: str | bytes | None,
     st: dict[str, Any],
     mode: int | None = None,
     uid: int | None = None,
@@ -69,13 +131,11 @@ def plan_file(
         raise PlanError(f"{path} is a directory, not a file.", "Remove it or choose another path.")
     if want is None:
         if exists:
-            change.add(
-                f"remove {path}", {"op": "remove", "path": path}, diff=unified_diff(path, file_text(st), None)
-            )
+            change.add(f"remove {path}", {"op": "remove", "path": path}, diff=content_diff(path, st, None))
         return change
-    current = file_text(st)
-    if not exists or current != want:
-        op: dict[str, Any] = {"op": "write_file", "path": path, "text": want}
+    data = _as_bytes(want)
+    if not exists or not same_content(st, data):
+        op = write_op(path, data)
         if mode is not None:
             op["mode"] = mode
         if uid is not None:
@@ -83,7 +143,7 @@ def plan_file(
         if gid is not None:
             op["gid"] = gid
         verb = "create" if not exists else "update"
-        change.add(f"{verb} {path}", op, diff=unified_diff(path, current if exists else None, want))
+        change.add(f"{verb} {path}", op, diff=content_diff(path, st, data))
         return change
     fix: dict[str, Any] = {}
     if mode is not None and st.get("mode") != mode:
@@ -189,6 +249,7 @@ class LineParams(Params):
             raise ValueError("give line or regexp")
         if self.line is not None and any(ord(c) < 32 and c != "\t" for c in self.line):
             raise ValueError("line must be a single line of text, without control characters")
+        writable_text("line", self.line)
         if self.regexp is not None:
             try:
                 re.compile(self.regexp)
@@ -197,28 +258,13 @@ class LineParams(Params):
         return self
 
 
-def edit_lines(text: str, line: str | None, regexp: str | None, present: bool) -> str:
-    """`text` with `line` present once (replacing the first `regexp` match) or absent; pure."""
-    lines = text.splitlines()
-    pattern = re.compile(regexp) if regexp else None
-
-    def matches(candidate: str) -> bool:
-        return bool(pattern.search(candidate)) if pattern else candidate == line
-
-    if present:
-        assert line is not None
-        if line in lines:
-            return text
-        for i, candidate in enumerate(lines):
-            if matches(candidate):
-                lines[i] = line
-                break
-        else:
-            lines.append(line)
-    else:
-        lines = [c for c in lines if not matches(c) and c != line]
-    out = "\n".join(lines)
-    return out + "\n" if out else ""
+def edit_lines(text: AnyStr, line: str | None, regexp: str | None, present: bool) -> AnyStr:
+    """`text` with `line` present once (replacing the first `regexp` match) or absent; pure.
+    Lines are cut at "\\n" only, and every byte but the managed line's stays (textedit)."""
+    if isinstance(text, str):
+        data = edit_line(text.encode("utf-8", "surrogateescape"), line, regexp, present)
+        return data.decode("utf-8", "surrogateescape")
+    return edit_line(text, line, regexp, present)
 
 
 @register
@@ -232,7 +278,11 @@ class Line(Resource):
         return f"line in {self.params.path}"
 
     def probes(self) -> Probes:
-        return {"file": {"kind": "file", "path": self.params.path}, "parent": parent_probe(self.params.path)}
+        # whole: the edit needs the content at any size (the agent's default stops at MAX_CONTENT).
+        return {
+            "file": {"kind": "file", "path": self.params.path, "whole": True},
+            "parent": parent_probe(self.params.path),
+        }
 
     def plan(self, state: State) -> Change:
         p = self.params
@@ -244,7 +294,13 @@ class Line(Resource):
                 return Change()
             if not p.create:
                 raise PlanError(f"{p.path} does not exist.", "Create it first or set create: true.")
-        current = file_text(st) or ""
+        current = file_bytes(st)
+        if current is None and st.get("exists") and not st.get("is_dir"):
+            raise PlanError(
+                f"{p.path} is not a regular file, so labctl cannot edit a line in it.",
+                "Point path at a regular file, or replace it with one by hand.",
+            )
+        current = current or b""
         new = edit_lines(current, p.line, p.regexp, p.state == "present")
         if st.get("exists") and new == current:
             return Change()

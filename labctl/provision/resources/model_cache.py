@@ -8,11 +8,12 @@ leave the host short of RAM when the cache fills. Sizes are GiB, as tmpfs `size=
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, AnyStr, Optional
 
 from pydantic import Field, field_validator
 
 from labctl.agent import paths
+from labctl.agent.textedit import body, newline_of, split_lines
 from labctl.inventory.model import Host, MountPath, cache_mib, cache_size_gb
 from labctl.provision.resource import (
     Change,
@@ -26,7 +27,7 @@ from labctl.provision.resource import (
     probe_error,
     register,
 )
-from labctl.provision.resources.files import file_text, plan_file
+from labctl.provision.resources.files import file_bytes, plan_file
 
 GIB = 1 << 30
 FSTAB = "/etc/fstab"
@@ -71,43 +72,63 @@ def _size_arg(size_gb: float) -> str:
     return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
 
 
-def edit_fstab(text: str, path: str, entry: str) -> str:
+def edit_fstab(text: AnyStr, path: str, entry: str) -> AnyStr:
     """fstab with labctl's marked entry for `path` present exactly once, where it was; pure.
 
     An unmarked line that mounts the same path belongs to someone else: refuse rather
     than mount twice or silently take it over. Lines others add around ours stay put, and
     ours is rewritten in place, so a tool appending after it does not make us move it.
+    Lines are cut at "\\n" only, as mount(8) reads them, and every other byte stays as it was.
     """
-    lines = text.splitlines()
-    out: list[str] = []
-    placed = skip_next = False
-    for i, line in enumerate(lines):
-        if skip_next:
-            skip_next = False
-            fields = line.split()
-            if len(fields) >= 2 and fstab_unescape(fields[1]) == path and not line.lstrip().startswith("#"):
-                continue  # our old entry, replaced by the one written with the marker
-        if line.strip() == f"{MARK} {path}":
+    if isinstance(text, str):
+        return _edit_fstab(text.encode("utf-8", "surrogateescape"), path, entry).decode(
+            "utf-8", "surrogateescape"
+        )
+    return _edit_fstab(text, path, entry)
+
+
+def _edit_fstab(data: bytes, path: str, entry: str) -> bytes:
+    mark, new = f"{MARK} {path}".encode(), entry.encode()
+    nl = newline_of(data)
+    pieces = split_lines(data)
+
+    def mounts_path(line: bytes) -> bool:
+        fields = line.split()  # bytes: blanks as mount(8) sees them, not U+2028 or U+00A0
+        return (
+            len(fields) >= 2
+            and not line.lstrip().startswith(b"#")
+            and fstab_unescape(fields[1].decode("utf-8", "surrogateescape")) == path
+        )
+
+    out: list[bytes] = []
+    placed = False
+    i = 0
+    while i < len(pieces):
+        piece = pieces[i]
+        line = body(piece)
+        i += 1
+        if line.strip() == mark:
+            # Our old entry follows the marker: replaced in place, keeping its own line ending.
+            ours = i < len(pieces) and mounts_path(body(pieces[i]))
+            ending = pieces[i][len(body(pieces[i])) :] if ours else nl
+            i += ours
             if not placed:
-                out += [line.strip(), entry]
+                out += [line + (piece[len(line) :] or nl), new + ending]
                 placed = True
-            skip_next = True
             continue
-        fields = line.split()
-        if (
-            fields
-            and not line.lstrip().startswith("#")
-            and len(fields) >= 2
-            and fstab_unescape(fields[1]) == path
-        ):
+        if mounts_path(line):
+            shown = line.decode("utf-8", "replace").strip()
             raise PlanError(
-                f"{FSTAB} line {i + 1} already mounts {path} and was not written by labctl: {line.strip()!r}.",
+                f"{FSTAB} line {i} already mounts {path} and was not written by labctl: {shown!r}.",
                 "Remove that line, or point model_cache.path somewhere else.",
             )
-        out.append(line)
+        out.append(piece)
+    result = b"".join(out)
     if not placed:
-        out += [f"{MARK} {path}", entry]
-    return "\n".join(out) + "\n"
+        if result and not result.endswith(b"\n"):
+            result += nl
+        result += mark + nl + new + nl
+    return result
 
 
 @register
@@ -146,7 +167,7 @@ class ModelCache(Resource):
         return {
             "mount": {"kind": "mount", "path": self.path},
             "mem": {"kind": "meminfo"},
-            "fstab": {"kind": "file", "path": FSTAB},
+            "fstab": {"kind": "file", "path": FSTAB, "whole": True},
             "manifest": {"kind": "file", "path": f"{self.path}/{paths.CACHE_META}"},
         }
 
@@ -190,7 +211,7 @@ class ModelCache(Resource):
                 {"op": "run", "argv": ["mount", "-o", f"remount,size={_size_arg(self.size_gb)}", path]},
             )
         fstab = state["fstab"]
-        current = file_text(fstab) or ""
+        current = file_bytes(fstab) or b""
         wanted = edit_fstab(current, path, fstab_entry(path, self.size_gb, self.params.mode))
         if wanted != current:
             fs_change = plan_file(FSTAB, wanted, fstab)

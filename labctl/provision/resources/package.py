@@ -17,6 +17,7 @@ from labctl.provision.resource import (
     probe_error,
     register,
 )
+from labctl.shell import command_line
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+\Z")
 
@@ -56,7 +57,7 @@ class Package(Resource):
         return f"package {','.join(self.params.names)}"
 
     def probes(self) -> Probes:
-        names = " ".join(self.params.names)
+        names = command_line(self.params.names)
         return {
             "system": {"kind": "system"},
             "dpkg": {

@@ -60,7 +60,9 @@ class SandboxParams(Params):
         True,
         description="write daemon.json and restart dockerd when it changes (false: use the daemon as it is)",
     )
-    log_max_size: str = Field("10m", pattern=r"^[1-9]\d*[kmg]$", description="json-file max-size, e.g. 10m")
+    log_max_size: str = Field(
+        "10m", pattern=r"^[1-9][0-9]*[kmg]$", description="json-file max-size, e.g. 10m"
+    )
     log_max_file: int = Field(3, ge=1, le=100, description="json-file max-file")
     userns_remap: Literal["auto", "force", "off"] = Field(
         "auto",

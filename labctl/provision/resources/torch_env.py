@@ -88,10 +88,10 @@ def choose_build(version: str, variant: str, gpus: list[tuple[str, Cap]]) -> str
 
 class TorchEnvParams(Params):
     version: str = Field(
-        "2.13.0", pattern=r"^\d+\.\d+(\.\d+)?$", description="torch version, e.g. version: 2.13.0"
+        "2.13.0", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", description="torch version, e.g. version: 2.13.0"
     )
     cuda: str = Field(
-        "auto", pattern=r"^(auto|cpu|cu\d{3})$", description="auto, cpu, or a build such as cu126"
+        "auto", pattern=r"^(auto|cpu|cu[0-9]{3})$", description="auto, cpu, or a build such as cu126"
     )
     path: Optional[HostPath] = Field(
         None, description=f"virtualenv path (default {paths.ENVS_DIR}/torch-VERSION-BUILD)"
@@ -131,7 +131,7 @@ class TorchEnv(Resource):
         out = []
         for line in (state.get("gpus") or {}).get("stdout", "").splitlines():
             name, _, cap = line.rpartition(",")
-            if re.fullmatch(r"\s*\d+\.\d+\s*", cap):
+            if re.fullmatch(r"\s*[0-9]+\.[0-9]+\s*", cap, re.ASCII):
                 out.append((name.strip(), parse_cap(cap)))
         return out
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.errors import InputError
-from labctl.fsutil import write_atomic
+from labctl.fsutil import write_output
 from labctl.train.backends import jobs
 from labctl.train.request import JobOptions
 
@@ -44,7 +44,7 @@ GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource name
 # A PVC name is a DNS-1123 subdomain.
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # Kubernetes quantities: "8", "500m", "1.5", "32Gi", "1e3".
-_QUANTITY = re.compile(r"[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[numkMGTPE]|[KMGTPE]i)?")
+_QUANTITY = re.compile(r"[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[numkMGTPE]|[KMGTPE]i)?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -316,7 +316,7 @@ class KubeJobBackend(jobs.JobFileBackend):
             spec, base64.b64encode(agent[0]).decode() if agent else None, agent[1] if agent else None, job
         )
         path = folder / f"train-phase{spec.phase}.yaml"
-        write_atomic(path, manifest)
+        write_output(path, manifest)
         return [path]
 
     def submit_command(self, paths: list[Path]) -> str:

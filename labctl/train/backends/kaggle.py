@@ -20,7 +20,7 @@ from labctl.cloud import bundle as cloud_bundle
 from labctl.cloud.backend import CloudBackend, checkpoint_subdir, required
 from labctl.cloud.platforms import KAGGLE
 from labctl.errors import InputError
-from labctl.fsutil import write_atomic
+from labctl.fsutil import write_output
 from labctl.train.duration import format_duration
 from labctl.train.request import JobOptions
 from labctl.train.spec import LaunchSpec
@@ -107,9 +107,9 @@ class KaggleBackend(CloudBackend):
             "model_sources": [],
         }
         written = [folder / METADATA, folder / code_file, folder / trainer.name]
-        write_atomic(written[0], json.dumps(metadata, indent=2) + "\n")
-        write_atomic(written[1], cloud_bundle.session_source(config, header, embed=trainer), mode=0o755)
-        write_atomic(written[2], trainer.data)
+        write_output(written[0], json.dumps(metadata, indent=2) + "\n")
+        write_output(written[1], cloud_bundle.session_source(config, header, embed=trainer), mode=0o755)
+        write_output(written[2], trainer.data)
         return written
 
     def submit_command(self, paths: list[Path]) -> str:

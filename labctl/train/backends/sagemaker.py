@@ -19,7 +19,6 @@ import functools
 import json
 import os
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,8 @@ from labctl.cloud import bundle as cloud_bundle
 from labctl.cloud.backend import CloudBackend, checkpoint_subdir, required
 from labctl.cloud.platforms import SAGEMAKER, SAGEMAKER_INSTANCE
 from labctl.errors import InputError, install_extra
-from labctl.fsutil import write_atomic
+from labctl.fsutil import write_output
+from labctl.shell import quote
 from labctl.train.duration import format_duration
 from labctl.train.request import JobOptions
 from labctl.train.spec import LaunchSpec
@@ -254,8 +254,8 @@ class SageMakerBackend(CloudBackend):
             {ENTRY: cloud_bundle.session_source(config, header).encode(), trainer.name: trainer.data}
         )
         written = [folder / REQUEST, folder / SOURCE]
-        write_atomic(written[0], json.dumps(request, indent=2) + "\n")
-        write_atomic(written[1], tar)
+        write_output(written[0], json.dumps(request, indent=2) + "\n")
+        write_output(written[1], tar)
         return written
 
     def submit_command(self, paths: list[Path]) -> str:
@@ -263,6 +263,6 @@ class SageMakerBackend(CloudBackend):
         source = json.loads(request["HyperParameters"]["sagemaker_submit_directory"])
         where = json.loads(request["HyperParameters"]["sagemaker_region"])
         return (
-            f"aws s3 cp {shlex.quote(str(paths[1]))} {shlex.quote(source)} --region {where} && "
-            f"aws sagemaker create-training-job --region {where} --cli-input-json {shlex.quote('file://' + str(paths[0]))}"
+            f"aws s3 cp {quote(str(paths[1]))} {quote(source)} --region {quote(where)} && "
+            f"aws sagemaker create-training-job --region {quote(where)} --cli-input-json {quote('file://' + str(paths[0]))}"
         )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labctl.errors import InputError
-from labctl.fsutil import write_atomic
+from labctl.fsutil import write_output
+from labctl.shell import command_line, export_lines, quote
 from labctl.train.backends import jobs
 from labctl.train.request import CLUSTER_FIELDS, ClusterShape, JobOptions
 from labctl.train.spec import LaunchSpec
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 # process room for its own threads and a DataLoader worker or two.
 _CPUS_PER_WORKER = 4
 # fullmatch, not `$`: `$` also matches before a final newline, which would end the #SBATCH line.
-_SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|(?i:unlimited|infinite)")
+_SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|(?i:unlimited|infinite)", re.ASCII)
 _SLURM_PARTITION = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 IFACE_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # Run on each node inside the job step, before torchrun: NCCL and Gloo use the interface that
@@ -63,10 +63,10 @@ class SlurmBackend(jobs.JobFileBackend):
             cluster=job.cluster(),
         )
         written = [folder / f"train-phase{spec.phase}.sbatch"]
-        write_atomic(written[0], script, mode=0o755)
+        write_output(written[0], script, mode=0o755)
         if agent:
             written.append(folder / agent[1])
-            write_atomic(written[1], agent[0])
+            write_output(written[1], agent[0])
         return written
 
     def notes(self, spec: LaunchSpec, job: JobOptions) -> list[str]:
@@ -86,7 +86,7 @@ class SlurmBackend(jobs.JobFileBackend):
 
     def submit_command(self, paths: list[Path]) -> str:
         # sbatch runs the script from where it is submitted, and it finds the trainer beside it.
-        return f"cd {shlex.quote(str(paths[0].parent))} && sbatch {paths[0].name}"
+        return f"cd {quote(str(paths[0].parent))} && sbatch {quote(paths[0].name)}"
 
 
 def render_sbatch(
@@ -144,7 +144,9 @@ def render_sbatch(
             + " Submit again to resume."
         )
     if named_iface:
-        lines.append(f"# NCCL/Gloo interface: {named_iface}, as the phase's env names it, on every node.")
+        lines.append(
+            f"# NCCL/Gloo interface: {jobs.oneline(named_iface)}, as the phase's env names it, on every node."
+        )
     else:
         lines.append(
             "# NCCL/Gloo interface: on each node, the one that reaches the head node, decided at job start."
@@ -184,10 +186,10 @@ def render_sbatch(
         'PYTHON="${PYTHON:-python3}"  # the interpreter with torch on the nodes; override from the environment',
         "",
     ]
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
+    lines += export_lines(dict(sorted(env.items())), f"phase {spec.phase}'s environment")
     if agent_name:
         lines += [
-            f'agent="$SLURM_SUBMIT_DIR"/{shlex.quote(agent_name)}',
+            f'agent="$SLURM_SUBMIT_DIR"/{quote(agent_name)}',
             'if [ ! -f "$agent" ]; then',
             '    echo "labctl: $agent not found: submit from the folder that holds it and this script" >&2',
             "    exit 2",
@@ -213,7 +215,7 @@ def render_sbatch(
         # --kill-on-bad-exit: once one node's torchrun gives up, the others would otherwise sit
         # in rendezvous until join_timeout.
         "srun --kill-on-bad-exit=1"
-        + ("" if named_iface else f" bash -c {shlex.quote(_IFACE_AT_START)} labctl-node")
+        + ("" if named_iface else f" bash -c {quote(_IFACE_AT_START)} labctl-node")
         + f' "$PYTHON" -m {jobs.TORCHRUN}',
         '--nnodes="$SLURM_NNODES"',
         f"--nproc-per-node={nproc}",
@@ -225,7 +227,7 @@ def render_sbatch(
         f"--rdzv-conf=join_timeout={spec.rdzv_timeout}",
         f"--max-restarts={spec.max_restarts}",
         "--tee=3",  # the rank prefix (LOG_PREFIX_ENV) is applied to tee'd output only
-        shlex.join(spec.entry_argv()),
+        command_line(spec.entry_argv()),
     ]
     lines.append(" \\\n    ".join(command))
     return "\n".join(lines) + "\n"
@@ -241,4 +243,4 @@ def slurm_time(seconds: int) -> str:
 
 def _cpus_per_worker(env: dict[str, str]) -> int:
     threads = env.get("OMP_NUM_THREADS", "")
-    return int(threads) if threads.isdigit() and int(threads) > 0 else _CPUS_PER_WORKER
+    return int(threads) if threads.isascii() and threads.isdigit() and int(threads) > 0 else _CPUS_PER_WORKER
