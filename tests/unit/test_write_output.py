@@ -47,6 +47,6 @@ def test_a_figure_goes_through_the_same_write(tmp_path: Path) -> None:
     fsutil.save_figure(fig, tmp_path / "chart.png", dpi=50)
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "blocked").write_text("")
-    with pytest.raises(LabctlError, match="cannot write chart.png there"):
+    with pytest.raises(LabctlError, match=r"cannot write chart\.png there"):
         fsutil.save_figure(fig, tmp_path / "blocked" / "chart.png", dpi=50)
     plt.close(fig)
