@@ -87,6 +87,10 @@ def host_rows(status: Any) -> list[tuple[Any, ...]]:
         rows.append(("warm", str(len(warm)), "", "", "", ", ".join(_warm_text(w) for w in warm)))
     for r in s.get("runs") or []:
         rows.append(("run", _pct(_progress(r)), "", "", "", _run_text(r)))
+    # The host keeps its history itself; a clock that jumped or a file it could not write is said
+    # here, or the gap in the history would go unexplained.
+    for note in [*(s.get("history_notes") or []), *([s["history_error"]] if s.get("history_error") else [])]:
+        rows.append(("history", "", "", "", "", Text(str(note), style="yellow")))
     return rows
 
 

@@ -239,3 +239,12 @@ def test_a_bad_alerts_file_is_exit_2_naming_its_line(tmp_path: Path) -> None:
     proc = labctl("-i", str(REPO / "inventory/lab.yaml"), "status", "--alerts", str(bad))
     assert proc.returncode == 2, proc.stderr
     assert f"{bad}:2" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_clock_that_went_back_and_a_history_not_written_are_said_on_the_hosts_rows() -> None:
+    sample = pharaoh_sample()
+    sample["history_notes"] = ["clock went back 2 h between 12:00:00 and 12:00:10; later samples re-dated"]
+    sample["history_error"] = "cannot write /var/lib/labctl/status/history.jsonl: No space left on device"
+    text = "\n".join(screen([HostStatus("pharaoh", True, sample)]))
+    assert "clock went back 2 h" in text and "No space left on device" in text
+    assert "history" in text
