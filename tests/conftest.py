@@ -15,9 +15,12 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-# No per-example deadline: CI shares two cores, and a slow example is not a wrong one.
-settings.register_profile("labctl", deadline=None)
-settings.load_profile("labctl")
+# No per-example deadline: CI shares two cores, and a slow example is not a wrong one. The same
+# examples every run, so CI's verdict does not depend on a draw; LABCTL_HYPOTHESIS=explore draws
+# new ones, ten times as many, to look for what the fixed set misses.
+settings.register_profile("labctl", deadline=None, derandomize=True)
+settings.register_profile("explore", deadline=None, max_examples=1000)
+settings.load_profile(os.environ.get("LABCTL_HYPOTHESIS", "labctl"))
 
 REPO = Path(__file__).resolve().parents[1]
 SIM_HOSTS = ["m5", "irina", "pharaoh", "workstation"]

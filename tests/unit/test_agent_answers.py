@@ -54,7 +54,7 @@ def conforming(shape: Any) -> st.SearchStrategy[Any]:
             "num": st.integers(-INT_LIMIT, INT_LIMIT - 1) | st.floats(allow_nan=False, allow_infinity=False),
             "time": st.integers(0, int(TIME_LIMIT) - 1)
             | st.floats(0, TIME_LIMIT, exclude_max=True, allow_nan=False),
-            "cap": st.from_regex(r"\d{1,2}(\.\d{1,2})?", fullmatch=True),
+            "cap": st.from_regex(r"[0-9]{1,2}(\.[0-9]{1,2})?", fullmatch=True),
         }
         return st.none() | plain[base] if shape.endswith("?") else plain[base]
     if isinstance(shape, tuple):
