@@ -159,9 +159,7 @@ def network(
     streams: Annotated[
         str, typer.Option("--streams", help="Stream counts to measure, comma-separated, e.g. 1,2,4.")
     ] = "1,2,4",
-    seconds: Annotated[
-        float, typer.Option("--seconds", callback=positive, help="How long each stream count sends.")
-    ] = 5.0,
+    seconds: Annotated[float, typer.Option("--seconds", help="How long each stream count sends.")] = 5.0,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,

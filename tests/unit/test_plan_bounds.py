@@ -192,7 +192,6 @@ def test_a_period_of_thousands_of_digits_is_not_a_period() -> None:
     [
         ["status", "--watch", "1e10"],
         ["exec", "--timeout", "1e300", "--", "true"],
-        ["bench", "network", "--seconds", "nan"],
     ],
 )
 def test_seconds_past_a_timers_range_are_refused(tmp_path: Path, args: list[str]) -> None:
