@@ -187,6 +187,18 @@ def test_a_period_of_thousands_of_digits_is_not_a_period() -> None:
         every_to_schedule("9" * 5000 + "d")
 
 
+def wide_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI, 300 columns wide so that its error box does not wrap the message asserted."""
+    return subprocess.run(
+        [sys.executable, "-m", "labctl", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "300"},
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -199,14 +211,7 @@ def test_seconds_past_a_timers_range_are_refused(tmp_path: Path, args: list[str]
     inv.write_text(
         "lab: l\nhosts:\n  here: {address: 127.0.0.1, connection: local, python: /usr/bin/python3}\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "labctl", "-i", str(inv), *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "COLUMNS": "300"},
-        timeout=60,
-    )
+    proc = wide_cli("-i", str(inv), *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "is not a number above 0 and at most 1e+09" in proc.stderr
 
@@ -214,13 +219,6 @@ def test_seconds_past_a_timers_range_are_refused(tmp_path: Path, args: list[str]
 @pytest.mark.parametrize("args", [["orchestra", "stop", "--wait", "inf"], ["rotate", "--wait", "1e300"]])
 def test_a_wait_with_no_end_is_refused(args: list[str]) -> None:
     # typer's min=0 lets inf through: `orchestra stop --wait inf` waited for ever on a held lock.
-    proc = subprocess.run(
-        [sys.executable, "-m", "labctl", "-i", "/nonexistent/lab.yaml", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "COLUMNS": "300"},
-        timeout=60,
-    )
+    proc = wide_cli("-i", "/nonexistent/lab.yaml", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "is not a finite number of at most 1e+09" in proc.stderr
