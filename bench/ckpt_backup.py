@@ -63,7 +63,7 @@ def main() -> int:
             return run([*labctl, "--json", "exec", "-l", host, "--", line]).stdout
 
         code = (
-            "import os,sys; from labctl.agent.ckpt import CheckpointDir; "
+            "import os,sys; from labctl.agent.train.ckpt import CheckpointDir; "
             f"CheckpointDir(sys.argv[1]).save({STEP}, os.urandom({SIZE}), {{}}, save=lambda s, f: f.write(s))"
         )
         on("m5", f"cd {REPO} && {sys.executable} -c '{code}' {FOLDER}")

@@ -40,8 +40,8 @@ GB = 1e9
 
 sys.path.insert(0, str(REPO))  # run as a script: make `bench` and `labctl` importable
 from bench.common import machine, publish  # noqa: E402
-from labctl.agent.loader import load_file  # noqa: E402
-from labctl.agent.modelgen import make_model  # noqa: E402
+from labctl.agent.modelload.loader import load_file  # noqa: E402
+from labctl.agent.modelload.modelgen import make_model  # noqa: E402
 
 
 def median_time(fn: Callable[[], Any], reps: int) -> float:

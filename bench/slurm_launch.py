@@ -107,7 +107,7 @@ def plain_torchrun(job: Path) -> tuple[float, float]:
     shutil.rmtree(job.parent / "ckpt", ignore_errors=True)
     [script] = job.glob("*.sbatch")
     text = script.read_text()
-    entry = shlex.split(text[text.index("-m labctl.agent.trainer") :].splitlines()[0])
+    entry = shlex.split(text[text.index("-m labctl.agent.train.trainer") :].splitlines()[0])
     [agent] = job.glob("*.pyz")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", *entry]
     env = {"PYTHONPATH": str(agent), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"}

@@ -3,7 +3,7 @@
 Both train the same tinylm (same initial weights) on the same synthetic batches with AdamW,
 in the same process:
 
-- trainer: `labctl.agent.trainer.Trainer.train_steps`, the loop `labctl train` runs: lr
+- trainer: `labctl.agent.train.trainer.Trainer.train_steps`, the loop `labctl train` runs: lr
   schedule, loss accumulation on the device, the DDP/autocast hooks (inactive here), the
   OOM-retry wrapper, a logging step every `--log-every` steps (`.item()`, JSON to /dev/null);
 - plain: `loss = F.cross_entropy(model(x), y); loss.backward(); opt.step(); opt.zero_grad()`.
@@ -37,9 +37,9 @@ TARGET_PCT = 3.0
 
 sys.path.insert(0, str(REPO))  # run as a script: make `bench` and `labctl` importable
 from bench.common import machine, publish  # noqa: E402
-from labctl.agent.corpus import Corpus  # noqa: E402
 from labctl.agent.tinylm import build_model  # noqa: E402
-from labctl.agent.trainer import Trainer  # noqa: E402
+from labctl.agent.train.corpus import Corpus  # noqa: E402
+from labctl.agent.train.trainer import Trainer  # noqa: E402
 
 # About 90 ms a step on the 2-core VM: long enough that timer and scheduler noise is small.
 MODEL = {"vocab": 256, "d_model": 256, "n_layers": 4, "n_heads": 4, "d_ff": 1024}

@@ -67,7 +67,7 @@ def one_run(steps: int, log_every: int, limited: bool) -> dict[str, Any]:
         s = settings(Path(tmp), steps, log_every, limited)
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", LABCTL_TRAIN_DEVICE="cpu")
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-        argv += ["-m", "labctl.agent.trainer", "--settings", json.dumps(s)]
+        argv += ["-m", "labctl.agent.train.trainer", "--settings", json.dumps(s)]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=tmp, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"the run failed ({proc.returncode}): {proc.stderr[-2000:]}")

@@ -15,8 +15,8 @@ TINY = {"vocab": 256, "d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 128}
 def session(out: Path, run_id: str = "kaggle-1", settings_file: bool = True) -> Path:
     """What a cloud session leaves: checkpoints in working/checkpoints, its settings beside them."""
     torch = pytest.importorskip("torch")
-    from labctl.agent.trainer import Trainer
-    from labctl.agent.trainer_settings import DEFAULTS
+    from labctl.agent.train.settings import DEFAULTS
+    from labctl.agent.train.trainer import Trainer
 
     working = out / "working"
     s: dict[str, Any] = dict(DEFAULTS)

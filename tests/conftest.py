@@ -110,10 +110,10 @@ def docker_images() -> dict[str, dict[str, Any]]:
     reason = docker_unavailable()
     if reason:
         pytest.skip(f"Docker sandboxes unavailable: {reason}")
-    from labctl.agent.commands import AgentError
+    from labctl.agent.errors import AgentError
     from labctl.agent.sandbox.daemon import daemon_answers, dockerd_op
     from labctl.agent.sandbox.image import build_image
-    from labctl.sandbox.languages import RECIPES, SUITE, recipe_hash
+    from labctl.agent.sandbox.languages import RECIPES, SUITE, recipe_hash
 
     if not daemon_answers()["answering"]:
         try:

@@ -158,7 +158,7 @@ def run(env: CheckEnv) -> Section:
     import torch
     from safetensors.torch import load_file as st_load
 
-    from labctl.agent.loader import default_readers, load_model_dir, model_files, release_pinned
+    from labctl.agent.modelload.loader import default_readers, load_model_dir, model_files, release_pinned
 
     sec = Section("loader", TITLE)
     size_gb = 0.1 if env.smoke else 4.0
@@ -251,7 +251,7 @@ def run(env: CheckEnv) -> Section:
     if env.cuda:
         # The loader's reading half alone (page cache -> its pinned ring, nothing sent to the
         # card): whether reading or copying is what holds it below the ceiling.
-        from labctl.agent.loader import _give_ring, _take_ring, pipeline, read_header
+        from labctl.agent.modelload.loader import _give_ring, _take_ring, pipeline, read_header
 
         ring = _take_ring(torch, 256 << 20, readers + 2)
         headers = [read_header(f) for f in files]

@@ -1,7 +1,7 @@
 """torch_env's choice for this card: the build labctl would install, and its tables against the real torch.
 
 labctl decides which CUDA build of torch runs on a GPU from tables of each build's
-architectures (labctl/gpus.py), because it must decide before torch is installed. The card
+architectures (labctl/facts/gpus.py), because it must decide before torch is installed. The card
 and the torch installed on it are the final word: the architectures this torch was built
 for, and a kernel that really ran. Where the tables and the real build disagree, the
 tables are wrong and the section fails.
@@ -34,7 +34,7 @@ def _variant(cuda: str | None) -> str:
 def run(env: CheckEnv) -> Section:
     import torch
 
-    from labctl.gpus import arch_caps, build_archs, builds_for, fmt_cap, known_cap, runs_on
+    from labctl.facts.gpus import arch_caps, build_archs, builds_for, fmt_cap, known_cap, runs_on
     from labctl.provision.resources.torch_env import TorchEnvParams, choose_build
 
     sec = Section("torch_env", TITLE)

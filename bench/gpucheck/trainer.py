@@ -199,7 +199,7 @@ def time_limit_s(startup_s: float, window_s: float, state_bytes: int) -> int:
     """A --time-limit that leaves `window_s` of training after `startup_s` (torchrun's start to the
     first step) and before the room the trainer keeps for its checkpoint and exit, so the run
     pauses mid-way rather than at its first step or never."""
-    from labctl.agent.trainer_limit import CHECKPOINT_SAFETY, checkpoint_estimate, exit_margin
+    from labctl.agent.train.limit import CHECKPOINT_SAFETY, checkpoint_estimate, exit_margin
 
     limit = startup_s + window_s + checkpoint_estimate([], state_bytes) * CHECKPOINT_SAFETY
     return math.ceil(limit + exit_margin(limit))
@@ -488,7 +488,7 @@ class Launcher:
         cmd = [
             *torchrun(self.env, 1),
             "-m",
-            "labctl.agent.trainer",
+            "labctl.agent.train.trainer",
             "--settings",
             json.dumps(full),
         ]
@@ -744,7 +744,7 @@ import os
 import sys
 
 os.environ["LOCAL_RANK"] = "0"
-from labctl.agent.trainer import main  # noqa: E402
+from labctl.agent.train.trainer import main  # noqa: E402
 
 sys.exit(main())
 '''

@@ -14,7 +14,8 @@ import sys
 import traceback
 from typing import Any, Dict, List, Optional
 
-from .commands import AgentError, resolve
+from .commands import resolve
+from .errors import AgentError
 
 USAGE = "usage: agent COMMAND [JSON-ARGS | -]"
 

@@ -1,5 +1,5 @@
 """What each agent command answers, as plain data: the shape the controller checks every
-answer against before any of its code reads it (labctl/agent_ship.py, call_agent).
+answer against before any of its code reads it (labctl/hosts/agent_ship.py, call_agent).
 
 A host that answers otherwise (a `python:` that is not a plain Python, a replaced agent, a
 broken disk under the agent's files) is then named as answering wrongly, instead of labctl

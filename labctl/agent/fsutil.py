@@ -1,16 +1,19 @@
 """The one way labctl replaces a file: a reader sees the old file or the new one, never half.
 
 Used on hosts by the agent (provision, the cache, checkpoints, generated models, run records)
-and on the controller through labctl/fsutil.py. Standard library only, Python 3.8.
+and on the controller through labctl/output/files.py. Standard library only, Python 3.8.
 """
 
 from __future__ import annotations
 
+import base64
 import errno
+import hashlib
 import json
 import os
+import stat
 import tempfile
-from typing import IO, Any, Callable, Optional, Tuple, Union
+from typing import IO, Any, Callable, Dict, Optional, Tuple, Union
 
 Fill = Union[bytes, Callable[[IO[bytes]], Any]]
 
@@ -111,3 +114,36 @@ def _copy_in_place(src: str, path: str) -> None:
         f.truncate()
         f.flush()
         os.fsync(f.fileno())
+
+
+# Content sent back up to this size; the sha256 always, which is what plans compare. A probe
+# with "whole": true gets the content at any size (an edit of one line needs the rest).
+MAX_CONTENT = 1 << 20
+
+
+def file_state(p: Dict[str, Any]) -> Dict[str, Any]:
+    """What a file is (mode, owner, size, sha256, and its text up to MAX_CONTENT): p = {path, content?, whole?}."""
+    path = p["path"]
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return {"exists": False}
+    out: Dict[str, Any] = {
+        "exists": True,
+        "is_dir": stat.S_ISDIR(st.st_mode),
+        "mode": stat.S_IMODE(st.st_mode),
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+        "size": st.st_size,
+    }
+    # content: false for a secret (a private key): its mode and size are all the plan needs.
+    if stat.S_ISREG(st.st_mode) and p.get("content", True):
+        with open(path, "rb") as f:
+            data = f.read()
+        out["sha256"] = hashlib.sha256(data).hexdigest()
+        if len(data) <= MAX_CONTENT or p.get("whole"):
+            try:
+                out["text"] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                out["b64"] = base64.b64encode(data).decode()
+    return out

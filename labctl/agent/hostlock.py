@@ -18,7 +18,7 @@ import time
 from typing import Any, Dict
 
 from . import paths
-from .commands import AgentError
+from .errors import AgentError
 
 
 def _emit(event: Dict[str, Any]) -> None:

@@ -77,7 +77,7 @@ def component_problem(name: Any) -> Optional[str]:
     """Why `name` cannot be one path component that labctl joins under a folder of its own (a
     model, run, job, log, sandbox language ...), or None when it can. The one rule, on both
     sides: the controller refuses such a name as bad input before anything runs
-    (labctl/validation.py path_component), and the agent refuses it again where it joins the
+    (labctl/documents/validation.py path_component), and the agent refuses it again where it joins the
     name into a path (`child`), whoever sent it."""
     if not isinstance(name, str) or not name:
         return "it is empty"
@@ -133,7 +133,7 @@ def status_history() -> str:
 
 
 def provision_lock() -> str:
-    """The flock file a changing `labctl provision` run holds on this host (see labctl/hostlock.py)."""
+    """The flock file a changing `labctl provision` run holds on this host (see labctl/hosts/hostlock.py)."""
     return local_home() + "/provision.lock"
 
 

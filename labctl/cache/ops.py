@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 from labctl.errors import HostError
 
 if TYPE_CHECKING:
-    from labctl.fanout import HostRun
+    from labctl.hosts.fanout import HostRun
     from labctl.inventory.model import ModelCache
 
 
 def cache_state(run: HostRun, mc: ModelCache) -> dict[str, Any]:
-    from labctl.agent_ship import call_agent
+    from labctl.hosts.agent_ship import call_agent
 
     state: dict[str, Any] = call_agent(run, "cache_state", {"cache": mc.path, "size_gb": mc.size_gb})
     if not state.get("exists"):
@@ -34,7 +34,7 @@ def evict(run: HostRun, mc: ModelCache, models: Sequence[str], force: bool = Fal
     Returns the agent's answer: `evicted` [{name, bytes, partial?}], `not_cached`, and
     `pinned` (left in place).
     """
-    from labctl.agent_ship import call_agent
+    from labctl.hosts.agent_ship import call_agent
 
     answer: dict[str, Any] = call_agent(
         run, "cache_evict", {"cache": mc.path, "models": list(models), "force": force}
@@ -44,7 +44,7 @@ def evict(run: HostRun, mc: ModelCache, models: Sequence[str], force: bool = Fal
 
 def pin(run: HostRun, mc: ModelCache, model: str, pinned: bool) -> dict[str, Any]:
     """Pin or unpin a cached model; `changed` says whether it was not so already."""
-    from labctl.agent_ship import AgentFailed, call_agent
+    from labctl.hosts.agent_ship import AgentFailed, call_agent
 
     try:
         answer: dict[str, Any] = call_agent(

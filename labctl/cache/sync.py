@@ -18,17 +18,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from labctl.agent.cache.manifest import DEFAULT_CHUNK
-from labctl.agent_ship import agent_event
 from labctl.cache.ops import cache_state
 from labctl.cache.plan import plan_sync
 from labctl.cache.targets import Target, cache_of, resolve_target
 from labctl.errors import HostError, InputError, LabctlError
-from labctl.fmt import fmt_bytes
-from labctl.listening import Listener
+from labctl.hosts.agent_ship import agent_event
+from labctl.hosts.listening import Listener
+from labctl.output.fmt import fmt_bytes
 
 if TYPE_CHECKING:
-    from labctl.context import Context
-    from labctl.fanout import HostRun
+    from labctl.hosts.context import Context
+    from labctl.hosts.fanout import HostRun
     from labctl.inventory.model import Host
 
 # Two streams at least: an 802.3ad bond hashing layer3+4 puts each TCP flow on one member,
@@ -108,7 +108,7 @@ def pull_from(
     `args` names what to pull and where (`cache` or `into`, `models`, ...); the address,
     port and token are added here. `last` keeps the latest progress event, for errors.
     """
-    from labctl.agent_ship import agent_dir, call_agent
+    from labctl.hosts.agent_ship import agent_dir, call_agent
 
     host = run.host.name
 
@@ -246,7 +246,7 @@ class Prepared:
 
 
 def _pull_failed(e: HostError, host: str, target: Target, last: Mapping[str, Any]) -> HostError:
-    from labctl.agent_ship import CANCELLED, NO_JSON, AgentFailed
+    from labctl.hosts.agent_ship import CANCELLED, NO_JSON, AgentFailed
 
     where = ""
     if last.get("total") and last.get("done"):
@@ -285,7 +285,7 @@ def prepare(
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from labctl.fanout import on_host
+    from labctl.hosts.fanout import on_host
 
     servers = {t.host.name: SourceServer(ctx, t, models, chunk_size, port).begin() for t in targets}
     try:
@@ -351,7 +351,7 @@ def verify_host(
 ) -> dict[str, Any]:
     """Re-hash cached models; re-fetch the corrupt ones from the storage host (resuming
     from their good chunks, so only the bad ones cross the network)."""
-    from labctl.agent_ship import call_agent
+    from labctl.hosts.agent_ship import call_agent
 
     inv = run.ctx.inventory
     mc = cache_of(inv, run.host)

@@ -43,7 +43,7 @@ from labctl.ckpt.library import (
 from labctl.errors import HostError, InputError, LabctlError
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.inventory.model import Host
 
 ProgressFn = Callable[[str, dict[str, Any]], None]
@@ -70,7 +70,7 @@ def skipped_on_hosts(
     """A warning for each checkpoint a host holds newer than its newest valid one (the trainer's
     validation failed there): which, where, why, and the step backed up instead. `actions`:
     what became of each (run, step) copy, once known."""
-    from labctl.agent.ckpt import pt_name
+    from labctl.agent.train.ckpt import pt_name
 
     came_from = {p["step"]: p["host"] for p in picks}
     verb = "would back up" if dry_run else "backed up"
@@ -122,11 +122,11 @@ def copy_step(
     on_progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Copy one checkpoint from `src:folder` into the library and commit it; what happened."""
-    from labctl.agent.ckpt import manifest_name, pt_name
-    from labctl.agent.ckpt_library import LibraryError, incoming_dir
-    from labctl.agent_ship import ask_agent
+    from labctl.agent.ckpt.library import LibraryError, incoming_dir
+    from labctl.agent.train.ckpt import manifest_name, pt_name
     from labctl.cache.sync import FileServer, pull_from
-    from labctl.fanout import on_host
+    from labctl.hosts.agent_ship import ask_agent
+    from labctl.hosts.fanout import on_host
 
     try:
         # The pull makes it; a killed copy's is found there and resumed.
@@ -372,8 +372,8 @@ def prune(
     must verify: while it is not known to, it is re-hashed, and a damaged one hands the role
     to the next step down, so a damaged copy never stands in for the newest good one.
     """
-    from labctl.agent_ship import ask_agent
     from labctl.ckpt.retention import Retention, plan_retention
+    from labctl.hosts.agent_ship import ask_agent
 
     known: dict[tuple[str, int], str | None] = dict(status or {})
     for e in entries:

@@ -2,7 +2,7 @@
 where their checkpoints are, and what is where (the library's copies, each run's newest one
 still only on a training host).
 
-The library itself lives on the storage host (labctl/agent/ckpt_library.py, its layout);
+The library itself lives on the storage host (labctl/agent/ckpt/library.py, its layout);
 everything here asks that host's agent, or the training hosts', over SSH.
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from labctl.errors import InputError, LabctlError
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.inventory.model import Host, Inventory
 
 
@@ -27,7 +27,7 @@ class Library:
     path: str
 
     def key(self, run_id: str, step: int) -> str:
-        from labctl.agent.ckpt_library import step_dir_name
+        from labctl.agent.ckpt.library import step_dir_name
 
         return f"{run_id}/{step_dir_name(step)}"
 
@@ -113,7 +113,7 @@ def superseded(records: list[dict[str, Any]]) -> dict[str, str]:
 def newest_on_hosts(ctx: Context, records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Per run, each training host's newest valid checkpoint ({host, dir, step, bytes} or
     {host, error}), asked of every (run, host) at once."""
-    from labctl.agent_ship import ask_agent
+    from labctl.hosts.agent_ship import ask_agent
 
     pairs: list[tuple[str, Host | None, str, str | None]] = []
     for r in records:
@@ -144,7 +144,7 @@ def newest_on_hosts(ctx: Context, records: list[dict[str, Any]]) -> dict[str, li
 def library_run_id(run_id: str, where: str) -> str:
     """`run_id` when the library can hold it (the storage host's own rule, ckpt_library's);
     else an InputError (exit 2) naming `where`, before any host is asked."""
-    from labctl.agent.ckpt_library import LibraryError, check_run_id
+    from labctl.agent.ckpt.library import LibraryError, check_run_id
 
     try:
         return check_run_id(run_id)
@@ -157,7 +157,7 @@ def library_run_id(run_id: str, where: str) -> str:
 
 def copies(ctx: Context, lib: Library, run_id: str | None = None) -> dict[str, Any]:
     """The library's committed copies ({entries, incoming}); a HostError when its host fails."""
-    from labctl.agent_ship import ask_agent
+    from labctl.hosts.agent_ship import ask_agent
 
     args: dict[str, Any] = {"lib": lib.path}
     if run_id is not None:
@@ -171,7 +171,7 @@ def rehash(
 ) -> dict[tuple[str, int], str | None]:
     """Re-hash these library copies on the storage host: (run, step) -> why damaged, or None.
     `mark`: record the finding in each copy, as `ckpt verify` does."""
-    from labctl.agent_ship import ask_agent
+    from labctl.hosts.agent_ship import ask_agent
 
     if not pairs:
         return {}
@@ -187,7 +187,7 @@ def find_sources(ctx: Context, damaged: list[dict[str, Any]]) -> dict[tuple[str,
     Tried in order: the folder the copy was backed up from, then the run's hosts and folder. A
     step with other bytes under the same run id is another checkpoint, never a repair.
     """
-    from labctl.agent_ship import ask_agent
+    from labctl.hosts.agent_ship import ask_agent
 
     if not damaged:
         return {}

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from labctl.agent import ckpt_library
-from labctl.agent.ckpt import FORMAT, CheckpointDir, manifest_name
+from labctl.agent.ckpt import library as ckpt_library
+from labctl.agent.train.ckpt import FORMAT, CheckpointDir, manifest_name
 from labctl.errors import InputError, install_extra
 
 if TYPE_CHECKING:
-    from labctl.context import Context
-    from labctl.fanout import HostRun
+    from labctl.hosts.context import Context
+    from labctl.hosts.fanout import HostRun
     from labctl.inventory.model import Host
 
 PART_BYTES = 64 << 20  # one put_bytes: small enough to hold in memory, large enough to be quick
@@ -272,9 +272,9 @@ def pull(
 ) -> dict[str, Any]:
     """Validate, upload and commit every valid checkpoint of `source`; the outcome as a dict.
     `check`: validate and say what would be sent, writing nothing on the host."""
-    from labctl.agent_ship import call_agent
     from labctl.ckpt.clock import iso, now
-    from labctl.fanout import on_host
+    from labctl.hosts.agent_ship import call_agent
+    from labctl.hosts.fanout import on_host
 
     tell = say or (lambda _text: None)
     from labctl.ckpt.library import find_storage
@@ -453,7 +453,7 @@ def _model_state(
     hr: HostRun, host: Host, name: str | None, exported: dict[str, Any], check: bool
 ) -> dict[str, Any]:
     """The model library's side of NAME: refused when it holds another model."""
-    from labctl.agent_ship import call_agent
+    from labctl.hosts.agent_ship import call_agent
 
     assert host.storage is not None and name is not None
     models = host.storage.models
@@ -471,7 +471,7 @@ def _model_state(
 
 
 def _publish(hr: HostRun, shelf: dict[str, Any], exported: dict[str, Any], tell: Say) -> dict[str, Any]:
-    from labctl.agent_ship import call_agent
+    from labctl.hosts.agent_ship import call_agent
 
     name, models = shelf["name"], shelf["models"]
     out = {"name": name, "path": shelf["path"], "step": exported["step"], "config": exported["config"]}

@@ -20,7 +20,7 @@ from labctl.ckpt.library import Library, checkpoint_dir, copies, rehash, repair_
 from labctl.errors import HostError, InputError
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.inventory.model import Host
 
 
@@ -101,12 +101,12 @@ def restore(
     streams: int,
     on_progress: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    from labctl.agent.ckpt import manifest_name, pt_name
-    from labctl.agent.ckpt_library import step_dir_name
-    from labctl.agent_ship import AgentFailed, ask_agent
+    from labctl.agent.ckpt.library import step_dir_name
+    from labctl.agent.train.ckpt import manifest_name, pt_name
     from labctl.cache.sync import FileServer, pull_from
     from labctl.ckpt.library import run_records
-    from labctl.fanout import on_host
+    from labctl.hosts.agent_ship import AgentFailed, ask_agent
+    from labctl.hosts.fanout import on_host
 
     folder_given = folder is not None
     if folder is None:

@@ -126,7 +126,7 @@ def _interrupted(argv: list[str], e: BaseException) -> None:
 
 
 def _report(message: str, hint: str, code: int, argv: list[str]) -> None:
-    from labctl.console import emit_json, make_console, render_error
+    from labctl.output.console import emit_json, make_console, render_error
 
     if _wants_json(argv):
         emit_json({"error": message, "hint": hint, "exit_code": code})

@@ -40,10 +40,10 @@ def make_model(
 
     Example: labctl bench make-model --size-gb 2 --host irina
     """
-    from labctl.agent_ship import call_agent
     from labctl.cache.targets import check_models, library_root, storage_host
-    from labctl.fanout import HostResult, HostRun, fan_out
-    from labctl.recap import print_recap
+    from labctl.hosts.agent_ship import call_agent
+    from labctl.hosts.fanout import HostResult, HostRun, fan_out
+    from labctl.hosts.recap import print_recap
 
     if name is not None:
         check_models(
@@ -138,7 +138,7 @@ def model_load(
     if out:
         import json
 
-        from labctl.fsutil import write_output
+        from labctl.output.files import write_output
 
         write_output(out, json.dumps(result, indent=2))
     if plot:

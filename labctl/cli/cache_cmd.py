@@ -11,8 +11,8 @@ import typer
 from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
 
 if TYPE_CHECKING:
-    from labctl.context import Context
-    from labctl.fanout import HostResult, Step
+    from labctl.hosts.context import Context
+    from labctl.hosts.fanout import HostResult, Step
     from labctl.inventory.model import Host
 
 app = typer.Typer(
@@ -81,7 +81,7 @@ def sync_cmd(
     """
     from labctl.cache.sync import prepare
     from labctl.cache.targets import check_models, resolve_target
-    from labctl.fanout import HostResult, HostRun
+    from labctl.hosts.fanout import HostResult, HostRun
     from labctl.inventory.select import select_hosts
 
     c = make_context(ctx, inventory, json_out, verbose)
@@ -130,7 +130,7 @@ def status_cmd(
     """
     from labctl.cache.ops import cache_state
     from labctl.cache.targets import cache_hosts
-    from labctl.fanout import HostResult, HostRun
+    from labctl.hosts.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
     hosts = cache_hosts(c.inventory, host)
@@ -160,7 +160,7 @@ def evict_cmd(
     """
     from labctl.cache.ops import evict
     from labctl.cache.targets import cache_hosts, check_models
-    from labctl.fanout import HostResult, HostRun
+    from labctl.hosts.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
     names = check_models(models, "evict")
@@ -180,7 +180,7 @@ def evict_cmd(
         return HostResult(run.host.name, "changed" if data["evicted"] else "ok", data=data)
 
     def render(results: list[HostResult]) -> None:
-        from labctl.fmt import fmt_bytes
+        from labctl.output.fmt import fmt_bytes
 
         for r in results:
             d = r.data or {}
@@ -227,7 +227,7 @@ def verify_cmd(
     """
     from labctl.cache.sync import verify_host
     from labctl.cache.targets import cache_hosts, check_models
-    from labctl.fanout import HostResult, HostRun
+    from labctl.hosts.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
     names = check_models(models, "verify") if models else []
@@ -260,7 +260,7 @@ def _pin(
 ) -> None:
     from labctl.cache.ops import pin
     from labctl.cache.targets import cache_hosts, check_models
-    from labctl.fanout import HostResult, HostRun
+    from labctl.hosts.fanout import HostResult, HostRun
 
     c = make_context(ctx, inventory, json_out, verbose)
     name = check_models([model], "pin" if pinned else "unpin")[0]
@@ -318,7 +318,7 @@ def _finish(
     to_json: Callable[[HostResult], dict[str, Any]] | None = None,
 ) -> NoReturn:
     """Run `step` on every cache host, close the connections, print or emit, exit 1 if any failed."""
-    from labctl.fanout import exit_code, fan_out
+    from labctl.hosts.fanout import exit_code, fan_out
 
     try:
         if bars is not None:
@@ -383,7 +383,7 @@ class Bars:
     def update(self, host: str, event: dict[str, Any]) -> None:
         if self.progress is None:
             return
-        from labctl.fmt import RateMeter, fmt_bytes, fmt_duration, fmt_rate
+        from labctl.output.fmt import RateMeter, fmt_bytes, fmt_duration, fmt_rate
 
         done, total = float(event.get("done", 0)), float(event.get("total", 0)) or 1.0
         if host not in self.tasks:
@@ -418,7 +418,7 @@ def _status_json(r: Any) -> dict[str, Any]:
 
 
 def _print_failures(console: Any, results: Any) -> None:
-    from labctl.console import render_error
+    from labctl.output.console import render_error
 
     for r in results:
         if not r.ok:
@@ -431,7 +431,7 @@ def _print_failures(console: Any, results: Any) -> None:
 def _render_sync(console: Any, results: Any, verbose: int) -> None:
     from rich.table import Table
 
-    from labctl.fmt import fmt_bytes, fmt_duration, fmt_rate
+    from labctl.output.fmt import fmt_bytes, fmt_duration, fmt_rate
 
     table = Table(title="cache sync", title_justify="left")
     for col in ("host", "model", "result", "size", "copied", "resumed", "time", "rate"):
@@ -480,7 +480,7 @@ def _render_status(console: Any, results: Any) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from labctl.fmt import fmt_age, fmt_bytes
+    from labctl.output.fmt import fmt_age, fmt_bytes
 
     for r in results:
         if not r.ok:
@@ -529,7 +529,7 @@ def _render_status(console: Any, results: Any) -> None:
 def _render_verify(console: Any, results: Any) -> None:
     from rich.table import Table
 
-    from labctl.fmt import fmt_bytes, fmt_duration
+    from labctl.output.fmt import fmt_bytes, fmt_duration
 
     table = Table(title="cache verify", title_justify="left")
     for col in ("host", "model", "result", "size", "time", "detail"):

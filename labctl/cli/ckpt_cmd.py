@@ -9,7 +9,7 @@ import typer
 from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
 
 app = typer.Typer(
     help=(
@@ -120,7 +120,7 @@ def list_cmd(
         from rich.markup import escape
         from rich.table import Table
 
-        from labctl.fmt import fmt_bytes
+        from labctl.output.fmt import fmt_bytes
 
         t = Table(title=f"checkpoint library {lib.host.name}:{lib.path}", title_justify="left")
         for col in ("run", "step", "size", "when", "origin"):
@@ -214,7 +214,7 @@ def backup_cmd(
     def render() -> None:
         from rich.markup import escape
 
-        from labctl.fmt import fmt_bytes
+        from labctl.output.fmt import fmt_bytes
 
         for r in data["runs"]:
             what = r["action"]
@@ -277,8 +277,8 @@ def verify_cmd(
 
         labctl ckpt verify --run p1-20261123-213000-ab12 --json
     """
-    from labctl.agent_ship import ask_agent
     from labctl.ckpt.library import find_storage, library_run_id, repair_hints
+    from labctl.hosts.agent_ship import ask_agent
 
     c = make_context(ctx, inventory, json_out, verbose)
     try:
@@ -395,7 +395,7 @@ def restore_cmd(
         raise
 
     def render() -> None:
-        from labctl.fmt import fmt_bytes
+        from labctl.output.fmt import fmt_bytes
 
         c.console.print(
             f"restored {data['run_id']} step {data['step']} to {data['host']}:{data['dir']} "

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 from typer.core import TyperOption
 
-from labctl.context import Context
+from labctl.hosts.context import Context
 
 InventoryOpt = Annotated[
     Optional[Path],

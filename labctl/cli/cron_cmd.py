@@ -111,8 +111,8 @@ def list_(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Every labctl schedule on every Linux host: schedule, command, last run and its result."""
-    from labctl.fanout import exit_code
-    from labctl.recap import print_recap
+    from labctl.hosts.fanout import exit_code
+    from labctl.hosts.recap import print_recap
     from labctl.schedule.install import list_jobs
 
     c = make_context(ctx, inventory, json_out, verbose)
@@ -182,7 +182,7 @@ def _finish(c: Any, out: Any, check: bool, title: str) -> None:
     from rich.markup import escape
 
     from labctl.cli.provision_cmd import print_recap
-    from labctl.fanout import exit_code
+    from labctl.hosts.fanout import exit_code
 
     if c.json_mode:
         c.emit(

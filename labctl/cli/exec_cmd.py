@@ -80,9 +80,9 @@ def exec_(
     it waits for the revert, reconnects and reports what it saw (exit 1).
     """
     from labctl.cli.lines import HostLinePrinter
-    from labctl.fanout import HostResult, HostRun, exit_code, fan_out
+    from labctl.hosts.fanout import HostResult, HostRun, exit_code, fan_out
+    from labctl.hosts.recap import print_recap
     from labctl.inventory.select import select_hosts
-    from labctl.recap import print_recap
     from labctl.transport.base import still_running_hint
 
     c = make_context(ctx, inventory, json_out, verbose)
@@ -101,7 +101,7 @@ def exec_(
     colour = {h.name: palette[i % len(palette)] for i, h in enumerate(hosts)}
 
     def net_step(run: HostRun) -> HostResult:
-        from labctl.fanout import Skipped
+        from labctl.hosts.fanout import Skipped
         from labctl.network.exec_change import run_network_command
 
         name = run.host.name

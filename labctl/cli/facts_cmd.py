@@ -31,10 +31,10 @@ def facts(
 
         labctl facts --limit role:train --json | jq '.results[].facts.gpus'
     """
-    from labctl.facts import gather_facts
-    from labctl.fanout import exit_code
+    from labctl.facts.collect import gather_facts
+    from labctl.hosts.fanout import exit_code
+    from labctl.hosts.recap import print_recap
     from labctl.inventory.select import select_hosts
-    from labctl.recap import print_recap
 
     c = make_context(ctx, inventory, json_out, verbose)
     hosts = select_hosts(c.inventory, limit)

@@ -32,8 +32,8 @@ def init(
 
         export LABCTL_INVENTORY=$PWD/mylab/inventory/lab.yaml
     """
-    from labctl.console import emit_json, make_console
-    from labctl.starter import INVENTORY, write_starter
+    from labctl.documents.starter import INVENTORY, write_starter
+    from labctl.output.console import emit_json, make_console
 
     written = write_starter(folder, force)
     inv = folder / INVENTORY

@@ -75,7 +75,7 @@ def report(argv: Sequence[str], exc: BaseException | None) -> None:
     """Print what was interrupted (stderr); with --json and no answer printed, a JSON error too."""
     import sys
 
-    from labctl.console import emit_json
+    from labctl.output.console import emit_json
 
     interrupt = _keyboard_interrupt(exc)
     still = list(getattr(interrupt, "may_still_run", ()) or ())

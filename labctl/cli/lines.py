@@ -7,7 +7,7 @@ import threading
 from rich.console import Console
 from rich.markup import escape
 
-from labctl.console import make_stdout_console
+from labctl.output.console import make_stdout_console
 
 
 class HostLinePrinter:

@@ -10,7 +10,7 @@ import typer
 from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, finite, make_context
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.orchestra.rotate import RotationResult
     from labctl.orchestra.spec import Orchestra
 

@@ -53,7 +53,7 @@ def provision(
     """
     from rich.markup import escape
 
-    from labctl.fanout import exit_code
+    from labctl.hosts.fanout import exit_code
     from labctl.inventory.select import select_hosts
     from labctl.provision.engine import ResourceResult
     from labctl.provision.engine import provision as run_provision

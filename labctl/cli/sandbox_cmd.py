@@ -14,7 +14,7 @@ import typer
 from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, finite, make_context
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
 
 app = typer.Typer(
     help="Run untrusted programs in hardened, pre-started Docker containers (no network, capped everything).",
@@ -110,7 +110,7 @@ def run_cmd(
         doc.update({k: res[k] for k in ("stdout_b64", "stderr_b64") if k in res})
         c.emit(doc)
     else:
-        from labctl.console import write_stdout
+        from labctl.output.console import write_stdout
 
         write_stdout(_printable(res["stdout"], sys.stdout))
         sys.stderr.write(_printable(res["stderr"], sys.stderr))

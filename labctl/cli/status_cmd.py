@@ -12,7 +12,7 @@ from typer.core import TyperCommand
 from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context, positive
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
 
 DEFAULT_EVERY = 2.0
 WATCH_OPTS = ("--watch", "-w")
@@ -132,8 +132,8 @@ def _watch(c: Context, hosts: list[Any], rules: Any, every: float) -> None:
     from rich.live import Live
     from rich.text import Text
 
-    from labctl.console import has_no_reader
     from labctl.monitor.render import render_status
+    from labctl.output.console import has_no_reader
 
     def frames() -> Iterator[Any]:
         # A watch whose reader has gone (`2>&1 | head`) ends, as Ctrl-C ends it: it only shows.

@@ -12,7 +12,7 @@ from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
 from labctl.train import backends
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.train.results import Attached, Detached, JobPreview, RunsStatus, Stopped, TrainResult
     from labctl.train.spec import LaunchSpec
 
@@ -252,10 +252,10 @@ def train(
     if ctx.invoked_subcommand is not None:
         return
     from labctl.errors import InputError
-    from labctl.shell import split_words
     from labctl.train import run
     from labctl.train.duration import parse_duration
     from labctl.train.request import JobOptions, TrainRequest, parse_ranks
+    from labctl.transport.shell import split_words
 
     if phase is None:
         raise InputError("Which phase? --phase is required.", "Write e.g. labctl train --phase 1 --dry-run")
@@ -349,7 +349,7 @@ def _render(c: Context, result: TrainResult) -> None:
 
 
 def _print_detached(c: Context, result: Detached) -> None:
-    from labctl.recap import print_recap
+    from labctl.hosts.recap import print_recap
 
     print_recap(c.console, result.results, title=f"train {result.run_id} (detached)")
     if result.ok:
@@ -359,7 +359,7 @@ def _print_detached(c: Context, result: Detached) -> None:
 
 
 def _print_attached(c: Context, result: Attached) -> None:
-    from labctl.recap import print_recap
+    from labctl.hosts.recap import print_recap
 
     run_id, steps, left = result.run_id, result.steps, result.remaining
     if result.results:
@@ -425,7 +425,7 @@ def settings(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     """
     from rich.table import Table
 
-    from labctl.console import emit_json, make_console
+    from labctl.output.console import emit_json, make_console
     from labctl.train.phases import describe_settings
 
     rows = describe_settings()

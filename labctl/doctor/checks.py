@@ -15,8 +15,8 @@ from labctl.doctor.gather import Gathered, HostFound, NetworkProbe, runs_sandbox
 from labctl.doctor.model import FAIL, PASS, WARN, Line
 from labctl.doctor.tiers import NodeHas, Tier
 from labctl.doctor.tiers import check_tier as check_tier_needs
-from labctl.facts_compare import GIB, compare_declared, section_error
-from labctl.gpus import builds_for, fmt_cap, parse_cap, runs_on, version_tuple
+from labctl.facts.compare import GIB, compare_declared, section_error
+from labctl.facts.gpus import builds_for, fmt_cap, parse_cap, runs_on, version_tuple
 
 CKPT_WARN_GB = 100  # seed 003 §2.1: model checkpoints 100GB at the development scale
 CKPT_FAIL_GB = 10
@@ -120,7 +120,7 @@ def _caps(f: HostFound) -> list[tuple[str, tuple[int, int]]]:
 
 
 def check_torch_build(f: HostFound) -> list[Line]:
-    """The installed torch has kernels for every GPU the host reports (labctl/gpus.py)."""
+    """The installed torch has kernels for every GPU the host reports (labctl/facts/gpus.py)."""
     name, torch = f.host.name, (f.facts or {}).get("torch") or {}
     caps = _caps(f)
     if not caps:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from labctl.errors import LabctlError
 
 if TYPE_CHECKING:
-    from labctl.context import Context
-    from labctl.fanout import HostRun
+    from labctl.hosts.context import Context
+    from labctl.hosts.fanout import HostRun
     from labctl.inventory.model import Host
     from labctl.monitor.alerts import Alert, AlertRules
 
@@ -75,8 +75,8 @@ def runs_sandboxes(host: Host) -> bool:
 
 
 def _step(run: HostRun, rules: AlertRules | None) -> Any:
-    from labctl.agent_ship import call_agent
-    from labctl.fanout import HostResult, Skipped
+    from labctl.hosts.agent_ship import call_agent
+    from labctl.hosts.fanout import HostResult, Skipped
 
     host = run.host
     if host.is_windows:
@@ -124,7 +124,7 @@ def provision_fixes(ctx: Context, host: Host) -> dict[str, str]:
 
 
 def gather_hosts(ctx: Context, hosts: Sequence[Host], rules: AlertRules | None = None) -> list[HostFound]:
-    from labctl.fanout import fan_out
+    from labctl.hosts.fanout import fan_out
 
     by_name = {h.name: h for h in hosts}
     out = []

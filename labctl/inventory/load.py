@@ -12,8 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from labctl.inventory.model import HOST_NAME_RE, Defaults, Host, HostSpec, Inventory
-from labctl.validation import (
+from labctl.documents.validation import (
     DocumentError,
     Problem,
     dotted,
@@ -22,7 +21,8 @@ from labctl.validation import (
     read_document,
     unknown_key,
 )
-from labctl.yamlpos import PositionedYaml
+from labctl.documents.yamlpos import PositionedYaml
+from labctl.inventory.model import HOST_NAME_RE, Defaults, Host, HostSpec, Inventory
 
 TOP_KEYS = {
     "lab": "a name for the lab, e.g. lab: homelab",

@@ -283,6 +283,28 @@ class Storage(Strict):
         return posixpath.join(posixpath.dirname(str(self.models).rstrip("/")) or "/", "checkpoints")
 
 
+# The sandbox languages an inventory may declare. The inventory contract names them itself rather
+# than asking the sandbox feature (a contract depends on no feature); labctl.agent.sandbox.languages
+# has one recipe for each, and refuses to import if the two lists differ.
+SANDBOX_LANGUAGES = (
+    "python",
+    "javascript",
+    "typescript",
+    "bash",
+    "c",
+    "cpp",
+    "go",
+    "rust",
+    "java",
+    "ruby",
+    "perl",
+    "php",
+    "lua",
+    "r",
+    "fortran",
+)
+
+
 class Sandbox(Strict):
     languages: list[str] = Field(
         default_factory=lambda: ["python"], description="e.g. languages: [python, go]"
@@ -292,11 +314,11 @@ class Sandbox(Strict):
     @field_validator("languages")
     @classmethod
     def _languages(cls, v: list[str]) -> list[str]:
-        from labctl.sandbox.languages import RECIPES
-
-        unknown = [lang for lang in v if lang not in RECIPES]
+        unknown = [lang for lang in v if lang not in SANDBOX_LANGUAGES]
         if unknown:
-            raise ValueError(f"no sandbox language {', '.join(unknown)}; known: {', '.join(sorted(RECIPES))}")
+            raise ValueError(
+                f"no sandbox language {', '.join(unknown)}; known: {', '.join(sorted(SANDBOX_LANGUAGES))}"
+            )
         return v
 
 

@@ -4,6 +4,6 @@
   is a fresh `cache sync`), renders the table and the plot;
 - `stages`: pure arithmetic over what the hosts measured: rates, ceilings, the seed's figures.
 
-The host side is labctl/agent/load_stages.py (the agent's `read_cold` and `load_stages`). Not
+The host side is labctl/agent/modelload/stages.py (the agent's `read_cold` and `load_stages`). Not
 to be confused with bench/, the scripts that compare labctl against other tools.
 """

@@ -9,10 +9,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.agent_ship import ask_agent
 from labctl.cache.targets import Target, load_host, resolve_target, this_machine
 from labctl.errors import HostError, InputError
-from labctl.fanout import HostRun, on_host
+from labctl.hosts.agent_ship import ask_agent
+from labctl.hosts.fanout import HostRun, on_host
 from labctl.inventory.model import Host
 from labctl.modelload.stages import STAGES, Stage, attach_seed, link_gbps, make_stage, speedup_ram_vs_network
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from rich.console import Console
 
-    from labctl.context import Context
+    from labctl.hosts.context import Context
 
 
 def torch_python(ctx: Context, host: Host, given: str | None) -> str:
@@ -298,6 +298,6 @@ def plot_figure(result: dict[str, Any], now: datetime | None = None) -> Figure:
 
 
 def write_plot(result: dict[str, Any], path: Path, now: datetime | None = None) -> None:
-    from labctl.fsutil import save_figure
+    from labctl.output.files import save_figure
 
     save_figure(plot_figure(result, now), path, dpi=120)

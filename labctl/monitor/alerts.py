@@ -1,4 +1,4 @@
-"""Alerts judged from one host's `status` sample (labctl/agent/status.py) and its history.
+"""Alerts judged from one host's `status` sample (labctl/agent/monitor/status.py) and its history.
 
 The rules come from playbooks/alerts.yaml (seed 004's "Monitoring and Alerting" thresholds by
 default), validated like every other document (file:line, exit 2). `evaluate` is pure: the
@@ -21,9 +21,9 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field
 
-from labctl.defaults import shown_path
+from labctl.documents.defaults import shown_path
+from labctl.documents.validation import load_model
 from labctl.inventory.model import Strict
-from labctl.validation import load_model
 
 DEFAULT_ALERTS = Path("playbooks/alerts.yaml")
 GB = 1024**3  # labctl's GB are GiB, as the inventory's ram_gb and size_gb
@@ -113,8 +113,8 @@ def packaged_path() -> Path:
 
 def default_path(inventory_path: Path | None = None) -> Path:
     """playbooks/alerts.yaml beside the inventory, then its parent, then here (like orchestra.yaml)."""
-    from labctl.context import resolve_inventory_path
-    from labctl.defaults import find_default
+    from labctl.documents.defaults import find_default
+    from labctl.hosts.context import resolve_inventory_path
 
     return find_default(DEFAULT_ALERTS, resolve_inventory_path(inventory_path), "alerts file", "--alerts")
 

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from labctl.fanout import HostResult, HostRun, Skipped, fan_out
+from labctl.hosts.fanout import HostResult, HostRun, Skipped, fan_out
 from labctl.monitor.alerts import Alert, AlertRules, evaluate
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.inventory.model import Host
 
 STATUS_TIMEOUT_S = 30.0
@@ -64,7 +64,7 @@ def status_args(host: Host, record: bool = True) -> dict[str, Any]:
 
 def collect(ctx: Context, hosts: Sequence[Host], rules: AlertRules, record: bool = True) -> list[HostStatus]:
     """A HostStatus per host, in `hosts` order; never raises for a host's failure."""
-    from labctl.agent_ship import call_agent
+    from labctl.hosts.agent_ship import call_agent
 
     def step(run: HostRun) -> HostResult:
         if run.host.is_windows:

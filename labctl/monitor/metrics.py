@@ -187,7 +187,7 @@ def write_textfile(path: Path, text: str) -> None:
     """node_exporter reads every *.prom file: written beside it under a hidden name, fsynced, then
     renamed over it. A write that fails (a full or read-only folder) leaves the old file whole and
     no hidden file behind, and is named with its fix."""
-    from labctl.fsutil import write_output
+    from labctl.output.files import write_output
 
     write_output(path, text, flag="--textfile")
 

@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from labctl.errors import HostError, LabctlError
-from labctl.listening import Listener
+from labctl.hosts.listening import Listener
 from labctl.netbench.plan import HostLink, build_report, host_link
 
 if TYPE_CHECKING:
-    from labctl.context import Context
-    from labctl.fanout import HostRun
+    from labctl.hosts.context import Context
+    from labctl.hosts.fanout import HostRun
     from labctl.inventory.model import Host
 
 READY_TIMEOUT = 60.0
@@ -47,7 +47,7 @@ def read_links(ctx: Context, hosts: Sequence[Host]) -> list[HostLink]:
     """Both ends' NIC facts at once; a host that cannot answer fails the benchmark (exit 1)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from labctl.agent_ship import ask_agent
+    from labctl.hosts.agent_ship import ask_agent
 
     def facts_of(h: Host) -> dict[str, Any] | LabctlError:
         try:
@@ -72,7 +72,7 @@ def measure_network(
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Throughput from `sender` to `receiver` for each stream count: the report `--json` prints."""
-    from labctl.fanout import on_host
+    from labctl.hosts.fanout import on_host
 
     sink = Sink(ctx, receiver).begin()
     sent: dict[str, Any] | None = None
@@ -81,7 +81,7 @@ def measure_network(
         info = sink.wait_ready()
 
         def send(run: HostRun) -> dict[str, Any]:
-            from labctl.agent_ship import AgentFailed, agent_dir, agent_event, call_agent
+            from labctl.hosts.agent_ship import AgentFailed, agent_dir, agent_event, call_agent
 
             def on_line(stream: str, line: str) -> None:
                 event = agent_event(stream, line, "measured")

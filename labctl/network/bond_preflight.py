@@ -1,6 +1,6 @@
 """Before a bond is applied: can this host take it, and will labctl still reach it after?
 
-Pure: it judges the `bond` probe's answer (labctl/agent/net/bondcheck.py) against the
+Pure: it judges the `bond` probe's answer (labctl/agent/network/bondcheck.py) against the
 inventory, so every refusal is unit-tested without a host. Each problem is one sentence that
 names what to fix; an empty list means go ahead.
 """

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from labctl.network.txn import FreshRun, NetChange, TxnReport, keep_connection, transact
 
 if TYPE_CHECKING:
-    from labctl.fanout import HostResult, HostRun
+    from labctl.hosts.fanout import HostResult, HostRun
 
 Line = Callable[[str, str], None]
 
@@ -47,7 +47,7 @@ def run_network_command(
     timeout: float | None,
     on_line: Line,
 ) -> HostResult:
-    from labctl.fanout import HostResult
+    from labctl.hosts.fanout import HostResult
 
     change = NetChange(label=f"exec: {line}", commands=[["sh", "-c", line]], command_timeout=timeout)
     report = transact(

@@ -1,4 +1,4 @@
-"""The controller's side of a network transaction (the host's side: labctl/agent/net/txn.py).
+"""The controller's side of a network transaction (the host's side: labctl/agent/network/txn.py).
 
 `transact` hands a change to the host's keeper, which applies it detached from this session
 and reverts it by itself after `revert_after` seconds unless confirmed. labctl then opens a
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from labctl.agent_ship import AgentFailed, call_agent
 from labctl.errors import LabctlError
-from labctl.fanout import HostRun
+from labctl.hosts.agent_ship import AgentFailed, call_agent
+from labctl.hosts.fanout import HostRun
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Host

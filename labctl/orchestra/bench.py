@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.orchestra.spec import Orchestra
 
 SEED_LOAD_S = 15.0  # per model, from M5's RAM cache

@@ -85,7 +85,7 @@ class RotationPlan:
 def load_claims(inv: Inventory) -> dict[str, list[str]]:
     """The GPUs training keeps (playbooks/train.yaml beside the inventory); none when there is no
     phases file (a lab that does not train here gives the orchestra every GPU)."""
-    from labctl.defaults import default_places
+    from labctl.documents.defaults import default_places
     from labctl.orchestra.place import training_claims
     from labctl.train.phases import DEFAULT_PHASES, load_phases
 

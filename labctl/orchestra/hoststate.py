@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from labctl.errors import HostError
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.inventory.model import Host
 
 
@@ -125,8 +125,8 @@ def read_views(
 ) -> dict[str, HostView]:
     """One `orch_state` round trip per serving host, all at once; a host that does not answer
     is a HostError naming it (the rotation cannot plan around a host it cannot see)."""
-    from labctl.agent_ship import call_agent
-    from labctl.fanout import HostResult, HostRun, fan_out
+    from labctl.hosts.agent_ship import call_agent
+    from labctl.hosts.fanout import HostResult, HostRun, fan_out
 
     def step(run: HostRun) -> HostResult:
         answer = call_agent(

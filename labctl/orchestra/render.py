@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from labctl.fmt import fmt_age, fmt_duration
+from labctl.output.fmt import fmt_age, fmt_duration
 
 if TYPE_CHECKING:
     from rich.console import Console

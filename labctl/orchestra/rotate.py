@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from labctl.agent import paths
 from labctl.errors import HostError, InputError, LabctlError
-from labctl.hostlock import LockKind
+from labctl.hosts.hostlock import LockKind
 from labctl.orchestra.hoststate import HostView, Repair, find_repair, gone_hosts, leftovers, read_views
 
 if TYPE_CHECKING:
     from labctl.cache.targets import Target
-    from labctl.context import Context
-    from labctl.fanout import HostRun
+    from labctl.hosts.context import Context
+    from labctl.hosts.fanout import HostRun
     from labctl.inventory.model import Host
     from labctl.orchestra.decide import RotationPlan
     from labctl.orchestra.spec import Orchestra
@@ -151,8 +151,8 @@ def serving_hosts(ctx: Context, orch: Orchestra) -> list[Host]:
 
 def rotate(ctx: Context, orch: Orchestra, opts: Options) -> RotationResult:
     """Decide, then (unless dry-run) carry out one rotation, `orchestra start` or `stop`."""
-    from labctl.fanout import HostRun
-    from labctl.hostlock import HostLock
+    from labctl.hosts.fanout import HostRun
+    from labctl.hosts.hostlock import HostLock
     from labctl.orchestra.decide import decide
 
     t0 = time.monotonic()
@@ -310,8 +310,8 @@ class _Executor:
             self.opts.report(text)
 
     def _call(self, host: str, command: str, args: dict[str, Any], timeout: float = 120.0, **kw: Any) -> Any:
-        from labctl.agent_ship import call_agent
-        from labctl.fanout import on_host
+        from labctl.hosts.agent_ship import call_agent
+        from labctl.hosts.fanout import on_host
 
         args = {"lab": self.ctx.inventory.lab, "host": host, **args}
         h = self.hosts.get(host) or self.retired[host]
@@ -475,7 +475,7 @@ class _Executor:
     def _cache(self, joining: Sequence[Any]) -> None:
         """Joining models missing from their host's RAM cache are synced first; the warm ones
         are protected from eviction."""
-        from labctl.fanout import on_host
+        from labctl.hosts.fanout import on_host
 
         self.cache_times: dict[str, tuple[float, bool]] = {}
         by_host: dict[str, list[str]] = {}
@@ -598,7 +598,7 @@ class _Executor:
         self._commit(host)
 
     def _health_line(self, host: str) -> Callable[[str, str], None]:
-        from labctl.agent_ship import agent_event
+        from labctl.hosts.agent_ship import agent_event
 
         def on_line(stream: str, line: str) -> None:
             ev = agent_event(stream, line, "health")

@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from labctl.inventory.model import HostPath, Strict
-from labctl.validation import (
+from labctl.documents.validation import (
     DocumentError,
     Problem,
     dotted,
@@ -36,7 +35,8 @@ from labctl.validation import (
     problems_from,
     read_document,
 )
-from labctl.yamlpos import PositionedYaml
+from labctl.documents.yamlpos import PositionedYaml
+from labctl.inventory.model import HostPath, Strict
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Host, Inventory
@@ -165,7 +165,7 @@ class ModelEntry(Strict):
             return v
         # The RAM cache holds what sits directly in the storage folder: the cache's own rule.
         from labctl.agent.cache.manifest import check_name
-        from labctl.agent.commands import AgentError
+        from labctl.agent.errors import AgentError
 
         if not v.strip():
             raise ValueError("the path is empty")
@@ -248,8 +248,8 @@ def gpu_need_gb(model: ModelEntry, overhead: Overhead) -> float:
 
 def default_path(inventory_path: Path | None = None) -> Path:
     """playbooks/orchestra.yaml beside the inventory, then its parent, then here (like train.yaml)."""
-    from labctl.context import resolve_inventory_path
-    from labctl.defaults import find_default
+    from labctl.documents.defaults import find_default
+    from labctl.hosts.context import resolve_inventory_path
 
     return find_default(DEFAULT_ORCHESTRA, resolve_inventory_path(inventory_path), "orchestra file", "-f")
 
@@ -338,7 +338,7 @@ def cross_checks(orch: Orchestra, pos: PositionedYaml) -> list[Problem]:
 
 
 def orchestra_error(path: Path, problems: list[Problem]) -> DocumentError:
-    from labctl.defaults import shown_path
+    from labctl.documents.defaults import shown_path
 
     return DocumentError(
         "orchestra file",

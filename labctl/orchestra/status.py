@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from labctl.orchestra.hoststate import HostView, find_repair, read_views
 
 if TYPE_CHECKING:
-    from labctl.context import Context
-    from labctl.fanout import HostResult
+    from labctl.hosts.context import Context
+    from labctl.hosts.fanout import HostResult
     from labctl.orchestra.spec import Orchestra
 
 

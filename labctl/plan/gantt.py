@@ -118,6 +118,6 @@ def _label_spans(week: WeekPlan, names: list[str]) -> list[tuple[int, int, int, 
 
 
 def write_gantt(week: WeekPlan, path: Path) -> None:
-    from labctl.fsutil import save_figure
+    from labctl.output.files import save_figure
 
     save_figure(gantt_figure(week), path, dpi=100)

@@ -10,9 +10,9 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from labctl.defaults import shown_path
+from labctl.documents.defaults import shown_path
+from labctl.documents.validation import load_model
 from labctl.inventory.model import Strict
-from labctl.validation import load_model
 
 DEFAULT_PLAN = Path("playbooks/plan.yaml")
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
@@ -134,7 +134,7 @@ def packaged_path() -> Path:
 
 def default_path(inventory_path: Path) -> Path:
     """playbooks/plan.yaml beside the inventory, then its parent, then here (like alerts.yaml)."""
-    from labctl.defaults import find_default
+    from labctl.documents.defaults import find_default
 
     return find_default(DEFAULT_PLAN, inventory_path, "plan file", "-f")
 

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from labctl.agent_ship import call_agent
 from labctl.errors import LabctlError
-from labctl.fanout import HostResult, HostRun, fan_out
-from labctl.hostlock import HostLock
+from labctl.hosts.agent_ship import call_agent
+from labctl.hosts.fanout import HostResult, HostRun, fan_out
+from labctl.hosts.hostlock import HostLock
 from labctl.inventory.model import Host, Inventory
 from labctl.provision.playbook import Entry, Playbook, check_tags, play_members
 from labctl.provision.resource import Change, NotApplicable, PlanError, Resource, load_registry
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.defaults import default_places, shown_path
+from labctl.documents.defaults import default_places, shown_path
 from labctl.errors import InputError
 from labctl.provision.playbook import DEFAULT_PLAYBOOK, load_playbook, play_members
 

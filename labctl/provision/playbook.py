@@ -22,12 +22,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from labctl.defaults import shown_path
-from labctl.errors import InputError
-from labctl.inventory.model import Inventory
-from labctl.inventory.select import Selection, select_in_lab
-from labctl.provision.resource import Params, load_registry
-from labctl.validation import (
+from labctl.documents.defaults import shown_path
+from labctl.documents.validation import (
     DocumentError,
     Problem,
     dotted,
@@ -37,6 +33,10 @@ from labctl.validation import (
     read_document,
     unknown_key,
 )
+from labctl.errors import InputError
+from labctl.inventory.model import Inventory
+from labctl.inventory.select import Selection, select_in_lab
+from labctl.provision.resource import Params, load_registry
 
 PLAY_KEYS = {"name", "hosts", "tags", "resources"}
 ENTRY_KEYS = {"name", "tags"}
@@ -92,8 +92,8 @@ def _tags(value: Any, loc: tuple[Any, ...], problems: list[Problem], line: int |
 def load_playbook(path: Path | None, inventory_path: Path | None = None) -> Playbook:
     """The playbook `path`; by default playbooks/provision.yaml beside the inventory, else here."""
     if path is None:
-        from labctl.context import resolve_inventory_path
-        from labctl.defaults import find_default
+        from labctl.documents.defaults import find_default
+        from labctl.hosts.context import resolve_inventory_path
 
         path = find_default(DEFAULT_PLAYBOOK, resolve_inventory_path(inventory_path), "playbook", "-p")
     path = Path(path)

@@ -18,7 +18,7 @@ from labctl.errors import LabctlError
 from labctl.inventory.model import Host, Strict
 
 if TYPE_CHECKING:
-    from labctl.fanout import HostRun
+    from labctl.hosts.fanout import HostRun
 
 Probes = dict[str, dict[str, Any]]
 State = dict[str, dict[str, Any]]
@@ -84,7 +84,7 @@ class Resource:
     def apply(self, run: HostRun, change: Change) -> None:
         """Carry `change` out: the agent runs its ops. A resource whose change may cut the
         connection (the network) applies through a transaction instead."""
-        from labctl.agent_ship import call_agent
+        from labctl.hosts.agent_ship import call_agent
 
         call_agent(run, "apply", {"ops": change.ops}, timeout=3600)
 

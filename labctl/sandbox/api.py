@@ -18,7 +18,7 @@ from labctl.errors import HostError, InputError, LabctlError
 from labctl.sandbox.limits import Limits, container_config
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.inventory.model import Host
 
 ROLE = "sandbox"
@@ -30,7 +30,7 @@ AGENT_SLACK_S = 60.0  # the agent call's own limit on top of the programs' time 
 
 def lang_spec(lang: str, limits: Limits) -> dict[str, Any]:
     """What the agent needs to run `lang`: its container config and its commands."""
-    from labctl.sandbox import languages
+    from labctl.agent.sandbox import languages
 
     try:
         r = languages.recipe(lang)
@@ -107,7 +107,7 @@ def host_failure(ctx: Context, host: Host, langs: Sequence[str], e: LabctlError)
     """`e` from `host`'s agent with the fix where labctl knows it: a missing image or Docker is
     what the sandbox playbook's resource puts there."""
     from labctl.agent.sandbox import image_name
-    from labctl.agent_ship import AgentFailed
+    from labctl.hosts.agent_ship import AgentFailed
 
     kind = e.kind if isinstance(e, AgentFailed) else ""
     if kind == "no_image":
@@ -184,9 +184,9 @@ def run_many(
     UTF-8 replaced by U+FFFD); where they were not UTF-8, stdout_b64 and stderr_b64 hold the
     exact bytes, base64-encoded. Programs are dealt round-robin over the sandbox hosts, one agent call per host,
     `concurrency` at a time on each. A host that fails raises HostError naming it."""
-    from labctl.agent_ship import call_agent
-    from labctl.context import Context
-    from labctl.fanout import HostResult, HostRun, fan_out
+    from labctl.hosts.agent_ship import call_agent
+    from labctl.hosts.context import Context
+    from labctl.hosts.fanout import HostResult, HostRun, fan_out
 
     limits = limits or Limits()
     own = ctx is None

@@ -10,7 +10,7 @@ from labctl.sandbox.api import host_failure, lang_spec, ready_hosts, sandbox_hos
 from labctl.sandbox.limits import Limits, docker_run_argv
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
 
 BENCH_TIMEOUT_S = 1800.0
 
@@ -26,8 +26,8 @@ def baseline_argv(spec: dict[str, Any]) -> list[str]:
 
 
 def bench(ctx: Context, lang: str, levels: list[int], runs: int, host: str | None) -> dict[str, Any]:
-    from labctl.agent_ship import ask_agent
-    from labctl.sandbox import languages
+    from labctl.agent.sandbox import languages
+    from labctl.hosts.agent_ship import ask_agent
 
     hosts = sandbox_hosts(ctx, host)
     if len(hosts) != 1 and host:

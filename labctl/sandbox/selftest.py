@@ -14,7 +14,7 @@ from labctl.errors import LabctlError
 from labctl.sandbox.attacks import Attack, attacks_for
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.inventory.model import Host
 
 # (requests, concurrency) -> one result per request, in order
@@ -108,7 +108,7 @@ def on_hosts(ctx: Context, host: str | None, lang: str | None) -> dict[str, Any]
     """The self-test on each sandbox host (--host, or the inventory's role `sandbox`) through
     its agent: `sandbox_run` for the attacks, `sandbox_hostcheck` around each. The languages are
     --lang's, else each host's inventory `sandbox.languages`."""
-    from labctl.agent_ship import ask_agent
+    from labctl.hosts.agent_ship import ask_agent
     from labctl.sandbox.api import DEFAULT_POOL, host_failure, lang_spec, ready_hosts, sandbox_hosts
     from labctl.sandbox.limits import Limits
 

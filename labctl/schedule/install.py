@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.agent_ship import ask_agent, call_agent
 from labctl.errors import InputError
-from labctl.fanout import HostResult, HostRun, fan_out
+from labctl.hosts.agent_ship import ask_agent, call_agent
+from labctl.hosts.fanout import HostResult, HostRun, fan_out
 from labctl.provision.engine import Event, ResourceResult, provision
 from labctl.schedule import plan
 from labctl.schedule.jobs import JOBS, ORCHESTRA_COPY, companions, get_job
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
 
 
 @dataclass
@@ -64,14 +64,12 @@ def install(
     orchestra_file: Path | None = None,
 ) -> Outcome:
     """`orchestra_file`: the file the rotate job rotates by, copied into the lab copy in place
-    of whatever orchestra.yaml the playbooks folder beside the inventory holds."""
+    of whatever orchestra.yaml the playbooks folder beside the inventory holds. The caller
+    names it (the CLI: -f, else the orchestra's default beside the inventory): scheduling
+    knows no feature's files."""
     import yaml
 
     job = get_job(job_name)
-    if job.name == "rotate" and orchestra_file is None:
-        from labctl.orchestra.spec import default_path
-
-        orchestra_file = default_path(ctx.inventory_path)
     inv = ctx.inventory
     orch = plan.orchestrator(inv, host_name)
     hosts = plan.driven_hosts(inv)

@@ -13,7 +13,7 @@ from labctl.errors import InputError
 from labctl.inventory.model import Host, Inventory
 from labctl.provision.playbook import Entry, Play, Playbook
 from labctl.schedule.jobs import ORCHESTRA_COPY, Job, companions
-from labctl.shell import command_line, quote
+from labctl.transport.shell import command_line, quote
 
 ORCHESTRATOR_ROLE = "orchestrator"
 BIN = paths.CONTROLLER_DIR + "/bin/labctl"
@@ -135,9 +135,9 @@ def known_hosts_copy(hosts: list[Host]) -> str:
 
 
 def playbook_files(inventory_path: Path) -> dict[str, str]:
-    """The default playbooks folder (beside the inventory, as labctl/defaults.py finds it)."""
-    from labctl.defaults import default_places
-    from labctl.validation import path_component
+    """The default playbooks folder (beside the inventory, as labctl/documents/defaults.py finds it)."""
+    from labctl.documents.defaults import default_places
+    from labctl.documents.validation import path_component
 
     for folder in default_places(Path("playbooks"), inventory_path):
         if folder.is_dir():

@@ -18,17 +18,7 @@ Two labs can run side by side when each has its own `bridge`, `prefix` and `subn
 Everything needs root; only the namespaces' addresses and loopback are ever targets.
 """
 
-from labctl.sim.lab import (
-    DEFAULT_DIR,
-    HostStatus,
-    SimLab,
-    down,
-    open_lab,
-    start_host,
-    status,
-    stop_host,
-    up,
-)
+from labctl.sim.lab import DEFAULT_DIR, HostStatus, SimLab, down, open_lab, start_host, status, stop_host, up
 from labctl.sim.plan import (
     DEFAULT_BRIDGE,
     DEFAULT_HOSTS,

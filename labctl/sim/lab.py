@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import labctl
+from labctl.agent.fsutil import write_atomic
 from labctl.errors import HostError, InputError
 from labctl.sim import netns, sshd
 from labctl.sim.commands import require_root, require_tool, run
@@ -38,7 +39,7 @@ from labctl.sim.plan import (
     seed_hosts,
     sshd_config,
 )
-from labctl.sim.state import HostState, Recorder, SimState, load, locked, state_path, write_atomic
+from labctl.sim.state import HostState, Recorder, SimState, load, locked, state_path
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -303,7 +304,8 @@ def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
             return False
     except FileNotFoundError:
         pass
-    write_atomic(path, text, mode)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(str(path), text.encode(), mode=mode)
     return True
 
 

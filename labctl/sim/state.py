@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from labctl.agent.fsutil import write_atomic
 from labctl.errors import InputError
-from labctl.fsutil import write_atomic
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
@@ -109,7 +109,9 @@ class Recorder:
 
     def save(self) -> None:
         with self.lock:
-            write_atomic(state_path(self.sim_dir), json.dumps(self.state.to_json(), indent=2) + "\n")
+            path = state_path(self.sim_dir)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(str(path), (json.dumps(self.state.to_json(), indent=2) + "\n").encode())
 
     def update_host(self, host: HostState) -> None:
         with self.lock:

@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from labctl.agent import paths
-from labctl.agent_ship import agent_dir, agent_zip, call_agent
-from labctl.context import Context
 from labctl.errors import HostError, InputError
-from labctl.fanout import HostResult, HostRun, fan_out
+from labctl.hosts.agent_ship import agent_dir, agent_zip, call_agent
+from labctl.hosts.context import Context
+from labctl.hosts.fanout import HostResult, HostRun, fan_out
 from labctl.inventory.model import Host
-from labctl.shell import quote
 from labctl.train.phases import Settings
 from labctl.train.plan import Problem, plan_run
 from labctl.train.spec import RUN_ENV, LaunchSpec, NodeSpec
+from labctl.transport.shell import quote
 
 RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$")
 PREFLIGHT_TIMEOUT_S = 240.0

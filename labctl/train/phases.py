@@ -21,10 +21,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
 from labctl.agent import paths
-from labctl.errors import InputError
-from labctl.inventory.model import HostPath, PythonCommand, Strict
-from labctl.shell import env_name_problem, env_value_problem
-from labctl.validation import (
+from labctl.documents.validation import (
     DocumentError,
     Problem,
     dotted,
@@ -34,7 +31,10 @@ from labctl.validation import (
     read_document,
     unknown_key,
 )
-from labctl.yamlpos import PositionedYaml
+from labctl.documents.yamlpos import PositionedYaml
+from labctl.errors import InputError
+from labctl.inventory.model import HostPath, PythonCommand, Strict
+from labctl.transport.shell import env_name_problem, env_value_problem
 
 DEFAULT_PHASES = Path("playbooks/train.yaml")
 STRATEGIES = ("single_gpu_debug", "multi_gpu_full", "multi_gpu_conservative")
@@ -240,7 +240,7 @@ class Settings(_Strict):
     def trainer_settings(
         self, phase: int, run_id: str, metrics_path: str, time_limit_s: int | None = None
     ) -> dict[str, Any]:
-        """What the reference trainer reads (labctl/agent/trainer.py); `time_limit_s` from --time-limit."""
+        """What the reference trainer reads (labctl/agent/train/trainer.py); `time_limit_s` from --time-limit."""
         out: dict[str, Any] = {
             "phase": phase,
             "run_id": run_id,
@@ -375,8 +375,8 @@ def parse_override(text: str) -> dict[str, Any]:
 def load_phases(path: Path | None = None, inventory_path: Path | None = None) -> PhasesFile:
     """The phases file `path`; by default playbooks/train.yaml beside the inventory, else here."""
     if path is None:
-        from labctl.context import resolve_inventory_path
-        from labctl.defaults import find_default
+        from labctl.documents.defaults import find_default
+        from labctl.hosts.context import resolve_inventory_path
 
         path = find_default(DEFAULT_PHASES, resolve_inventory_path(inventory_path), "phases file", "-f")
     path = Path(path)
@@ -432,7 +432,7 @@ def _check_layer(layer: dict[str, Any], loc: tuple[Any, ...], pos: PositionedYam
 
 def phases_error(path: Path, problems: list[Problem], phase: int = 1) -> DocumentError:
     """`phase`: one the file declares, for a check command that runs as written."""
-    from labctl.defaults import shown_path
+    from labctl.documents.defaults import shown_path
 
     again = f"labctl train --phase {phase} -f {shlex.quote(shown_path(path))} --dry-run"
     return DocumentError(

@@ -1,6 +1,6 @@
 """Preflight and placement as pure functions: host probes + settings → a LaunchSpec or problems.
 
-Nothing here touches a host; `labctl/agent/train_host.py:preflight_command` gathers what is
+Nothing here touches a host; `labctl/agent/train/host.py:preflight_command` gathers what is
 read here, one round trip per host. Every problem names the host and the fix, and any
 problem means nothing is launched.
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 from labctl.agent import paths
 from labctl.errors import InputError
-from labctl.facts_compare import GIB, model_matches
-from labctl.gpus import Cap, builds_for, declared_gpus, fmt_cap, known_cap, parse_cap, runs_on
+from labctl.facts.compare import GIB, model_matches
+from labctl.facts.gpus import Cap, builds_for, declared_gpus, fmt_cap, known_cap, parse_cap, runs_on
 from labctl.inventory.model import Host
 from labctl.train.phases import Settings
 from labctl.train.request import ClusterShape

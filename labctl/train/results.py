@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.agent.trainer_settings import EXIT_PAUSED
+from labctl.agent.train.settings import EXIT_PAUSED
 from labctl.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_OK
 from labctl.train.spec import LaunchSpec
 
 if TYPE_CHECKING:
-    from labctl.fanout import HostResult
+    from labctl.hosts.fanout import HostResult
     from labctl.train.launch import Outcome
 
 
@@ -304,7 +304,7 @@ class RunsStatus:
 
 
 def _last_local_event(path: Path) -> dict[str, Any] | None:
-    from labctl.agent.train_host import newest_event
+    from labctl.agent.train.host import newest_event
 
     try:
         lines = path.read_text().splitlines()

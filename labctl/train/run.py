@@ -13,8 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from labctl.context import Context
+from labctl.documents.validation import path_component
 from labctl.errors import InputError
+from labctl.hosts.context import Context
 from labctl.inventory.select import require_role_hosts, select_hosts
 from labctl.train import backends, launch, runs
 from labctl.train.backends import PlannedRun, RunsOn, RunView
@@ -22,7 +23,6 @@ from labctl.train.phases import Settings, load_phases
 from labctl.train.plan import plan_cluster_run
 from labctl.train.request import ClusterShape, TrainRequest
 from labctl.train.results import DryRun, JobFiles, JobPreview, RunsStatus, Stopped, TrainResult
-from labctl.validation import path_component
 
 
 def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> TrainResult:
@@ -87,7 +87,7 @@ def _start_offline(
     ctx: Context, backend: backends.Backend, request: TrainRequest, settings: Settings, script: Path | None
 ) -> TrainResult:
     """A run for a machine outside the lab (a cloud session): planned from the settings alone."""
-    from labctl.cloud.backend import offline_spec
+    from labctl.train.backends.cloud.backend import offline_spec
 
     for flag, given in (
         ("--dry-run", request.dry_run),

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from labctl.documents.validation import path_component
 from labctl.errors import InputError
-from labctl.fsutil import write_output
-from labctl.validation import path_component
+from labctl.output.files import write_output
 
 
 def runs_dir(inventory_path: Path) -> Path:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# The reference trainer ships inside the agent zipapp (labctl/agent/trainer.py); torchrun
+# The reference trainer ships inside the agent zipapp (labctl/agent/train/trainer.py); torchrun
 # runs it as a module with the zipapp on PYTHONPATH.
-TRAINER_MODULE = "labctl.agent.trainer"
+TRAINER_MODULE = "labctl.agent.train.trainer"
 # torchrun prefixes every worker line with this (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE), so
 # the controller can tell ranks apart: "[rank3]:text".
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
@@ -99,7 +99,7 @@ class LaunchSpec:
 
     def shell_line(self, node: NodeSpec) -> str:
         """The exact command line for one host, environment included (what --dry-run prints)."""
-        from labctl.shell import command_line, env_assignments
+        from labctl.transport.shell import command_line, env_assignments
 
         env = env_assignments(dict(sorted(node.env.items())), f"{node.host}'s environment")
         return f"env {env} {command_line(self.torchrun_argv(node))}"

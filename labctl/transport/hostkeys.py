@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import re
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from labctl.agent.fsutil import write_atomic
 from labctl.agent.textedit import body, newline_of, split_lines, text_lines
-from labctl.fsutil import write_atomic
+from labctl.transport.localfiles import known_hosts_problem, line_fields, local_file_error
 
 if TYPE_CHECKING:
     import paramiko
@@ -30,18 +30,10 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
-def line_fields(line: str) -> list[str]:
-    """A known_hosts line's fields as OpenSSH reads them: cut at spaces and tabs only (str.split()
-    also cuts at U+00A0, U+2028 ..., which would make one odd field several good ones)."""
-    return [f for f in re.split(r"[ \t]+", line) if f]
-
-
 def load_known_hosts(path: Path | None, host: str = "") -> paramiko.HostKeys:
     """The keys pinned in `path` (none when it does not exist yet); a file that is not a
     known_hosts file is an InputError naming it, never "not pinned" blamed on a host."""
     import paramiko
-
-    from labctl.transport.localfiles import known_hosts_problem, local_file_error
 
     keys = paramiko.HostKeys()
     if path is None:
@@ -97,8 +89,6 @@ def fetch_host_key(address: str, port: int, timeout: float = 10.0) -> paramiko.P
 
 def pin_host_key(path: Path, address: str, port: int, key: paramiko.PKey) -> None:
     """Replace every key pinned for address:port with `key`, atomically, mode 0600."""
-    from labctl.transport.localfiles import known_hosts_problem, local_file_error
-
     problem = known_hosts_problem(path, writing=True)
     if problem is not None:
         raise local_file_error("known_hosts", path, [], problem)
@@ -112,7 +102,8 @@ def pin_host_key(path: Path, address: str, port: int, key: paramiko.PKey) -> Non
         if kept and not kept.endswith(b"\n"):
             kept += newline
         kept += f"{name} {key.get_name()} {key.get_base64()}".encode() + newline
-        write_atomic(path, kept, mode=0o600)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(str(path), kept, mode=0o600)
     except OSError as e:
         raise local_file_error(
             "known_hosts",

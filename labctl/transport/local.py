@@ -11,10 +11,10 @@ import threading
 import time
 from pathlib import Path
 
-from labctl.fsutil import write_atomic
+from labctl.agent.fsutil import write_atomic
 from labctl.inventory.model import Host
-from labctl.shell import check_env
 from labctl.transport.base import CommandResult, LineCallback, LineSplitter, file_error
+from labctl.transport.shell import check_env
 from labctl.transport.wrap import GRACE_SECONDS
 
 
@@ -96,7 +96,8 @@ class LocalConnection:
                 path.parent.mkdir(mode=dir_mode, parents=True, exist_ok=True)
                 if path.parent.stat().st_mode & 0o7777 != dir_mode:
                     path.parent.chmod(dir_mode)
-            write_atomic(path, data, mode)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(str(path), data, mode=mode)
         except OSError as e:
             raise file_error(
                 self.name,

@@ -19,12 +19,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labctl.agent.textedit import text_lines
-from labctl.defaults import shown_path
+from labctl.documents.defaults import shown_path
 from labctl.errors import InputError
-from labctl.transport.hostkeys import line_fields
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Host
+
+
+def line_fields(line: str) -> list[str]:
+    """A known_hosts line's fields as OpenSSH reads them: cut at spaces and tabs only (str.split()
+    also cuts at U+00A0, U+2028 ..., which would make one odd field several good ones)."""
+    return [f for f in re.split(r"[ \t]+", line) if f]
+
 
 # What a problem says about a file (after its name), and the fix.
 Problem = tuple[str, str]

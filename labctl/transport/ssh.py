@@ -12,7 +12,6 @@ import time
 from typing import TYPE_CHECKING
 
 from labctl.inventory.model import Host
-from labctl.shell import command_line, env_assignments
 from labctl.transport.base import (
     AuthFailed,
     CommandResult,
@@ -26,6 +25,7 @@ from labctl.transport.base import (
 )
 from labctl.transport.hostkeys import fingerprint, known_hosts_name, load_known_hosts
 from labctl.transport.localfiles import inspect_key, local_file_error
+from labctl.transport.shell import command_line, env_assignments
 from labctl.transport.wrap import GRACE_SECONDS, wrap_with_watchdog
 
 if TYPE_CHECKING:

@@ -26,8 +26,8 @@ STATE = (
 def test_bond_probe_on_a_sim_host_refuses_without_a_driver_and_changes_nothing(lab: Any) -> None:
     if os.path.isdir("/sys/module/bonding"):
         pytest.skip("this kernel has the bonding driver: the sim hosts share it")
-    from labctl.agent_ship import ask_agent
-    from labctl.context import Context
+    from labctl.hosts.agent_ship import ask_agent
+    from labctl.hosts.context import Context
 
     inv = lab.inventory_path
     before = sh(inv, "m5", STATE)

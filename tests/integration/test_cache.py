@@ -164,8 +164,8 @@ def small_cache(lab: Any, tmp_path: Path) -> Path:
 
 def touch(inv: Path, model: str) -> None:
     """What the loader does on m5 when it loads a model: the agent's cache_touch."""
-    from labctl.agent_ship import ask_agent
-    from labctl.context import Context
+    from labctl.hosts.agent_ship import ask_agent
+    from labctl.hosts.context import Context
 
     ctx = Context.create(inventory_path=inv)
     try:

@@ -59,7 +59,7 @@ def fake_run(inv: Path, hosts: list[str], mb: float, *steps: int) -> tuple[str, 
 
 def write_ckpt(inv: Path, host: str, folder: str, step: int, mb: float) -> None:
     code = (
-        "import os,sys; from labctl.agent.ckpt import CheckpointDir; "
+        "import os,sys; from labctl.agent.train.ckpt import CheckpointDir; "
         f"CheckpointDir(sys.argv[1]).save({step}, os.urandom(int({mb} * 2**20)), {{}}, "
         "save=lambda s, f: f.write(s))"
     )

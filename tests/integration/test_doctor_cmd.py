@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from labctl.facts_compare import GIB, compare_declared
+from labctl.facts.compare import GIB, compare_declared
 from labctl.inventory.load import load_inventory
 from labctl.netbench.plan import host_link
 from tests.conftest import run_json

@@ -116,7 +116,7 @@ def _addresses(nic: dict[str, Any]) -> list[str]:
 
 
 def test_agent_is_cached_by_hash_on_the_host_not_here(lab: Any) -> None:
-    from labctl.agent_ship import agent_zip
+    from labctl.hosts.agent_ship import agent_zip
 
     _, digest = agent_zip()
     labctl("-i", str(lab.inventory_path), "facts", "--no-torch", "-l", "pharaoh", check=True)

@@ -58,7 +58,7 @@ def test_the_mount_probe_reads_past_a_mount_point_holding_cr_u2028_or_nbsp(tmp_p
         d.mkdir()
     mounts = " && ".join(f"mount -t tmpfs -o size=1m tmpfs {shlex.quote(str(d))}" for d in [*odd, ours])
     probes = {str(d): {"kind": "mount", "path": str(d)} for d in [*odd, ours]}
-    code = f"import json; from labctl.agent.provision import probe_command as p; print(json.dumps(p({{'probes': {probes!r}}})))"
+    code = f"import json; from labctl.agent.provision.commands import probe_command as p; print(json.dumps(p({{'probes': {probes!r}}})))"
     proc = subprocess.run(
         [
             "unshare",

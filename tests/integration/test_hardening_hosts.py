@@ -89,7 +89,7 @@ def test_read_only_agent_folder_is_named(lab: Any, agent_tmpfs: Any) -> None:
 
 
 def test_a_damaged_cached_agent_is_replaced_not_run(lab: Any) -> None:
-    from labctl.agent_ship import agent_zip
+    from labctl.hosts.agent_ship import agent_zip
 
     inv = lab.inventory_path
     data, digest = agent_zip()

@@ -282,7 +282,7 @@ def test_a_restore_of_a_run_never_backed_up_names_the_backup_of_that_run(lab: An
     record = {"run_id": run_id, "phase": 1, "hosts": ["m5"], "started": time.time(), "checkpoint_dir": folder}
     (runs / "run.json").write_text(json.dumps(record))
     code = (
-        "import os,sys; from labctl.agent.ckpt import CheckpointDir; "
+        "import os,sys; from labctl.agent.train.ckpt import CheckpointDir; "
         "CheckpointDir(sys.argv[1]).save(10, os.urandom(4096), {}, save=lambda s, f: f.write(s))"
     )
     inv = lab.inventory_path

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from labctl.agent.monitor.status import HISTORY_EVERY_S
 from labctl.agent.paths import STATUS_HISTORY
-from labctl.agent.status import HISTORY_EVERY_S
-from labctl.context import Context
+from labctl.hosts.context import Context
 from labctl.monitor.alerts import load_rules
 from labctl.monitor.collect import HostStatus, collect
 from tests.conftest import sh

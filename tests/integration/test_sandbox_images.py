@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from labctl.agent.sandbox import LABEL_LANG, LABEL_RECIPE, image_name
-from labctl.sandbox.languages import RECIPES, recipe_hash
+from labctl.agent.sandbox.languages import RECIPES, recipe_hash
 from tests.conftest import docker_unavailable, labctl
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from labctl import agent_ship
 from labctl.agent.answers import (
     ANSWERS,
     EVENTS,
@@ -29,9 +28,10 @@ from labctl.agent.answers import (
     problem,
 )
 from labctl.agent.commands import COMMANDS
-from labctl.agent_ship import BAD_ANSWER, AgentFailed, agent_event, call_agent
-from labctl.context import Context
-from labctl.fanout import HostRun
+from labctl.hosts import agent_ship
+from labctl.hosts.agent_ship import BAD_ANSWER, AgentFailed, agent_event, call_agent
+from labctl.hosts.context import Context
+from labctl.hosts.fanout import HostRun
 from labctl.inventory.model import Host
 
 JSON = st.recursive(
@@ -216,8 +216,8 @@ def test_facts_and_doctor_take_any_facts_answer_of_the_shape(
     from labctl.doctor.checks import check_host, check_same_torch, check_tier, node_has
     from labctl.doctor.gather import HostFound
     from labctl.doctor.tiers import TIERS
-    from labctl.facts import mismatches
-    from labctl.fanout import HostResult
+    from labctl.facts.collect import mismatches
+    from labctl.hosts.fanout import HostResult
 
     facts = json.loads(json.dumps(facts))
     host = Host(

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import AGENT_VERSION, facts, gpus
+from labctl.agent import AGENT_VERSION, gpus
+from labctl.agent.facts import collect as facts
+from labctl.agent.facts.storage import select_mounts
 from labctl.agent.parsers import (
     cuda_version_string,
     memory_from_meminfo,
@@ -30,8 +32,7 @@ from labctl.agent.parsers import (
     parse_nvidia_smi_csv,
     parse_os_release,
 )
-from labctl.agent.storage import select_mounts
-from labctl.agent_ship import agent_zip
+from labctl.hosts.agent_ship import agent_zip
 
 REPO = Path(__file__).resolve().parents[2]
 PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3")

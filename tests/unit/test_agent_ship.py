@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from labctl import agent_ship
-from labctl.agent_ship import CANCELLED, NO_JSON, NO_PYTHON, AgentFailed, agent_event, call_agent
-from labctl.context import Context
-from labctl.fanout import HostRun
+from labctl.hosts import agent_ship
+from labctl.hosts.agent_ship import CANCELLED, NO_JSON, NO_PYTHON, AgentFailed, agent_event, call_agent
+from labctl.hosts.context import Context
+from labctl.hosts.fanout import HostRun
 from labctl.inventory.model import Host
 
 
@@ -82,7 +82,7 @@ def test_each_command_runs_from_memory_with_only_the_modules_it_imports(tmp_path
     import zlib
 
     from labctl.agent.commands import COMMANDS
-    from labctl.agent_ship import IN_MEMORY, agent_blob, agent_zip
+    from labctl.hosts.agent_ship import IN_MEMORY, agent_blob, agent_zip
 
     whole = len(base64.b64encode(agent_zip()[0]))
     for command, handler in sorted(COMMANDS.items()):

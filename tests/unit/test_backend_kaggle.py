@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import trainer_settings
+from labctl.agent.train import settings as trainer_settings
 
 INVENTORY = """\
 lab: t
@@ -237,7 +237,7 @@ def test_a_users_script_runs_with_the_time_limit_and_checkpoint_folder(lab: Path
 def test_the_previous_sessions_checkpoints_are_found_where_kaggle_mounts_them(
     tmp_path: Path, mount: str
 ) -> None:
-    from labctl.cloud.session import copy_previous, find_previous
+    from labctl.train.backends.cloud.session import copy_previous, find_previous
 
     src = tmp_path / "input" / mount / "checkpoints" / "phase1"
     src.mkdir(parents=True)

@@ -180,7 +180,7 @@ def test_the_jobs_entry_point_trains_and_the_next_job_resumes(lab: Path, tmp_pat
 
 
 def test_several_gpus_or_instances_run_the_trainer_under_torchrun_at_the_first_host() -> None:
-    from labctl.cloud.session import launcher
+    from labctl.train.backends.cloud.session import launcher
 
     assert launcher({}) == [] and launcher({"SM_HOSTS": '["algo-1"]', "SM_NUM_GPUS": "1"}) == []
     argv = launcher({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2", "SM_NUM_GPUS": "4"})

@@ -1,4 +1,4 @@
-"""labctl/agent/net/netplan.py against the real netplan (netplan.io): a copy of the host's
+"""labctl/agent/network/netplan.py against the real netplan (netplan.io): a copy of the host's
 netplan files with the new ones laid over them, judged by `netplan generate`, and members that
 the merged config still gives something of their own, read back with `netplan get`."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from labctl.agent.net.netplan import (
+from labctl.agent.network.netplan import (
     check_files,
     member_conflicts,
     netplan_binary,

@@ -1,4 +1,4 @@
-"""The host side of the bond preflight (labctl/agent/net/bondcheck.py, run here on this
+"""The host side of the bond preflight (labctl/agent/network/bondcheck.py, run here on this
 machine: its real NICs, addresses and netplan) and the pure judgement of its answer
 (labctl/network/bond_preflight.py)."""
 
@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.net.bondcheck import (
+from labctl.agent.network.bondcheck import (
     bond_probe,
     bonding_driver,
     controller_path,
     ifupdown_conflicts,
     read_bond,
 )
-from labctl.agent.provision import probe_command
+from labctl.agent.provision.commands import probe_command
 from labctl.inventory.model import Bond, Host
 from labctl.network.bond_preflight import preflight
 from labctl.network.bond_render import bond_file, render_bond
@@ -315,7 +315,7 @@ def test_the_bond_probe_runs_in_memory_on_python38(tmp_path: Path) -> None:
     import json
     import subprocess
 
-    from labctl.agent_ship import IN_MEMORY, agent_blob
+    from labctl.hosts.agent_ship import IN_MEMORY, agent_blob
 
     args = {
         "probes": {

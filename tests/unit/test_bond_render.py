@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from labctl.agent.net.netplan import check_files, netplan_binary
+from labctl.agent.network.netplan import check_files, netplan_binary
 from labctl.inventory.model import Bond
 from labctl.network.bond_render import bond_file, lacp_reminder, render_bond, switch_reminder
 

@@ -1,4 +1,4 @@
-"""The checkpoint library's layout on the storage host (labctl/agent/ckpt_library.py), on real files."""
+"""The checkpoint library's layout on the storage host (labctl/agent/ckpt/library.py), on real files."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import ckpt_library as lib
-from labctl.agent.ckpt import CheckpointDir, manifest_name, pt_name
-from labctl.agent.ckpt_lib_cmds import list_command, restore_commit_command, verify_command
-from labctl.agent.commands import AgentError
+from labctl.agent.ckpt import library as lib
+from labctl.agent.ckpt.library_cmds import list_command, restore_commit_command, verify_command
+from labctl.agent.errors import AgentError
+from labctl.agent.train.ckpt import CheckpointDir, manifest_name, pt_name
 from labctl.ckpt.backup import choose, skipped_on_hosts
 
 MODEL = {

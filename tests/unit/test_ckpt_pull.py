@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import ckpt_library
-from labctl.agent.ckpt_pull_host import (
+from labctl.agent.ckpt import library as ckpt_library
+from labctl.agent.ckpt.pull import (
     PARTS,
     ckpt_commit_command,
     ckpt_state_command,
     model_publish_command,
     model_state_command,
 )
-from labctl.agent.commands import AgentError
+from labctl.agent.errors import AgentError
 from labctl.ckpt import pull
 from labctl.errors import InputError
 from tests.ckpt_session import session

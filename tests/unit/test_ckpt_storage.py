@@ -48,9 +48,7 @@ def test_no_ambiguous_or_missing_storage_host_is_guessed(
 def test_a_run_recorded_before_checkpoint_dir_was_kept_is_read_from_its_command_line() -> None:
     assert checkpoint_dir({"checkpoint_dir": "/data/ckpt/phase1"}) == "/data/ckpt/phase1"
     settings = json.dumps({"checkpoint_dir": "/data/ckpt/old", "steps": 5})
-    line = (
-        f"env A=1 python -m torch.distributed.run -m labctl.agent.trainer --settings {shlex.quote(settings)}"
-    )
+    line = f"env A=1 python -m torch.distributed.run -m labctl.agent.train.trainer --settings {shlex.quote(settings)}"
     assert checkpoint_dir({"commands": {"m5": line}}) == "/data/ckpt/old"
     assert checkpoint_dir({"commands": {"m5": "torchrun train.py"}}) is None
 

@@ -29,7 +29,7 @@ def test_the_agents_ping_reads_its_clock_between_the_controllers_two_reads() -> 
 def test_net_send_reports_its_connect_time_and_the_report_carries_it_to_a_latency_line(
     tmp_path: Path,
 ) -> None:
-    from labctl.agent.netbench import send_command
+    from labctl.agent.netbench.transfer import send_command
 
     with sink() as (info, proc):
         token_file = tmp_path / "token"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from labctl.facts_compare import compare_declared, model_matches, section_error
+from labctl.facts.compare import compare_declared, model_matches, section_error
 
 GIB = 1024**3
 

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from labctl.agent.provision import MAX_CONTENT, apply_command, probe_command
+from labctl.agent.fsutil import MAX_CONTENT
+from labctl.agent.provision.commands import apply_command, probe_command
+from labctl.documents.validation import DocumentError
 from labctl.inventory.model import Host
 from labctl.provision.playbook import load_playbook
 from labctl.provision.resource import Resource
 from labctl.provision.resources.files import File, plan_file
-from labctl.validation import DocumentError
 
 
 def host() -> Host:

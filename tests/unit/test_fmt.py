@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labctl.fmt import RateMeter, fmt_age, fmt_bytes, fmt_duration
+from labctl.output.fmt import RateMeter, fmt_age, fmt_bytes, fmt_duration
 
 MIB = 1 << 20
 

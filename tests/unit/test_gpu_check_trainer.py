@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from bench.gpucheck import trainer as sec
-from labctl.agent.trainer_limit import checkpoint_estimate, should_stop
+from labctl.agent.train.limit import checkpoint_estimate, should_stop
 from labctl.train.phases import load_phases
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,7 +110,7 @@ def test_state_bytes_is_what_the_trainer_estimates_a_checkpoint_from() -> None:
 
     shape = sec.SMOKE_SHAPES["limited"]
     settings = shape.settings()
-    from labctl.agent.trainer_settings import resolve_settings
+    from labctl.agent.train.settings import resolve_settings
 
     model = build_model(resolve_settings(settings)["model_config"], device=torch.device("cpu"))
     params = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)

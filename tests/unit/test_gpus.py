@@ -1,8 +1,8 @@
-"""GPU knowledge (labctl/gpus.py): which torch build runs on which GPU, shared by provision and train."""
+"""GPU knowledge (labctl/facts/gpus.py): which torch build runs on which GPU, shared by provision and train."""
 
 from __future__ import annotations
 
-from labctl.gpus import arch_caps, build_archs, builds_for, declared_caps, known_cap, runs_on
+from labctl.facts.gpus import arch_caps, build_archs, builds_for, declared_caps, known_cap, runs_on
 from labctl.inventory.model import GPU, Host
 
 CU126_ARCHS = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]

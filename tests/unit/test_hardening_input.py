@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from labctl.cli.app import app
+from labctl.documents.validation import DocumentError
 from labctl.errors import InputError
 from labctl.inventory.load import InventoryError, load_inventory
 from labctl.inventory.model import Host, ModelCache
@@ -27,7 +28,6 @@ from labctl.provision.resources.files import FileParams
 from labctl.provision.resources.model_cache import GIB, edit_fstab, fstab_entry
 from labctl.provision.resources.model_cache import ModelCache as ModelCacheRes
 from labctl.train.phases import load_phases
-from labctl.validation import DocumentError
 
 INV = """\
 lab: t

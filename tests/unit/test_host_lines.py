@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from labctl.cli.lines import HostLinePrinter
-from labctl.console import has_no_reader
+from labctl.output.console import has_no_reader
 
 
 def test_host_lines_are_padded_barred_and_split_by_stream(capsys: pytest.CaptureFixture[str]) -> None:

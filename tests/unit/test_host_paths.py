@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import facts, paths, train_host
-from labctl.agent_ship import agent_dir
+from labctl.agent import paths
+from labctl.agent.facts import collect as facts
+from labctl.agent.train import host as train_host
+from labctl.hosts.agent_ship import agent_dir
 from labctl.inventory.model import Host
 from labctl.provision.resources.torch_env import TorchEnv
 from labctl.train.launch import host_log_dir

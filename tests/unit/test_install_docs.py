@@ -97,7 +97,7 @@ def test_facts_shows_memory_in_gib_as_the_host_counts_it() -> None:
     from rich.console import Console
 
     from labctl.cli.facts_cmd import _render
-    from labctl.fanout import HostResult
+    from labctl.hosts.fanout import HostResult
 
     gib = 1 << 30
     data = {

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labctl.agent.provision import apply_command, probe_command
+from labctl.agent.provision.commands import apply_command, probe_command
 from labctl.inventory.model import Host
 from labctl.provision.resources.files import Line, edit_lines
 

@@ -1,4 +1,4 @@
-"""labctl.agent.loader: bit-identical to safetensors.torch.load_file, one buffer per file."""
+"""labctl.agent.modelload.loader: bit-identical to safetensors.torch.load_file, one buffer per file."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.loader import FormatError, load_file, load_model_dir, pipeline, read_header
+from labctl.agent.modelload.loader import FormatError, load_file, load_model_dir, pipeline, read_header
 
 torch = pytest.importorskip("torch", reason="the loader's tensors need torch")
 st = pytest.importorskip("safetensors.torch", reason="the reference loader is safetensors")
@@ -114,7 +114,7 @@ def test_many_dtypes_and_shapes_match_safetensors_bit_for_bit(unaligned_file: Pa
     ref = st.load_file(str(unaligned_file))
     # The file really is unaligned: some tensors start at offsets their element size does not divide.
     header = read_header(str(unaligned_file))
-    from labctl.agent.loader import DTYPES
+    from labctl.agent.modelload.loader import DTYPES
 
     assert any(t.begin % DTYPES[t.dtype][1] for t in header.tensors)
     for readers in (1, 4):

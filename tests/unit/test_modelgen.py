@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.commands import AgentError
-from labctl.agent.modelgen import INDEX_NAME, make_model, make_model_command, normal_block
+from labctl.agent.errors import AgentError
+from labctl.agent.modelload.modelgen import INDEX_NAME, make_model, make_model_command, normal_block
 from labctl.agent.tinylm import config_for_size, make_config, param_count, param_shapes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,7 +145,7 @@ def test_sharded_checkpoint_and_regeneration_replaces_it(tmp_path: Path) -> None
     index = json.loads((tmp_path / INDEX_NAME).read_text())
     assert sorted(set(index["weight_map"].values())) == shards
     assert index["metadata"]["total_size"] == param_count(answer["config"]) * 2
-    from labctl.agent.loader import load_model_dir, read_header
+    from labctl.agent.modelload.loader import load_model_dir, read_header
 
     for name in shards:
         header = read_header(str(tmp_path / name))
@@ -201,7 +201,7 @@ def test_command_checks_its_arguments(tmp_path: Path) -> None:
 @pytest.mark.skipif(not PY38.exists(), reason=f"no Python 3.8 interpreter at {PY38}")
 def test_agent_command_under_python38_without_torch(tmp_path: Path) -> None:
     """The storage host runs the shipped zipapp under its own python3: 3.8, no torch, no numpy."""
-    from labctl.agent_ship import agent_zip
+    from labctl.hosts.agent_ship import agent_zip
 
     pyz = tmp_path / "agent.pyz"
     pyz.write_bytes(agent_zip()[0])

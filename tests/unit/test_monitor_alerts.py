@@ -1,4 +1,4 @@
-"""Alerts judged from constructed `status` samples (the agent's shape, see labctl/agent/status.py)."""
+"""Alerts judged from constructed `status` samples (the agent's shape, see labctl/agent/monitor/status.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from labctl.documents.starter import write_starter
+from labctl.documents.validation import DocumentError
 from labctl.errors import InputError
 from labctl.monitor.alerts import Alert, evaluate, growth_per_hour, load_rules
-from labctl.starter import write_starter
-from labctl.validation import DocumentError
 
 GiB = 1024**3
 NOW = 1_800_000_000.0

@@ -1,4 +1,4 @@
-"""The agent's `status` command (labctl/agent/status.py) on this machine: real /proc, real
+"""The agent's `status` command (labctl/agent/monitor/status.py) on this machine: real /proc, real
 processes carrying a run's tags, real files for history, logs and warm.json. There is no GPU
 here: GPU sampling runs against a recorded nvidia-smi answer on PATH and a stand-in NVML module."""
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from labctl.agent import commands, paths
-from labctl.agent import status as agent_status
+from labctl.agent.monitor import status as agent_status
 
 # Recorded from `nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,compute_cap,
 # driver_version,utilization.gpu,temperature.gpu,pci.bus_id,power.draw --format=csv,noheader,nounits`

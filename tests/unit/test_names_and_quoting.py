@@ -23,7 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from labctl.agent.commands import AgentError
+from labctl.agent.errors import AgentError
+from labctl.documents.validation import DocumentError
 from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.orchestra.spec import Server, load_orchestra
@@ -31,7 +32,6 @@ from labctl.provision.resources.cron import CronParams
 from labctl.train import launch
 from labctl.train.phases import load_phases
 from labctl.train.spec import LaunchSpec, NodeSpec
-from labctl.validation import DocumentError
 
 INV = """\
 lab: t
@@ -190,7 +190,7 @@ def test_script_args_a_shell_would_not_read_are_an_input_error(tmp_path: Path) -
 
 
 def test_the_shell_helper_refuses_names_and_quotes_values() -> None:
-    from labctl.shell import env_assignments, export_lines
+    from labctl.transport.shell import env_assignments, export_lines
 
     assert env_assignments({"A": "it's", "B_2": "$(id)"}) == "A='it'\"'\"'s' B_2='$(id)'"
     assert export_lines({"X": "a b"}) == ["export X='a b'"]
@@ -206,7 +206,7 @@ def test_the_shell_helper_refuses_names_and_quotes_values() -> None:
 
 @given(st.text(max_size=300))
 def test_any_name_is_one_safe_path_component_or_refused(name: str) -> None:
-    from labctl.validation import path_component
+    from labctl.documents.validation import path_component
 
     try:
         path_component(name, "The name", "tinylm-1g")
@@ -233,7 +233,7 @@ def test_make_model_refuses_a_name_that_leaves_the_library(tmp_path: Path, bad: 
 
 @pytest.mark.parametrize("bad", ["../escaped", "x/../../escaped", "..", "a\0b", "a\nb", ".labctl", ""])
 def test_the_agent_refuses_it_too_whoever_sent_it(tmp_path: Path, bad: str) -> None:
-    from labctl.agent.modelgen import make_model_command
+    from labctl.agent.modelload.modelgen import make_model_command
 
     lib = tmp_path / "lib"
     lib.mkdir()
@@ -256,7 +256,8 @@ def test_train_status_does_not_read_a_record_outside_the_runs_folder(tmp_path: P
 def test_a_job_name_from_a_cron_file_never_reads_outside_the_lock_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from labctl.agent import cronjobs, paths
+    from labctl.agent import paths
+    from labctl.agent.schedule import cronjobs
 
     monkeypatch.setattr(paths, "LOCK_DIR", str(tmp_path / "locks"))
     (tmp_path / "locks").mkdir()
@@ -268,7 +269,7 @@ def test_a_job_name_from_a_cron_file_never_reads_outside_the_lock_folder(
 
 
 def test_a_run_folder_that_climbs_out_is_refused_on_the_host(tmp_path: Path) -> None:
-    from labctl.agent import train_host
+    from labctl.agent.train import host as train_host
 
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -284,7 +285,7 @@ def test_a_run_folder_that_climbs_out_is_refused_on_the_host(tmp_path: Path) -> 
 def test_a_network_transaction_id_is_one_name_on_the_host(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from labctl.agent.net import txn
+    from labctl.agent.network import txn
 
     monkeypatch.setenv("LABCTL_NET_DIR", str(tmp_path))
     assert txn._txn_dir("t-1") == str(tmp_path / "t-1")
@@ -360,7 +361,7 @@ def test_ordinary_interpreters_and_users_load(tmp_path: Path, line: str) -> None
 
 @pytest.mark.parametrize("schedule", ["٥ * * * *", "*/٥ * * * *", "0 ١-٣ * * *", "0 0 ٣ * *"])
 def test_cron_fields_take_ascii_digits_only(schedule: str) -> None:
-    from labctl.agent.cronjobs import next_run
+    from labctl.agent.schedule.cronjobs import next_run
     from labctl.schedule.every import resolve_schedule
 
     with pytest.raises(ValidationError, match="not cron syntax"):

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.commands import AgentError
-from labctl.agent.netbench import send_command
+from labctl.agent.errors import AgentError
+from labctl.agent.netbench.transfer import send_command
 from labctl.errors import InputError
 from labctl.inventory.model import NIC, Bond, Host, Inventory
 from labctl.modelload.stages import SEED_SECONDS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from labctl.agent.net.live import differences, owned_links, parse_state, restore_commands
+from labctl.agent.network.live import differences, owned_links, parse_state, restore_commands
 
 
 def link(name: str, up: bool = True, master: str | None = None, kind: str | None = None) -> dict[str, Any]:

@@ -153,9 +153,9 @@ def test_init_writes_the_network_playbook_and_its_bond_plans_for_the_seed_m5(tmp
     (802.3ad over eno1+eno2) with the playbook's revert_after."""
     from pathlib import Path
 
+    from labctl.documents.starter import write_starter
     from labctl.inventory.load import load_inventory
     from labctl.provision.playbook import load_playbook
-    from labctl.starter import write_starter
 
     repo = Path(__file__).resolve().parents[2]
     written = write_starter(tmp_path / "mylab")

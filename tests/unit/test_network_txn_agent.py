@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.commands import AgentError
-from labctl.agent.net import live, txn
+from labctl.agent.errors import AgentError
+from labctl.agent.network import live, txn
 
 STATE: dict[str, Any] = {
     "links": {"eth0": {"up": True, "master": None, "kind": None, "addresses": ["10.0.0.2/24"]}},

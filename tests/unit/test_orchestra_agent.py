@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from labctl.agent import paths, procs
-from labctl.agent.modelgen import make_model
+from labctl.agent.modelload.modelgen import make_model
 from labctl.agent.orchestra import host as orch_host
 from labctl.agent.tinylm import make_config
-from labctl.agent_ship import agent_zip
+from labctl.hosts.agent_ship import agent_zip
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = make_config(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq=64)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from labctl.documents.validation import DocumentError
 from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import GPU, Host, Inventory
@@ -34,7 +35,6 @@ from labctl.orchestra.spec import (
 )
 from labctl.train.phases import load_phases
 from labctl.train.plan import train_gpus
-from labctl.validation import DocumentError
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1024**3
@@ -84,7 +84,7 @@ def test_the_seed_orchestra_file_is_the_seeds_warm_set_and_is_found_beside_the_i
 def test_init_writes_the_orchestra_file_and_it_is_found_beside_the_new_inventory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from labctl.starter import write_starter
+    from labctl.documents.starter import write_starter
 
     lab = tmp_path / "mylab"
     written = write_starter(lab)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.modelgen import make_model
+from labctl.agent.modelload.modelgen import make_model
 from labctl.agent.orchestra.server import Model, Server
 from labctl.agent.tinylm import make_config
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from labctl.documents.starter import write_starter
 from labctl.plan.spec import load_plan
-from labctl.starter import write_starter
 from tests.conftest import REPO, labctl
 from tests.unit.test_plan_throughput import write_run
 

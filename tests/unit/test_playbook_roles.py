@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from labctl.documents.validation import DocumentError
 from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import Host, Inventory
@@ -20,7 +21,6 @@ from labctl.inventory.select import KNOWN_ROLES, require_role_hosts, select_host
 from labctl.orchestra.spec import Orchestra
 from labctl.provision.playbook import load_playbook, play_members, skipped_plays
 from labctl.train.phases import Settings
-from labctl.validation import DocumentError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from labctl.documents.validation import DocumentError
 from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import GPU, Host, Inventory, ModelCache
@@ -21,7 +22,6 @@ from labctl.provision.resources.model_cache import ModelCache as ModelCacheRes
 from labctl.provision.resources.package import installed_from_dpkg
 from labctl.provision.resources.torch_env import TorchEnv, choose_build, declared_caps
 from labctl.sim.plan import host_names, inventory_doc, plan_hosts, seed_hosts
-from labctl.validation import DocumentError
 
 REPO = Path(__file__).resolve().parents[2]
 

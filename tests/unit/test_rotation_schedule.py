@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from labctl.agent import cronjobs, paths
+from labctl.agent import paths
+from labctl.agent.schedule import cronjobs
 from labctl.doctor.checks import check_cron, check_host
 from labctl.doctor.gather import HostFound
 from labctl.doctor.model import FAIL, PASS
-from labctl.fanout import HostResult
+from labctl.hosts.fanout import HostResult
 from labctl.inventory.model import Host
 from labctl.orchestra.render import render_status
 from labctl.orchestra.status import scheduled_rotation, summarize

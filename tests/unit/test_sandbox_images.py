@@ -11,19 +11,18 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.sandbox import image_name
+from labctl.agent.sandbox import image_name, languages
 from labctl.agent.sandbox.image import remove_root
-from labctl.agent_ship import agent_blob
+from labctl.agent.sandbox.languages import RECIPES, recipe, recipe_hash
+from labctl.documents.validation import DocumentError
 from labctl.errors import InputError
+from labctl.hosts.agent_ship import agent_blob
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import Host
 from labctl.inventory.model import Sandbox as SandboxSpec
 from labctl.provision.playbook import load_playbook
 from labctl.provision.resource import NotApplicable, PlanError, load_registry
 from labctl.provision.resources.sandbox import Sandbox, merged_daemon_json
-from labctl.sandbox import languages
-from labctl.sandbox.languages import RECIPES, recipe, recipe_hash
-from labctl.validation import DocumentError
 
 REPO = Path(__file__).resolve().parents[2]
 FIRST_EIGHT = ["python", "javascript", "bash", "c", "cpp", "go", "rust", "java"]
@@ -332,8 +331,8 @@ def test_build_folder_removal_unmounts_first_and_never_deletes_through_a_mount(t
 
 
 def test_init_writes_the_sandbox_playbook_and_it_is_a_valid_playbook(tmp_path: Path) -> None:
+    from labctl.documents.starter import write_starter
     from labctl.provision.playbook import load_playbook
-    from labctl.starter import write_starter
 
     repo = Path(__file__).resolve().parents[2]
     written = write_starter(tmp_path / "mylab")

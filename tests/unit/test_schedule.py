@@ -16,13 +16,15 @@ from typing import Any
 import pytest
 import yaml
 
-from labctl.agent import cronjobs, paths
-from labctl.agent import provision as agent_provision
-from labctl.agent.commands import AgentError
+from labctl.agent import paths
+from labctl.agent.errors import AgentError
+from labctl.agent.provision import commands as agent_provision
+from labctl.agent.schedule import cronjobs
 from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import Host, Inventory
 from labctl.provision.resource import PlanError, load_registry
+from labctl.provision.resources import bundle
 from labctl.provision.resources.controller import (
     AuthorizedKey,
     AuthorizedKeyParams,
@@ -32,7 +34,7 @@ from labctl.provision.resources.controller import (
     SshKeypair,
 )
 from labctl.provision.resources.cron import CronParams, cron_file, systemd_units
-from labctl.schedule import bundle, plan
+from labctl.schedule import plan
 from labctl.schedule.every import every_to_schedule, resolve_schedule
 from labctl.schedule.jobs import JOBS, get_job
 from labctl.sim.plan import MANAGED_PATHS
@@ -185,7 +187,7 @@ def test_remove_playbook_purges_only_when_asked() -> None:
 
 
 def test_the_rotate_job_runs_the_installed_labctl_on_the_lab_copy() -> None:
-    from labctl.defaults import default_places
+    from labctl.documents.defaults import default_places
     from labctl.orchestra.spec import DEFAULT_ORCHESTRA
 
     copy = f"{paths.CONTROLLER_DIR}/lab/playbooks/orchestra.yaml"

@@ -1,6 +1,6 @@
 """Issue 25, round two: the places the four classes reached beyond the files first fixed.
 
-Shell text only from labctl/shell.py; a name that becomes a path component checked by
+Shell text only from labctl/transport/shell.py; a name that becomes a path component checked by
 paths.component_problem; validating patterns ASCII-only and anchored with \\Z; a user's file
 cut at "\\n" only (labctl/agent/textedit.py). Each test feeds the input that got through.
 """
@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from labctl.agent.commands import AgentError
+from labctl.agent.errors import AgentError
 from labctl.errors import InputError
 from labctl.inventory.model import Host
 from tests.unit.test_names_and_quoting import inventory, run_cli
@@ -49,7 +49,7 @@ def test_a_local_command_env_name_is_refused_as_input_not_a_popen_traceback() ->
 
 @pytest.mark.parametrize("bad", ["run-1\n", "run\u2028x", "run/..", "..", ".hidden", "r" * 129, ""])
 def test_the_checkpoint_library_refuses_a_run_id_that_is_not_one_plain_name(bad: str) -> None:
-    from labctl.agent.ckpt_library import LibraryError, check_run_id
+    from labctl.agent.ckpt.library import LibraryError, check_run_id
 
     with pytest.raises(LibraryError):
         check_run_id(bad)
@@ -57,7 +57,7 @@ def test_the_checkpoint_library_refuses_a_run_id_that_is_not_one_plain_name(bad:
 
 
 def test_the_library_lists_only_folders_it_could_have_made(tmp_path: Path) -> None:
-    from labctl.agent.ckpt_library import entries
+    from labctl.agent.ckpt.library import entries
 
     for run in ("run1", "run2\n"):
         for step in ("step-00000001", "step-00000002\n", "step-00000003".translate(OTHER_DIGITS)):
@@ -66,7 +66,7 @@ def test_the_library_lists_only_folders_it_could_have_made(tmp_path: Path) -> No
 
 
 def test_checkpoint_file_names_are_ascii_digits_to_the_end(tmp_path: Path) -> None:
-    from labctl.agent.ckpt import CheckpointDir
+    from labctl.agent.train.ckpt import CheckpointDir
 
     odd = ["step-00000001.pt\n", "step-00000002.pt".translate(OTHER_DIGITS)]
     temps = [".step-00000003.pt.1.tmp\n", ".step-00000004.pt.1.tmp".translate(OTHER_DIGITS)]
@@ -80,7 +80,7 @@ def test_checkpoint_file_names_are_ascii_digits_to_the_end(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("bad", ["a\u2028b", "a\nb", "a\xa0b", ".hidden", "a/b", "m" * 250])
 def test_the_model_library_on_the_host_takes_the_names_cache_sync_takes(tmp_path: Path, bad: str) -> None:
-    from labctl.agent.ckpt_pull_host import model_state_command
+    from labctl.agent.ckpt.pull import model_state_command
 
     with pytest.raises(AgentError) as e:
         model_state_command({"models": str(tmp_path), "name": bad})
@@ -92,7 +92,7 @@ def test_the_model_library_on_the_host_takes_the_names_cache_sync_takes(tmp_path
     ("fname", "part"), [("a\nb", "ok.0"), ("a\u2028b", "ok.0"), ("model.bin", ".."), ("model.bin", "p\x85")]
 )
 def test_a_published_file_or_part_name_is_one_plain_name(tmp_path: Path, fname: str, part: str) -> None:
-    from labctl.agent.ckpt_pull_host import model_publish_command
+    from labctl.agent.ckpt.pull import model_publish_command
 
     parts = [{"name": part, "size": 1, "sha256": "0" * 64}]
     with pytest.raises(AgentError) as e:
@@ -141,7 +141,9 @@ def test_a_script_whose_name_cannot_be_a_file_on_the_host_is_refused(tmp_path: P
 
 def patterns() -> list[tuple[str, re.Pattern[str], str, str | None]]:
     """(what, pattern, a value it takes, that value with other digits where it reads digits)."""
-    from labctl.agent import ckpt, ckpt_library, cronjobs
+    from labctl.agent.ckpt import library as ckpt_library
+    from labctl.agent.schedule import cronjobs
+    from labctl.agent.train import ckpt
     from labctl.ckpt import pull
     from labctl.plan import spec
     from labctl.provision.resources import controller
@@ -185,9 +187,9 @@ def test_a_plan_window_time_is_hh_mm_in_ascii(bad: str) -> None:
 
 
 def test_other_digits_name_no_gpu_cuda_build_or_architecture() -> None:
-    from labctl.agent.status import _visible_gpus
-    from labctl.agent.torch_env import cuda_of
-    from labctl.gpus import arch_caps
+    from labctl.agent.monitor.status import _visible_gpus
+    from labctl.agent.provision.torch_env import cuda_of
+    from labctl.facts.gpus import arch_caps
 
     assert _visible_gpus("0,١") == [0]
     assert cuda_of("cu126") == "12.6" and cuda_of("cu١٢٦") is None
@@ -203,7 +205,7 @@ def test_torch_env_reads_a_compute_capability_in_ascii_digits_only() -> None:
 
 
 def test_a_stale_partial_env_is_only_one_this_builder_named(tmp_path: Path) -> None:
-    from labctl.agent.torch_env import remove_stale_partials
+    from labctl.agent.provision.torch_env import remove_stale_partials
 
     base = "torch-2.13.0-cu126"
     ours = f".{base}.partial-{2**22 + 7}"  # above any pid_max: its builder is gone
@@ -218,7 +220,7 @@ def test_a_stale_partial_env_is_only_one_this_builder_named(tmp_path: Path) -> N
 
 
 def test_a_cron_job_command_holding_u2028_reads_back_whole() -> None:
-    from labctl.agent.cronjobs import parse_job_file
+    from labctl.agent.schedule.cronjobs import parse_job_file
     from labctl.provision.resources.cron import CronParams, cron_file, systemd_units
 
     command = "echo a\u2028b\x85c\u2029d  e"
@@ -230,7 +232,7 @@ def test_a_cron_job_command_holding_u2028_reads_back_whole() -> None:
 
 
 def test_a_user_key_line_only_looking_like_ours_across_a_vertical_tab_is_kept(tmp_path: Path) -> None:
-    from labctl.agent.provision import apply_command, probe_command
+    from labctl.agent.provision.commands import apply_command, probe_command
     from labctl.provision.resources.controller import AuthorizedKey, AuthorizedKeyParams
 
     ssh = tmp_path / ".ssh"
@@ -404,7 +406,7 @@ def test_a_host_path_keeps_letters_of_any_script(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["a\u2028b", "a\x85b", "a\xa0b"])
 def test_a_path_component_refuses_what_a_host_path_refuses(bad: str) -> None:
-    from labctl.validation import path_component
+    from labctl.documents.validation import path_component
 
     with pytest.raises(InputError) as e:
         path_component(bad, "The run id", "p1")

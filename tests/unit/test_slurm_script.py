@@ -139,7 +139,7 @@ def test_requeue_is_a_slurm_option_only(tmp_path: Path) -> None:
 
 
 def test_cluster_jobs_share_one_checkpoint_folder_with_one_writer() -> None:
-    from labctl.agent.trainer_settings import TrainerError, resolve_settings
+    from labctl.agent.train.settings import TrainerError, resolve_settings
     from labctl.train.backends.jobs import for_cluster
 
     # On the lab's hosts each host keeps its own copy; on a cluster's shared folder rank 0 alone writes.

@@ -1,4 +1,4 @@
-"""The host's status history (labctl/agent/status.py) when the host's wall clock is set back or
+"""The host's status history (labctl/agent/monitor/status.py) when the host's wall clock is set back or
 forward: recording goes on, durations stay true and the answer says what happened. Real files;
 the clocks are faked at the function level (a Clock reading, or records stamped as if the
 clock had read otherwise when they were written), since this machine's clock is shared."""
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from labctl.agent import paths
-from labctl.agent import status as agent_status
+from labctl.agent.monitor import status as agent_status
 
 NOW = 1_800_000_000.0
 BOOT = "6d2f0a4e-1111-4c1e-9a55-0d2b3c4e5f60"

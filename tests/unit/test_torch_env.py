@@ -20,10 +20,10 @@ import pytest
 from rich.console import Console
 
 from labctl.agent import paths
-from labctl.agent.commands import AgentError
-from labctl.agent.provision import apply_command
-from labctl.context import Context
-from labctl.fanout import HostRun
+from labctl.agent.errors import AgentError
+from labctl.agent.provision.commands import apply_command
+from labctl.hosts.context import Context
+from labctl.hosts.fanout import HostRun
 from labctl.inventory.model import Host
 from labctl.provision.engine import ResourceResult, provision_host
 from labctl.provision.playbook import Entry
@@ -199,7 +199,7 @@ def test_a_record_of_another_build_at_the_path_is_rebuilt(host_dirs: Path) -> No
 
 
 def test_isolated_pip_keeps_only_the_hosts_network_settings() -> None:
-    from labctl.agent.torch_env import pip_network_flags
+    from labctl.agent.provision.torch_env import pip_network_flags
 
     settings = (
         ":env:.cert='/env/ca.crt'\n:env:.find-links='/opt/wheels'\n:env:.default-timeout='180'\n"
@@ -215,7 +215,7 @@ def test_isolated_pip_keeps_only_the_hosts_network_settings() -> None:
 
 
 def test_the_error_line_is_found_under_warnings_and_numpys_notice() -> None:
-    from labctl.agent.torch_env import main_error, wrong_build
+    from labctl.agent.provision.torch_env import main_error, wrong_build
 
     pip = "WARNING: Retrying (Retry(total=4))\nERROR: No matching distribution found for torch==2.13.0\n[notice] A new release of pip\n"
     assert main_error(pip) == "No matching distribution found for torch==2.13.0"

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from labctl.agent_ship import agent_zip
 from labctl.errors import InputError
+from labctl.hosts.agent_ship import agent_zip
 from labctl.train.backends.jobs import write_job
 from labctl.train.backends.k8s import DEFAULT_IMAGE, k8s_job_name, render_pytorchjob
 from labctl.train.backends.slurm import render_sbatch
@@ -415,7 +415,7 @@ def test_pytorchjob_command_reaches_torchrun_intact(tmp_path: Path, monkeypatch:
     assert args.rdzv_conf == f"join_timeout={spec.rdzv_timeout}"
     assert int(args.max_restarts) == spec.max_restarts
     assert args.tee == "3"  # torchrun puts the rank prefix on tee'd lines only
-    assert args.module and args.training_script == "labctl.agent.trainer"
+    assert args.module and args.training_script == "labctl.agent.train.trainer"
     assert args.training_script_args == ["--settings", json.dumps(settings, sort_keys=True)]
 
 

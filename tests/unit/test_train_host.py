@@ -1,4 +1,4 @@
-"""The host side of `labctl train` (labctl/agent/train_host.py), with real processes on this machine."""
+"""The host side of `labctl train` (labctl/agent/train/host.py), with real processes on this machine."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.agent import paths, train_host
+from labctl.agent import paths
+from labctl.agent.train import host as train_host
 
 FAKE_TORCH = {
     "__init__.py": "from . import version, cuda, backends\n__version__ = version.__version__\n",

@@ -165,7 +165,7 @@ def test_phase1_on_m5_picks_the_v100_by_pci_order_and_leaves_the_p40s() -> None:
     argv = spec.torchrun_argv(node)
     assert "--nnodes=1" in argv and "--nproc-per-node=1" in argv and "--rdzv-backend=c10d" in argv
     assert "--rdzv-endpoint=10.0.0.10:29500" in argv and f"--rdzv-id={spec.run_id}" in argv
-    assert argv[argv.index("-m", 3) + 1] == "labctl.agent.trainer"
+    assert argv[argv.index("-m", 3) + 1] == "labctl.agent.train.trainer"
 
 
 def test_full_strategy_uses_every_chosen_gpu() -> None:

@@ -1,4 +1,4 @@
-"""The reference trainer (labctl/agent/trainer.py) on the CPU with real torch and a tiny tinylm.
+"""The reference trainer (labctl/agent/train/trainer.py) on the CPU with real torch and a tiny tinylm.
 
 Most runs are in-process (a Trainer with an empty environment, so never distributed); the
 command line, the exit codes and the 2-process DDP run go through real subprocesses.
@@ -19,11 +19,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from labctl.agent import trainer as trainer_mod  # noqa: E402
-from labctl.agent.ckpt import manifest_name, pt_name  # noqa: E402
-from labctl.agent.corpus import Corpus, sample_range  # noqa: E402
 from labctl.agent.tinylm import build_model  # noqa: E402
-from labctl.agent.trainer import Trainer, TrainerError, lr_factor, resolve_settings  # noqa: E402
+from labctl.agent.train import trainer as trainer_mod  # noqa: E402
+from labctl.agent.train.ckpt import manifest_name, pt_name  # noqa: E402
+from labctl.agent.train.corpus import Corpus, sample_range  # noqa: E402
+from labctl.agent.train.trainer import Trainer, TrainerError, lr_factor, resolve_settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3")
@@ -99,7 +99,7 @@ def test_standalone_run_learns_and_reports_every_event(tmp_path: Path) -> None:
     s["metrics_path"] = str(tmp_path / "deep" / "er" / "metrics.jsonl")
     path = tmp_path / "settings.json"
     path.write_text(json.dumps(s))
-    rc, events, err = run_cli(["-m", "labctl.agent.trainer", "--settings", f"@{path}"])
+    rc, events, err = run_cli(["-m", "labctl.agent.train.trainer", "--settings", f"@{path}"])
     assert rc == 0, err
     assert path.exists()  # every rank reads the file: it is not consumed
     start = events[0]
@@ -127,7 +127,7 @@ def test_standalone_run_learns_and_reports_every_event(tmp_path: Path) -> None:
 def test_config_mismatch_fails_with_one_clear_line(tmp_path: Path) -> None:
     run_inproc(settings(tmp_path, steps=2))
     other = settings(tmp_path, steps=4, model=dict(TINY, d_model=64, n_heads=4))
-    rc, events, err = run_cli(["-m", "labctl.agent.trainer", "--settings", json.dumps(other)])
+    rc, events, err = run_cli(["-m", "labctl.agent.train.trainer", "--settings", json.dumps(other)])
     assert rc != 0
     assert of(events, "step") == []
     line = err.strip().splitlines()[-1]
@@ -149,7 +149,7 @@ def test_config_mismatch_fails_with_one_clear_line(tmp_path: Path) -> None:
     ],
 )
 def test_bad_settings_exit_nonzero_with_one_line(arg: str, message: str) -> None:
-    rc, events, err = run_cli(["-m", "labctl.agent.trainer", "--settings", arg])
+    rc, events, err = run_cli(["-m", "labctl.agent.train.trainer", "--settings", arg])
     assert rc == 2 and events == []
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("labctl trainer: error: ") and message in lines[0]
@@ -448,7 +448,7 @@ def test_two_process_ddp_on_gloo(tmp_path: Path) -> None:
             "--standalone",
             "--nproc-per-node=2",
             "-m",
-            "labctl.agent.trainer",
+            "labctl.agent.train.trainer",
             "--settings",
             json.dumps(s),
         ],
@@ -475,7 +475,7 @@ def test_two_process_ddp_on_gloo(tmp_path: Path) -> None:
 # -- packaging -------------------------------------------------------------------------------------
 
 
-AGENT_MODULES = ("labctl.agent.trainer", "labctl.agent.ckpt", "labctl.agent.corpus")
+AGENT_MODULES = ("labctl.agent.train.trainer", "labctl.agent.train.ckpt", "labctl.agent.train.corpus")
 NO_TORCH = (
     "import sys\n"
     "class Block:\n"
@@ -484,7 +484,7 @@ NO_TORCH = (
     "            raise ImportError('no ' + name + ' on this host')\n"
     "sys.meta_path.insert(0, Block())\n"
     "import " + ", ".join(AGENT_MODULES) + "\n"
-    "from labctl.agent.trainer import load_settings\n"
+    "from labctl.agent.train.trainer import load_settings\n"
     "print(load_settings('{}')['model_config']['d_model'])\n"
 )
 

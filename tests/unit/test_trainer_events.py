@@ -17,9 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from labctl.agent.corpus import Corpus  # noqa: E402
 from labctl.agent.tinylm import build_model  # noqa: E402
-from labctl.agent.trainer import Trainer, resolve_settings  # noqa: E402
+from labctl.agent.train.corpus import Corpus  # noqa: E402
+from labctl.agent.train.trainer import Trainer, resolve_settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"vocab": 256, "d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 128}
@@ -120,7 +120,7 @@ class Block:
         if name.split('.')[0] == 'tensorboard':
             raise getattr(builtins, sys.argv[2])('no ' + name + ' on this host')
 sys.meta_path.insert(0, Block())
-from labctl.agent.trainer import main
+from labctl.agent.train.trainer import main
 sys.exit(main(['--settings', sys.argv[1]]))
 """
 

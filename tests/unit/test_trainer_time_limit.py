@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import trainer_limit as tl
-from labctl.agent.trainer_settings import EXIT_PAUSED, TrainerError, resolve_settings
+from labctl.agent.train import limit as tl
+from labctl.agent.train.settings import EXIT_PAUSED, TrainerError, resolve_settings
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"vocab": 256, "d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 128}
@@ -139,7 +139,7 @@ def settings(tmp_path: Path, **over: Any) -> dict[str, Any]:
 def run_inproc(
     s: dict[str, Any], started_at: float | None = None, last: int | None = None
 ) -> list[dict[str, Any]]:
-    from labctl.agent.trainer import Trainer
+    from labctl.agent.train.trainer import Trainer
 
     out = io.StringIO()
     t = Trainer(s, out=out, environ={}, started_at=started_at)
@@ -166,7 +166,7 @@ def test_alone_the_trainer_pauses_with_exit_75_and_the_rerun_continues_the_loss(
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
         env.pop(key, None)
     proc = subprocess.run(
-        [sys.executable, "-m", "labctl.agent.trainer", "--settings", json.dumps(s)],
+        [sys.executable, "-m", "labctl.agent.train.trainer", "--settings", json.dumps(s)],
         capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env,
     )  # fmt: skip
     assert proc.returncode == EXIT_PAUSED, proc.stderr
@@ -179,7 +179,7 @@ def test_alone_the_trainer_pauses_with_exit_75_and_the_rerun_continues_the_loss(
     assert paused["checkpoint"] == str(tmp_path / "ck" / f"step-{n:08d}.pt")
     assert [e["step"] for e in of(events, "checkpoint")][-1] == n
     assert of(events, "step")[-1]["step"] == n and paused["loss"] == of(events, "step")[-1]["loss"]
-    from labctl.agent.ckpt import CheckpointDir
+    from labctl.agent.train.ckpt import CheckpointDir
 
     valid, skipped = CheckpointDir(str(tmp_path / "ck")).scan()
     assert valid[-1] == n and skipped == []

@@ -84,8 +84,8 @@ def test_a_cache_command_s_error_shows_an_example_of_that_command(args: list[str
 
 
 def test_a_failed_run_op_shows_an_inline_script_in_short_and_its_last_lines() -> None:
-    from labctl.agent.commands import AgentError
-    from labctl.agent.provision import apply_command
+    from labctl.agent.errors import AgentError
+    from labctl.agent.provision.commands import apply_command
 
     # (torch_env's own failures lead with their cause: tests/unit/test_torch_env.py)
     script = "import json, sys, tempfile\nwant = sys.argv[1]\njson.dumps({})\nsys.exit('wanted %s' % want)\n"
@@ -165,7 +165,7 @@ def test_bench_model_load_with_a_file_and_no_host_loads_on_this_machine(tmp_path
 
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed in this interpreter")
-    from labctl.agent.modelgen import make_model
+    from labctl.agent.modelload.modelgen import make_model
 
     make_model(str(tmp_path / "tiny"), 2 << 20, seed=3)
     # No inventory anywhere: a file on this machine needs none.

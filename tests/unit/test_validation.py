@@ -1,4 +1,4 @@
-"""labctl.validation: one way to read, check and report a YAML document, whatever its kind."""
+"""labctl.documents.validation: one way to read, check and report a YAML document, whatever its kind."""
 
 from __future__ import annotations
 
@@ -10,11 +10,7 @@ from typing import Optional
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from labctl.errors import InputError
-from labctl.inventory.load import InventoryError, load_inventory
-from labctl.provision.playbook import load_playbook
-from labctl.train.phases import load_phases
-from labctl.validation import (
+from labctl.documents.validation import (
     DocumentError,
     dotted,
     duplicate_problems,
@@ -23,7 +19,11 @@ from labctl.validation import (
     read_document,
     unknown_key,
 )
-from labctl.yamlpos import load_positioned
+from labctl.documents.yamlpos import load_positioned
+from labctl.errors import InputError
+from labctl.inventory.load import InventoryError, load_inventory
+from labctl.provision.playbook import load_playbook
+from labctl.train.phases import load_phases
 
 
 class Inner(BaseModel):
@@ -161,7 +161,7 @@ def test_each_document_kind_names_itself_and_its_check_command(tmp_path: Path) -
 
 
 def test_importing_validation_stays_light() -> None:
-    code = "import sys, labctl.validation; print(sorted(m for m in ('pydantic', 'yaml') if m in sys.modules))"
+    code = "import sys, labctl.documents.validation; print(sorted(m for m in ('pydantic', 'yaml') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -29,3 +29,14 @@ Modules: `manifest` (the Cache: paths, manifest, locks, room; state, evict, pin,
 `serve` (the storage side: list, serve), `pull` (the cache side: the copy), `verify`.
 Stdlib only; runs on the host's own Python 3.8+.
 """
+
+COMMANDS = {
+    "cache_state": ".manifest:state_command",
+    "cache_list": ".serve:list_command",
+    "cache_serve": ".serve:serve_command",
+    "cache_pull": ".pull:pull_command",
+    "cache_evict": ".manifest:evict_command",
+    "cache_pin": ".manifest:pin_command",
+    "cache_touch": ".manifest:touch_command",
+    "cache_verify": ".verify:verify_command",
+}

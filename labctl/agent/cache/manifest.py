@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .. import paths
-from ..commands import AgentError
+from ..errors import AgentError
 from ..fsutil import write_json
 
 META = paths.CACHE_META

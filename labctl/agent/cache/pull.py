@@ -17,7 +17,7 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from ..commands import AgentError
+from ..errors import AgentError
 from ..fsutil import write_json
 from .manifest import (
     BLOCK,

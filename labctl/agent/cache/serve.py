@@ -18,18 +18,9 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..accepting import Accepting, listen_on
-from ..commands import AgentError
+from ..errors import AgentError
 from ..fsutil import write_json
-from .manifest import (
-    BLOCK,
-    DEFAULT_CHUNK,
-    META,
-    check_name,
-    chunk_ranges,
-    emit,
-    inside,
-    read_json,
-)
+from .manifest import BLOCK, DEFAULT_CHUNK, META, check_name, chunk_ranges, emit, inside, read_json
 
 MAX_LINE = 1 << 16
 MAX_RANGE = 1 << 30

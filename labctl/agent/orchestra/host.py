@@ -25,11 +25,11 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import paths, procs
-from ..commands import AgentError
+from ..errors import AgentError
 from ..fsutil import write_atomic, write_json
 from ..gpus import GpuQueryError, gather_gpus
-from ..loader import model_files
-from ..train_host import IMPORT_ROOT, port_state, torch_python
+from ..modelload.loader import model_files
+from ..train.host import IMPORT_ROOT, port_state, torch_python
 
 TAGS = (
     "LABCTL_LAB",

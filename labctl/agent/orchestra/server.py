@@ -68,7 +68,7 @@ class Model:
 
     def check(self) -> None:
         """What can be checked without torch (config, file headers): a bad folder fails in ms."""
-        from ..loader import model_files, read_header
+        from ..modelload.loader import model_files, read_header
         from ..tinylm import check_config
 
         with open(os.path.join(self.model_dir, "config.json")) as f:
@@ -88,7 +88,7 @@ class Model:
             import torch
         except ImportError:
             raise RuntimeError(f"torch is not installed for {sys.executable}") from None
-        from ..loader import load_model_dir
+        from ..modelload.loader import load_model_dir
 
         self.device = _pick_device(torch, self.device_arg)
         start = time.perf_counter()
@@ -102,7 +102,7 @@ class Model:
         """Build the model around the loaded weights and run its first forward pass: "ready"."""
         import torch
 
-        from ..load_stages import warm_up
+        from ..modelload.stages import warm_up
 
         assert self._tensors is not None, "load() first"
         start = time.perf_counter()

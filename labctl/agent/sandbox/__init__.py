@@ -14,3 +14,12 @@ LABEL_LANG = "labctl.lang"
 def image_name(lang: str) -> str:
     """The image a language's containers run: `labctl-sandbox/LANG:latest`."""
     return f"{IMAGE_PREFIX}{lang}:latest"
+
+
+COMMANDS = {
+    "sandbox_images": ".image:images_command",
+    "sandbox_build": ".image:build_command",
+    "sandbox_run": ".runner:run_command",
+    "sandbox_bench": ".runner:bench_command",
+    "sandbox_hostcheck": ".hostcheck:hostcheck_command",
+}

@@ -18,8 +18,10 @@ import time
 from typing import Any, Dict, List, Optional
 
 from .. import paths, procs
-from ..commands import AgentError
+from ..errors import AgentError
+from ..fsutil import file_state
 from . import LABEL_LANG, image_name
+from .dockercli import docker
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 DATA_ROOT = "/var/lib/docker"
@@ -28,23 +30,6 @@ FULL_UID_MAP = ["0", "0", "4294967295"]
 # The label every sandbox container carries (labctl/sandbox/limits.py). A container made from a
 # labctl image without it inherits labctl.lang from the image, yet it is someone else's.
 LABEL_SANDBOX = "labctl.sandbox"
-
-
-def docker(args: List[str], timeout: float = 30, stdin: Any = None) -> "subprocess.CompletedProcess[str]":
-    """The docker CLI; a missing binary or a hung daemon is an AgentError naming it."""
-    exe = shutil.which("docker")
-    if exe is None:
-        raise AgentError("the docker command is not installed on this host", "no_docker")
-    try:
-        return subprocess.run(
-            [exe, *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL if stdin is None else stdin,
-        )
-    except subprocess.TimeoutExpired:
-        raise AgentError(f"docker {args[0]} did not answer in {timeout:g} s", "docker_hung") from None
 
 
 def daemon_answers(timeout: float = 15) -> Dict[str, Any]:
@@ -216,10 +201,8 @@ def probe(p: Dict[str, Any]) -> Dict[str, Any]:
         "dockerd_pid": _pid_of_dockerd(),
         "userns": userns_support(),
     }
-    from ..provision import _file
-
     # Mode and owner with the text: the plan keeps the file 0644, and compares what it reads.
-    out["daemon_json"] = _file({"path": DAEMON_JSON, "whole": True})  # merged into: any size
+    out["daemon_json"] = file_state({"path": DAEMON_JSON, "whole": True})  # merged into: any size
     out["daemon"] = (
         daemon_answers() if out["docker"] else {"answering": False, "error": "docker is not installed"}
     )

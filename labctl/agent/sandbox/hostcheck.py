@@ -17,7 +17,7 @@ import socket
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..commands import AgentError
+from ..errors import AgentError
 from ..procs import cmdline
 from .docker import SOCKET as DOCKER_SOCKET
 from .docker import Client, DockerError

@@ -21,9 +21,9 @@ import time
 from typing import Any, Dict, List, Optional
 
 from .. import paths
-from ..commands import AgentError
+from ..errors import AgentError
 from . import LABEL_LANG, LABEL_RECIPE, image_name
-from .daemon import docker
+from .dockercli import docker
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # An imported image has no environment: give every container a PATH, UTF-8 and its work folder.

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import paths
-from ..commands import AgentError
+from ..errors import AgentError
 from .docker import Client, DockerError, oom_kills
 from .pool import Pool
 

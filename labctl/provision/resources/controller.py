@@ -29,8 +29,8 @@ from labctl.provision.resource import (
     probe_error,
     register,
 )
+from labctl.provision.resources.bundle import RUNTIME_PROBE, make_bundle, oldest_python, runtime
 from labctl.provision.resources.files import edit_lines, file_bytes, owner_ids, plan_file
-from labctl.schedule.bundle import RUNTIME_PROBE, make_bundle, oldest_python, runtime
 
 KEY_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp[0-9]+) [A-Za-z0-9+/=]+\Z")
 MARK_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,100}\Z")

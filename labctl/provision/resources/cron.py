@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from labctl.agent import paths
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
 from labctl.provision.resources.files import plan_file
-from labctl.shell import command_line, quote
+from labctl.transport.shell import command_line, quote
 
 CRON_DIR = "/etc/cron.d"
 UNIT_DIR = "/etc/systemd/system"

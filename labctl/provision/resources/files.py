@@ -10,7 +10,7 @@ from typing import Any, AnyStr, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from labctl.agent.provision import MAX_CONTENT
+from labctl.agent.fsutil import MAX_CONTENT
 from labctl.agent.textedit import edit_line
 from labctl.inventory.model import Host, HostPath
 from labctl.provision.resource import (

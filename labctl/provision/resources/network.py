@@ -34,7 +34,7 @@ from labctl.provision.resource import (
 )
 
 if TYPE_CHECKING:
-    from labctl.fanout import HostRun
+    from labctl.hosts.fanout import HostRun
     from labctl.inventory.model import Bond, Host
     from labctl.network.txn import FreshRun
 
@@ -146,7 +146,7 @@ class BondResource(Resource):
     def verify(self, fresh: FreshRun, budget: float) -> list[str]:
         """Over the new connection: the kernel's bond as the inventory says, given a few
         seconds to settle."""
-        from labctl.agent_ship import call_agent
+        from labctl.hosts.agent_ship import call_agent
 
         end = time.monotonic() + min(SETTLE_S, max(1.0, budget - 1.0))
         while True:

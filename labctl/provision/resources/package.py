@@ -17,7 +17,7 @@ from labctl.provision.resource import (
     probe_error,
     register,
 )
-from labctl.shell import command_line
+from labctl.transport.shell import command_line
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+\Z")
 

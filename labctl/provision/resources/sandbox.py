@@ -21,6 +21,7 @@ from pydantic import Field, field_validator
 
 from labctl.agent import paths
 from labctl.agent.sandbox import image_name
+from labctl.agent.sandbox.languages import RECIPES, SUITE, recipe_hash
 from labctl.inventory.model import Host
 from labctl.provision.resource import (
     Change,
@@ -34,7 +35,6 @@ from labctl.provision.resource import (
     register,
 )
 from labctl.provision.resources.files import file_text, plan_file
-from labctl.sandbox.languages import RECIPES, SUITE, recipe_hash
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 DAEMON_JSON_BACKUP = paths.BACKUP_DIR + "/daemon.json"  # the one before labctl's last change

@@ -5,7 +5,7 @@ Volta V100 and an Ampere RTX 3050), so the build is chosen from the GPUs' comput
 capabilities, declared in the inventory and found by nvidia-smi. A build that lacks a
 GPU's architecture is refused with the reason and the build to use. The host builds the env
 under a temporary name, away from its own pip configuration, and names it only once torch
-imports there as the chosen version and CUDA build (labctl/agent/torch_env.py).
+imports there as the chosen version and CUDA build (labctl/agent/provision/torch_env.py).
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Any, Optional
 from pydantic import Field
 
 from labctl.agent import paths
-from labctl.agent.torch_env import wrong_build
+from labctl.agent.provision.torch_env import wrong_build
 from labctl.errors import HostError
-from labctl.fmt import fmt_duration
-from labctl.gpus import Cap, build_archs, builds_for, parse_cap, supports, variants_for
-from labctl.gpus import declared_caps as inventory_caps
+from labctl.facts.gpus import Cap, build_archs, builds_for, parse_cap, supports, variants_for
+from labctl.facts.gpus import declared_caps as inventory_caps
 from labctl.inventory.model import Host, HostPath
+from labctl.output.fmt import fmt_duration
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
 
 if TYPE_CHECKING:
-    from labctl.fanout import HostRun
+    from labctl.hosts.fanout import HostRun
 
 PIP_TIMEOUT_S = 3600  # torch with its CUDA libraries is a few GB
 
@@ -183,11 +183,11 @@ class TorchEnv(Resource):
         return change
 
     def apply(self, run: HostRun, change: Change) -> None:
-        """The agent builds the env (labctl/agent/torch_env.py); its progress is shown as it
+        """The agent builds the env (labctl/agent/provision/torch_env.py); its progress is shown as it
         comes and kept in `events`, and a failure is reported by its cause."""
         from rich.markup import escape
 
-        from labctl.agent_ship import AgentFailed, agent_event, call_agent
+        from labctl.hosts.agent_ship import AgentFailed, agent_event, call_agent
 
         failure: dict[str, Any] = {}
         ctx = run.ctx

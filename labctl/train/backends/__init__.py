@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from labctl.errors import InputError
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.inventory.model import Host
     from labctl.train.phases import Settings
     from labctl.train.request import TrainRequest

@@ -34,7 +34,7 @@ from labctl.train.results import JobFiles
 from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, TIME_LIMIT_ENV, LaunchSpec
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.train.backends import PlannedRun, RunView
     from labctl.train.phases import Settings
     from labctl.train.request import TrainRequest
@@ -184,7 +184,7 @@ def agent_for(spec: LaunchSpec) -> tuple[bytes, str] | None:
     """The agent zip's bytes and file name when the run uses the reference trainer."""
     if spec.script:
         return None
-    from labctl.agent_ship import agent_zip
+    from labctl.hosts.agent_ship import agent_zip
 
     data, sha = agent_zip()
     return data, f"labctl-agent-{sha}.pyz"

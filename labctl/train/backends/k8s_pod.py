@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.errors import InputError
-from labctl.fsutil import write_output
+from labctl.output.files import write_output
 from labctl.train.backends import jobs
 from labctl.train.request import JobOptions
 

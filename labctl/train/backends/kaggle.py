@@ -15,12 +15,12 @@ import re
 import shlex
 from pathlib import Path
 
-from labctl.agent.trainer_settings import EXIT_PAUSED
-from labctl.cloud import bundle as cloud_bundle
-from labctl.cloud.backend import CloudBackend, checkpoint_subdir, required
-from labctl.cloud.platforms import KAGGLE
+from labctl.agent.train.settings import EXIT_PAUSED
 from labctl.errors import InputError
-from labctl.fsutil import write_output
+from labctl.output.files import write_output
+from labctl.train.backends.cloud import bundle as cloud_bundle
+from labctl.train.backends.cloud.backend import CloudBackend, checkpoint_subdir, required
+from labctl.train.backends.cloud.platforms import KAGGLE
 from labctl.train.duration import format_duration
 from labctl.train.request import JobOptions
 from labctl.train.spec import LaunchSpec

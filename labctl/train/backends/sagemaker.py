@@ -22,15 +22,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from labctl.cloud import bundle as cloud_bundle
-from labctl.cloud.backend import CloudBackend, checkpoint_subdir, required
-from labctl.cloud.platforms import SAGEMAKER, SAGEMAKER_INSTANCE
 from labctl.errors import InputError, install_extra
-from labctl.fsutil import write_output
-from labctl.shell import quote
+from labctl.output.files import write_output
+from labctl.train.backends.cloud import bundle as cloud_bundle
+from labctl.train.backends.cloud.backend import CloudBackend, checkpoint_subdir, required
+from labctl.train.backends.cloud.platforms import SAGEMAKER, SAGEMAKER_INSTANCE
 from labctl.train.duration import format_duration
 from labctl.train.request import JobOptions
 from labctl.train.spec import LaunchSpec
+from labctl.transport.shell import quote
 
 REQUEST = "create-training-job.json"
 SOURCE = "sourcedir.tar.gz"

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labctl.errors import InputError
-from labctl.fsutil import write_output
-from labctl.shell import command_line, export_lines, quote
+from labctl.output.files import write_output
 from labctl.train.backends import jobs
 from labctl.train.request import CLUSTER_FIELDS, ClusterShape, JobOptions
 from labctl.train.spec import LaunchSpec
+from labctl.transport.shell import command_line, export_lines, quote
 
 if TYPE_CHECKING:
     from labctl.train.phases import Settings

@@ -14,7 +14,7 @@ from labctl.train.backends import RunsOn
 from labctl.train.results import Attached, Detached
 
 if TYPE_CHECKING:
-    from labctl.context import Context
+    from labctl.hosts.context import Context
     from labctl.train.backends import PlannedRun, RunView
 
 

@@ -1,0 +1,6 @@
+"""Host side of `labctl status` and `labctl metrics`: one read of a host's load, GPUs, memory,
+the RAM cache and running jobs (`status`)."""
+
+COMMANDS = {
+    "status": ".status:status_command",
+}

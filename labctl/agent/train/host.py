@@ -1,0 +1,322 @@
+"""The host's side of `labctl train`: preflight facts, detached launch, finding and stopping a run.
+
+Every process of a run carries LABCTL_RUN_ID and LABCTL_HOST in its environment (the
+controller sets them for torchrun, which passes them to its workers), so a run's processes
+are found by reading /proc/*/environ, whatever became of the process that started them.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .. import paths, procs, runlog
+from ..errors import AgentError
+from ..facts.collect import torch_env_facts
+from ..fsutil import write_json
+from ..gpus import GpuQueryError, gather_gpus
+from ..nics import gather_nics
+
+TORCH_PROBE_TIMEOUT_S = 180.0
+# The agent's import root: the zipapp itself when shipped (…/agent-x.pyz/labctl/agent/this.py).
+IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run_python(python: str, code: str, *args: str) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run(
+        [python, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=TORCH_PROBE_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _probe_key(python: str, torch_origin: str) -> Optional[str]:
+    """Names one torch install under one driver: importing torch costs seconds, finding it does not."""
+    import hashlib
+
+    parts = [os.path.realpath(python), torch_origin]
+    try:
+        for path in (os.path.realpath(python), os.path.join(os.path.dirname(torch_origin), "version.py")):
+            st = os.stat(path)
+            parts += [str(st.st_mtime_ns), str(st.st_size)]
+    except OSError:
+        return None
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            parts.append(f.read())  # a driver update can change what torch.cuda reports
+    except OSError:
+        parts.append("no-driver")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def _torch_probe(python: str) -> Dict[str, Any]:
+    """torch's build facts as the training interpreter sees them (it may be a venv, not the agent's).
+
+    Cached per torch install and driver, so a second `labctl train` does not pay for importing
+    torch on every host again.
+    """
+    try:
+        where = _run_python(
+            python,
+            "import importlib.util as u; s = u.find_spec('torch'); print(s.origin if s and s.origin else '')",
+        )
+    except FileNotFoundError:
+        return {"installed": False, "error": "no interpreter at " + python}
+    except subprocess.TimeoutExpired:
+        return {"installed": False, "error": f"{python} did not start in {TORCH_PROBE_TIMEOUT_S:.0f} s"}
+    origin = where.stdout.strip().splitlines()[-1] if where.returncode == 0 and where.stdout.strip() else ""
+    if not origin:
+        return {"installed": False, "error": "torch is not installed for " + python}
+    key = _probe_key(python, origin)
+    cache = os.path.join(paths.torch_probe_dir(), key + ".json") if key else None
+    if cache and os.path.exists(cache):
+        try:
+            with open(cache) as f:
+                cached = dict(json.load(f))
+            cached["cached"] = True
+            return cached
+        except (OSError, ValueError):
+            pass
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); "
+        "from labctl.agent.gpus import torch_facts; print(json.dumps(torch_facts()))"
+    )
+    try:
+        proc = _run_python(python, code, IMPORT_ROOT)
+    except subprocess.TimeoutExpired:
+        return {"installed": False, "error": f"importing torch took over {TORCH_PROBE_TIMEOUT_S:.0f} s"}
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return {"installed": False, "error": lines[-1][:300] if lines else f"exit {proc.returncode}"}
+    try:
+        facts = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        return {"installed": False, "error": "the torch probe printed no JSON"}
+    if cache and facts.get("installed") and not facts.get("cuda_error"):
+        try:
+            os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+            write_json(cache, facts)
+        except OSError:
+            pass  # a read-only home only costs the next run the import
+    return facts
+
+
+def _iface_for(address: str) -> Dict[str, Any]:
+    """The interface that carries `address` (the one other hosts reach this one on)."""
+    for nic in gather_nics():
+        for cidr in nic.get("addresses") or []:
+            if cidr.split("/")[0] == address:
+                return {
+                    "name": nic["name"],
+                    "is_bond": bool(nic.get("is_bond")),
+                    "speed_mbps": nic.get("speed_mbps"),
+                }
+    if address.startswith("127.") or address in ("::1", "localhost"):
+        return {"name": "lo", "is_bond": False, "speed_mbps": None}
+    return {"name": None}
+
+
+def port_state(port: int) -> Dict[str, Any]:
+    """Whether a TCP port (the rendezvous, a model server's) is free here; port 0 asks for a free one."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # TIME_WAIT from a previous run must not count as taken; a listener still does.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("", port))
+        return {"port": s.getsockname()[1], "free": True}
+    except OSError as exc:
+        return {"port": port, "free": False, "error": os.strerror(exc.errno or errno.EADDRINUSE)}
+    finally:
+        s.close()
+
+
+def _disk(path: str) -> Dict[str, Any]:
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    try:
+        st = os.statvfs(probe)
+    except OSError as exc:
+        return {"path": path, "error": str(exc)}
+    return {
+        "path": path,
+        "checked": probe,
+        "free_bytes": st.f_bavail * st.f_frsize,
+        "writable": os.access(probe, os.W_OK),
+    }
+
+
+def orchestra_state() -> Dict[str, Any]:
+    try:
+        with open(paths.WARM_STATE) as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        return {"present": False, "path": paths.WARM_STATE}
+    except (OSError, ValueError) as exc:
+        return {"present": False, "path": paths.WARM_STATE, "error": str(exc)}
+    return {"present": True, "path": paths.WARM_STATE, "state": state}
+
+
+def torch_python(given: Optional[str]) -> Tuple[str, str]:
+    """(interpreter, source) for torch work here: the one given, else the torch_env that
+    `labctl provision` built, else the python this agent runs with (the inventory's)."""
+    if given:
+        return given, "given"
+    env = torch_env_facts()
+    if env.get("provisioned"):
+        return str(env.get("python") or sys.executable), "torch_env"
+    return sys.executable, "inventory"
+
+
+def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """Everything the controller's preflight checks, in one round trip."""
+    python, source = torch_python(args.get("python"))
+    out: Dict[str, Any] = {
+        "python": python,
+        "python_source": source,
+        "torch": _torch_probe(python),
+        "cpu_count": os.cpu_count() or 1,
+        "iface": _iface_for(str(args.get("address") or "")),
+        "disk": _disk(str(args.get("checkpoint_dir") or paths.HOME)),
+    }
+    try:
+        out["gpu_source"], out["gpus"] = gather_gpus()
+    except GpuQueryError as exc:
+        out["gpu_source"], out["gpus"], out["gpu_error"] = "error", [], str(exc)
+    if args.get("port") is not None:
+        out["rendezvous"] = port_state(int(args["port"]))
+    if args.get("orchestra"):
+        out["orchestra"] = orchestra_state()
+    return out
+
+
+def run_processes(run_id: str, host: str) -> List[Dict[str, Any]]:
+    """Processes of `run_id` started for `host` (hosts sharing a kernel, as in the sim, stay apart)."""
+
+    def want(env: Dict[str, str]) -> bool:
+        if env.get("LABCTL_RUN_ID") != run_id:
+            return False
+        return not host or env.get("LABCTL_HOST") in (None, host)
+
+    found = procs.scan(("LABCTL_RUN_ID", "LABCTL_HOST"), want)
+    return [{"pid": p["pid"], "pgid": p["pgid"], "cmd": p["cmd"]} for p in found]
+
+
+def ps_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """The run's processes here; with stop: SIGTERM, wait `grace` s, SIGKILL, and report what is left."""
+    run_id = str(args.get("run_id") or "")
+    host = str(args.get("host") or "")
+    if not run_id:
+        raise AgentError("run_id is required", "bad_args")
+    found = run_processes(run_id, host)
+    if not args.get("stop") or not found:
+        return {"processes": found, "stopped": [], "remaining": found}
+    killed, left = procs.terminate(found, lambda: run_processes(run_id, host), float(args.get("grace", 10)))
+    _mark_stopped(_log_dir(args))
+    return {"processes": found, "stopped": found, "killed": bool(killed), "remaining": left}
+
+
+def _log_dir(args: Dict[str, Any]) -> str:
+    """The run's folder the controller names (paths.runs_dir); refused when it climbs with '..'
+    or holds a control character, whoever wrote the run's record. "" when none is given."""
+    log_dir = str(args.get("log_dir") or "")
+    bad = next((p for p in log_dir.split("/") if p and paths.component_problem(p)), None)
+    if bad is not None:
+        raise AgentError(
+            f"log_dir {log_dir!r} is not a run's folder: {paths.component_problem(bad)}", "bad_args"
+        )
+    return log_dir
+
+
+def _mark_stopped(log_dir: Any) -> None:
+    if not log_dir or not os.path.isdir(str(log_dir)):
+        return
+    path = os.path.join(str(log_dir), "stopped")
+    with open(path, "w") as f:
+        f.write(str(time.time()))
+
+
+def spawn_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """Start `line` detached from the SSH session (for --detach); output to LOG_DIR/console.log."""
+    line = str(args.get("line") or "")
+    log_dir = _log_dir(args)
+    if not line or not log_dir:
+        raise AgentError("line and log_dir are required", "bad_args")
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
+    console = os.path.join(log_dir, "console.log")
+    rc_path = os.path.join(log_dir, "rc")
+    # The shell records torchrun's exit code, so `status` can tell finished from killed.
+    script = f"{line} > {shlex.quote(console)} 2>&1 </dev/null; echo $? > {shlex.quote(rc_path)}.tmp && mv {shlex.quote(rc_path)}.tmp {shlex.quote(rc_path)}"
+    # The wrapper carries the run's id too, so `status` sees the run before torchrun has started.
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (args.get("env") or {}).items()})
+    proc = subprocess.Popen(
+        ["sh", "-c", script],
+        env=env,
+        cwd=log_dir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own session: closing the SSH channel does not reach it
+        close_fds=True,
+    )
+    record = {"pid": proc.pid, "pgid": proc.pid, "started": time.time(), "line": line}
+    write_json(os.path.join(log_dir, "run.json"), record)
+    return record
+
+
+def newest_event(
+    lines: List[str], prefix: str = "", want: Optional[Callable[[Dict[str, Any]], bool]] = None
+) -> Optional[Dict[str, Any]]:
+    """The newest JSON event (an object with "event") among `lines`, after `prefix` where given."""
+    return next((e for e in reversed(runlog.events(lines, prefix)) if want is None or want(e)), None)
+
+
+def _last_event(console: str) -> Optional[Dict[str, Any]]:
+    """The newest rank-0 event in a console log (read from its tail only)."""
+    return newest_event(runlog.tail_lines(console, 65536), "[rank0]:")
+
+
+def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """State of a detached run here: running, exited (rc), or stopped; and its newest event."""
+    run_id = str(args.get("run_id") or "")
+    log_dir = _log_dir(args)
+    host = str(args.get("host") or "")
+    found = run_processes(run_id, host)
+    out: Dict[str, Any] = {"run_id": run_id, "processes": len(found), "log_dir": log_dir}
+    rc_path = os.path.join(log_dir, "rc")
+    # The exit code file is written last, as torchrun's wrapper ends: it wins over a wrapper
+    # process that is still on its way out.
+    if os.path.exists(os.path.join(log_dir, "stopped")):
+        out["state"] = "stopped"
+    elif os.path.exists(rc_path):
+        with open(rc_path) as f:
+            text = f.read().strip()
+        out["rc"] = int(text) if text.lstrip("-").isascii() and text.lstrip("-").isdigit() else None
+        out["state"] = "finished" if out["rc"] == 0 else "failed"
+    elif found:
+        out["state"] = "running"
+    elif os.path.isdir(log_dir):
+        out["state"] = "gone"  # no process, no exit code: killed from outside, or the host rebooted
+    else:
+        out["state"] = "unknown"
+    out["last_event"] = _last_event(os.path.join(log_dir, "console.log"))
+    last = out["last_event"] or {}
+    if out["state"] == "finished" and last.get("event") == "paused":
+        # Under torchrun a paused trainer exits 0 (anything else is a failure to torchrun): its
+        # last event tells a time-boxed run's end from a finished one.
+        out["state"] = "paused"
+        out["resume_step"] = last.get("resume_step")
+    return out

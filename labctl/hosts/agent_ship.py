@@ -1,0 +1,323 @@
+"""Ship labctl's agent to a host as a zipapp, cached there by content hash, and call it.
+
+The agent (labctl/agent/) is stdlib-only Python that runs with the host's own
+interpreter and answers one JSON object per call: one round trip per step. The zipapp
+is uploaded once per version; later calls find it by hash and run straight away.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import functools
+import hashlib
+import io
+import json
+import shlex
+import threading
+import uuid
+import zipfile
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from labctl.agent import paths
+from labctl.errors import HostError
+from labctl.hosts.fanout import HostRun, on_host
+from labctl.inventory.model import Host
+from labctl.transport.base import LineCallback, file_error
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
+
+ROOT_MAIN = b"from labctl.agent.__main__ import main\nimport sys\nsys.exit(main())\n"
+# Runs the agent from a zip held in memory (argv), for calls that must not write to the
+# host, such as `provision --check` before the agent is cached there. The whole command line
+# is one argument of the login shell, which the kernel caps at 128 KiB: only the modules the
+# command imports travel, uncompressed inside one zlib stream (see agent_blob).
+IN_MEMORY = r"""
+import base64, importlib.abc, importlib.util, io, sys, zipfile, zlib
+z = zipfile.ZipFile(io.BytesIO(zlib.decompress(base64.b64decode(sys.argv[1]))))
+names = set(z.namelist())
+class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        base = name.replace(".", "/")
+        for cand, pkg in ((base + "/__init__.py", True), (base + ".py", False)):
+            if cand in names:
+                return importlib.util.spec_from_loader(name, self, origin="mem:" + cand, is_package=pkg)
+        return None
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        name = module.__spec__.origin[4:]
+        exec(compile(z.read(name), name, "exec"), module.__dict__)
+sys.meta_path.insert(0, Finder())
+sys.argv = ["agent"] + sys.argv[2:]
+from labctl.agent.__main__ import main
+sys.exit(main())
+"""
+# Runs the cached zipapp only when its bytes still have the hash its name promises (a file cut
+# short by a full disk, or damaged since, is replaced instead): one read of ~100 KB per call.
+BOOT = r"""
+import hashlib, runpy, sys
+path, digest = sys.argv[1], sys.argv[2]
+try:
+    with open(path, "rb") as f:
+        whole = hashlib.sha256(f.read()).hexdigest().startswith(digest)
+except OSError:
+    whole = False
+if not whole:
+    sys.exit(197)
+if sys.path and sys.path[0] == "":
+    del sys.path[0]
+sys.argv = [path] + sys.argv[3:]
+runpy.run_path(path, run_name="__main__")
+"""
+MISSING_RC = 197  # BOOT's "no agent of this hash here (yet, or no longer whole)"
+MAX_ARGV = 100_000
+# AgentFailed kinds for what went wrong around the agent rather than inside it.
+CANCELLED = "cancelled"  # the caller's cancel flag closed the command
+NO_PYTHON = "no_python"  # the host has no interpreter at its `python`
+NO_JSON = "no_json"  # the agent printed no answer: killed, crashed, or an interpreter too old
+BAD_ANSWER = "bad_answer"  # JSON, but not the shape the command answers in (labctl/agent/answers.py)
+# The agent's kinds for an OSError it could name (labctl/agent/__main__.py), with the path.
+FILE_KINDS = {"disk_full": "ENOSPC", "read_only": "EROFS", "permission_denied": "EACCES"}
+_EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep the hash a function of the code alone
+
+
+class AgentFailed(HostError):
+    """The agent could not do what call_agent asked: `kind` says why, for code to branch on.
+
+    The agent's own kind when it answered (see labctl/agent/commands.py: "not_cached", "busy",
+    "cache_full", ...), else CANCELLED, NO_PYTHON or NO_JSON. A command that ran past its
+    timeout raises CommandTimeout instead, as any command does.
+    """
+
+    def __init__(self, message: str, hint: str = "", kind: str = "failed") -> None:
+        super().__init__(message, hint)
+        self.kind = kind
+
+
+@functools.cache
+def agent_zip() -> tuple[bytes, str]:
+    """The agent zipapp's bytes and their short sha256."""
+    import labctl.agent
+
+    pkg = Path(labctl.agent.__file__).parent
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in [("__main__.py", ROOT_MAIN), ("labctl/__init__.py", b"")]:
+            z.writestr(zipfile.ZipInfo(name, _EPOCH), data)
+        for f in sorted(pkg.rglob("*.py")):
+            info = zipfile.ZipInfo("labctl/agent/" + f.relative_to(pkg).as_posix(), _EPOCH)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, f.read_bytes())
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()[:16]
+
+
+def _module_file(name: str, files: Mapping[str, bytes]) -> str | None:
+    base = name.replace(".", "/")
+    for cand in (base + ".py", base + "/__init__.py"):
+        if cand in files:
+            return cand
+    return None
+
+
+def _imported(path: str, source: bytes, files: Mapping[str, bytes]) -> set[str]:
+    """The agent's own modules `path` imports, anywhere in it (imports inside functions too)."""
+    package = path.rpartition("/")[0].replace("/", ".")  # an __init__'s is its own folder's too
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*parent, *([base] if base else [])])
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            out |= _with_packages(name, files)
+    return out
+
+
+def _with_packages(name: str, files: Mapping[str, bytes]) -> set[str]:
+    """The files of module `name` and of the packages above it (an import runs each __init__)."""
+    parts = name.split(".")
+    found = (_module_file(".".join(parts[:i]), files) for i in range(1, len(parts) + 1))
+    return {f for f in found if f is not None}
+
+
+@functools.cache
+def agent_blob(command: str) -> str:
+    """The agent's files `command` needs, for IN_MEMORY: an uncompressed zip, zlib-compressed
+    whole, in base64 (a third smaller than the zipapp, whose files are compressed one by one).
+
+    Only the modules the command's handler imports travel (found in their source, imports
+    inside functions too): the command line that carries them is capped at 128 KiB by the
+    kernel, and the whole agent would not fit it for long.
+    """
+    from labctl.agent.commands import COMMANDS
+
+    data, _ = agent_zip()
+    src = zipfile.ZipFile(io.BytesIO(data))
+    files = {i.filename: src.read(i) for i in src.infolist()}
+    todo = ["__main__.py", "labctl/agent/__main__.py", "labctl/agent/commands.py"]
+    handler = COMMANDS.get(command)
+    if isinstance(handler, str):
+        todo += sorted(_with_packages("labctl.agent" + handler.partition(":")[0], files))
+    needed: set[str] = set()
+    while todo:
+        path = todo.pop()
+        if path in needed:
+            continue
+        needed.add(path)
+        if path.endswith(".py"):
+            todo += sorted(_imported(path, files[path], files) - needed)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as out:
+        for name in sorted(needed):
+            out.writestr(zipfile.ZipInfo(name, _EPOCH), files[name])
+    return base64.b64encode(zlib.compress(buf.getvalue(), 9)).decode()
+
+
+def agent_dir(host: Host) -> str:
+    """Where `host` keeps labctl's agent: root's in labctl's host folder, other users' in their home."""
+    if host.connection == "local":
+        return str(Path.home() / paths.agent_dir(root=False))
+    return paths.agent_dir(root=host.user == "root")
+
+
+def call_agent(
+    run: HostRun,
+    command: str,
+    args: dict[str, Any] | None = None,
+    timeout: float = 120.0,
+    read_only: bool = False,
+    on_line: LineCallback | None = None,
+) -> Any:
+    """Run `command` in the host's agent and return its JSON answer (uploading it first if needed).
+
+    `read_only`: write nothing on the host; an agent not cached there yet runs from memory.
+    `on_line`: called with ("stdout" | "stderr", line) as output arrives, for long-running
+    commands that report progress on stderr.
+    """
+    data, digest = agent_zip()
+    directory = agent_dir(run.host)
+    path = f"{directory}/agent-{digest}.pyz"
+    py = shlex.quote(run.host.python)
+    conn = run.conn
+    arg_text = json.dumps(args or {})
+    if len(arg_text) > MAX_ARGV:
+        # The kernel caps one argument at 128 KiB: send big args as a file instead.
+        arg_path = f"{directory}/args-{uuid.uuid4().hex}.json"
+        conn.put_bytes(arg_text.encode(), arg_path, mode=0o600, dir_mode=0o700)
+        arg_text = "@" + arg_path
+    line = f"exec {py} -c {shlex.quote(BOOT)} {shlex.join([path, digest, command, arg_text])}"
+    result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
+    if result.rc == MISSING_RC and read_only:
+        line = f"exec {py} -c {shlex.quote(IN_MEMORY)} {agent_blob(command)} {shlex.quote(command)} {shlex.quote(arg_text)}"
+        result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
+    elif result.rc == MISSING_RC:
+        conn.put_bytes(data, path, mode=0o600, dir_mode=0o700)
+        result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
+    if result.cancelled:
+        raise AgentFailed(f"{run.host.name}: cancelled.", kind=CANCELLED)
+    if result.timed_out:
+        from labctl.transport.base import CommandTimeout
+
+        raise CommandTimeout(
+            f"{run.host.name}: the agent's '{command}' ran past {timeout:g} s.",
+            "Raise the timeout or check the host's load.",
+        )
+    if result.rc == 127:
+        raise AgentFailed(
+            f"{run.host.name}: no Python at {run.host.python} ({result.stderr.strip()}).",
+            "Install python3 on the host or set `python:` for it in the inventory.",
+            NO_PYTHON,
+        )
+    try:
+        answer = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise _no_answer(run.host, command, result.rc, result.stderr or result.stdout) from None
+    if result.rc != 0:
+        error, kind = answer, "failed"
+        if isinstance(answer, dict):
+            error, kind = answer.get("error", answer), str(answer.get("kind") or kind)
+            if kind in FILE_KINDS:
+                named = file_error(run.host.name, str(answer.get("path") or ""), FILE_KINDS[kind], str(error))
+                raise AgentFailed(named.message, named.hint, kind)
+        raise AgentFailed(f"{run.host.name}: agent '{command}' failed: {error}.", kind=kind)
+    from labctl.agent.answers import answer_problem
+
+    # The one place answers arrive: past it, code reads them as their command declares them.
+    found = answer_problem(command, answer, args)
+    if found is not None:
+        raise _bad_answer(run.host, command, found)
+    return answer
+
+
+def _bad_answer(host: Host, command: str, problem: str) -> AgentFailed:
+    """The host answered in JSON, but not as labctl's agent answers `command`: name the host."""
+    py = shlex.quote(host.python)
+    return AgentFailed(
+        f"{host.name} answered `{command}` with a reply labctl cannot read: {problem}.",
+        f"labctl's agent answers otherwise, so check what {py} runs there: "
+        f"`labctl exec --limit {host.name} -- {py} -c 'import sys; print(sys.version)'` should print "
+        "a plain Python 3.8 or newer; if it does, rerun with -v and report this message.",
+        BAD_ANSWER,
+    )
+
+
+def agent_event(stream: str, line: str, *names: str) -> dict[str, Any] | None:
+    """The JSON event in `line` when it is one an agent reported on stderr while it ran
+    (`{"event": NAME, ...}`), and of one of `names` when they are given; else None."""
+    if stream != "stderr" or not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+        return None
+    if names and event["event"] not in names:
+        return None
+    from labctl.agent.answers import event_problem
+
+    # Events are part of the answer: one of a known name that labctl cannot read is no event.
+    return event if event_problem(event) is None else None
+
+
+def _no_answer(host: Host, command: str, rc: int | None, output: str) -> AgentFailed:
+    """The agent printed no JSON: say whether it was killed or its python could not run it."""
+    tail = output.strip()[-400:]
+    if rc is not None and (rc < 0 or rc >= 128):
+        signal = f" by signal {rc - 128}" if rc > 128 else ""
+        return AgentFailed(
+            f"{host.name}: the agent's '{command}' was killed{signal} before it answered (rc {rc}): {tail}",
+            "Check the host's memory (an out-of-memory kill shows in `dmesg`) and run the command again.",
+            NO_JSON,
+        )
+    hint = "Run the command again with -v; if it repeats, check the host's python and disk."
+    if "SyntaxError" in output or "ImportError" in output:
+        hint = f"Check that {host.python} is Python 3.8 or newer."
+    return AgentFailed(
+        f"{host.name}: the agent's '{command}' did not answer in JSON (rc {rc}): {tail}", hint, NO_JSON
+    )
+
+
+def ask_agent(
+    ctx: Context,
+    host: Host,
+    command: str,
+    args: dict[str, Any] | None = None,
+    *,
+    cancel: threading.Event | None = None,
+    **kw: Any,
+) -> Any:
+    """call_agent on one host outside a fan_out step (through fanout.on_host); raises its error."""
+    return on_host(ctx, host, lambda run: call_agent(run, command, args, **kw), cancel)

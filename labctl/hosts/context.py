@@ -1,0 +1,81 @@
+"""The one object a command carries: console, options, inventory and connections.
+
+Tests build their own Context (another inventory, a pool with other timeouts) instead of
+patching globals.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from rich.console import Console
+
+from labctl.output.console import emit_json, make_console
+
+if TYPE_CHECKING:
+    from labctl.inventory.model import Inventory
+    from labctl.transport.pool import ConnectionPool
+
+DEFAULT_INVENTORY = Path("inventory/lab.yaml")
+
+
+def resolve_inventory_path(given: Optional[Path]) -> Path:
+    if given is not None:
+        return Path(given)
+    env = os.environ.get("LABCTL_INVENTORY")
+    if env:
+        return Path(env)
+    return DEFAULT_INVENTORY
+
+
+@dataclass
+class Context:
+    console: Console
+    inventory_path: Path
+    json_mode: bool = False
+    verbose: int = 0
+    connect_timeout: Optional[float] = None  # None: each host's own connect_timeout
+    _inventory: Optional[Inventory] = field(default=None, repr=False)
+    _pool: Optional[ConnectionPool] = field(default=None, repr=False)
+
+    @classmethod
+    def create(
+        cls,
+        inventory_path: Optional[Path] = None,
+        json_mode: bool = False,
+        verbose: int = 0,
+        console: Optional[Console] = None,
+    ) -> Context:
+        return cls(
+            console=console or make_console(),
+            inventory_path=resolve_inventory_path(inventory_path),
+            json_mode=json_mode,
+            verbose=verbose,
+        )
+
+    @property
+    def inventory(self) -> Inventory:
+        if self._inventory is None:
+            from labctl.inventory.load import load_inventory
+
+            self._inventory = load_inventory(self.inventory_path)
+        return self._inventory
+
+    @property
+    def pool(self) -> ConnectionPool:
+        if self._pool is None:
+            from labctl.transport.pool import ConnectionPool
+
+            self._pool = ConnectionPool(connect_timeout=self.connect_timeout)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close_all()
+            self._pool = None
+
+    def emit(self, obj: Any) -> None:
+        emit_json(obj)
