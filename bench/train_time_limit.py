@@ -2,7 +2,7 @@
 
 With a time limit the reference trainer times every step, and rank 0 decides whether to stop
 and broadcasts the answer (two int32 over gloo) to every rank: after every step, or for steps
-as short as these about once a second (trainer_limit.check_interval); without one it does
+as short as these about once a second (labctl.agent.train.limit.check_interval); without one it does
 neither. Both runs here are `torchrun --standalone --nproc-per-node=2` of the reference
 trainer on the CPU with the same tiny tinylm, data and seed; the limited run's limit (a day)
 is never reached, so the two train exactly the same steps. A tiny model is the worst case:

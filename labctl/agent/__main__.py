@@ -14,7 +14,7 @@ import sys
 import traceback
 from typing import Any, Dict, List, Optional
 
-from .commands import resolve
+from .commands import call
 from .errors import AgentError
 
 USAGE = "usage: agent COMMAND [JSON-ARGS | -]"
@@ -90,8 +90,7 @@ def run(argv: List[str]) -> Dict[str, Any]:
     if not argv:
         raise AgentError("no command given; " + USAGE, "usage")
     args = _parse_args(argv)
-    handler = resolve(argv[0])
-    result = handler(args)
+    result = call(argv[0], args)
     if not isinstance(result, dict):
         raise AgentError(f"command {argv[0]!r} returned {type(result).__name__}, not an object")
     return result

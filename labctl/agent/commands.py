@@ -1,6 +1,10 @@
 """The agent's command table: name -> handler(args: dict) -> dict, merged from every feature's
 host package (`labctl/agent/<feature>/__init__.py` declares its COMMANDS).
 
+Each handler declares the arguments it takes with `@takes` (argspec.py), next to its code;
+`call` checks a command's args against it once, before the handler runs, so a missing, unknown
+or wrongly typed argument is refused as bad_args naming the command and the argument.
+
 A handler is either a callable or a "module:function" string relative to this package; the
 string form is imported only when that command runs, so a heavy or broken module for one
 command (bench, load) never slows down or breaks another (ping, facts). What each command
@@ -17,6 +21,7 @@ from typing import Any, Callable, Dict, Union
 
 from . import (
     AGENT_VERSION,
+    argspec,
     cache,
     ckpt,
     facts,
@@ -31,11 +36,13 @@ from . import (
     schedule,
     train,
 )
+from .argspec import takes
 from .errors import AgentError
 
 Handler = Callable[[Dict[str, Any]], Dict[str, Any]]
 
 
+@takes()
 def ping(args: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "agent_version": AGENT_VERSION,
@@ -88,3 +95,8 @@ def resolve(name: str) -> Handler:
         return entry
     handler: Handler = registry.load(entry, __package__)
     return handler
+
+
+def call(name: str, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Run command `name` with `args`, checked once against the spec its handler declares."""
+    return argspec.call(name, resolve(name), args)

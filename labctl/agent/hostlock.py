@@ -18,6 +18,7 @@ import time
 from typing import Any, Dict
 
 from . import paths
+from .argspec import Opt, Or, takes
 from .errors import AgentError
 
 
@@ -35,10 +36,11 @@ def _holder(fd: int) -> Dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
+@takes(holder=Or(dict, {}), wait=Opt(float, 600.0), path=Or(str, ""))
 def lock_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {"holder": {controller, pid, user, started}, "wait": seconds, "path": for tests}."""
-    path = str(args.get("path") or paths.provision_lock())
-    wait = float(args.get("wait", 600))
+    path = args["path"] or paths.provision_lock()
+    wait = args["wait"]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     deadline = time.monotonic() + wait
@@ -56,7 +58,7 @@ def lock_command(args: Dict[str, Any]) -> Dict[str, Any]:
                 _emit({"event": "waiting", "holder": holder, "path": path, "wait": wait})
                 told = True
             time.sleep(0.2)
-    me = dict(args.get("holder") or {})
+    me = dict(args["holder"])
     me.update(host_pid=os.getpid(), locked_at=round(time.time(), 3))
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(me).encode(), 0)

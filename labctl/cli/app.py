@@ -1,6 +1,10 @@
 """The `labctl` command: the root app, its global options, and error handling.
 
-Sub-apps are imported here but keep their heavy imports inside their commands, so
+Its commands are one table, COMMANDS: name -> "labctl.cli.<x>_cmd:<attribute>", read with
+`labctl.agent.registry.load` like every registry in labctl. The attribute is a Typer app (a
+group: `labctl cache ...`), a function (a command: `labctl exec`), or a typer CommandInfo (a
+command with its own click class: `labctl status`). The help lists them in the table's order,
+commands before groups. Command modules keep their heavy imports inside their commands, so
 `labctl --help` stays fast.
 """
 
@@ -11,30 +15,33 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.models import CommandInfo
 
 from labctl import __version__
-from labctl.cli import (
-    bench_cmd,
-    cache_cmd,
-    ckpt_cmd,
-    ckpt_pull_cmd,
-    cron_cmd,
-    doctor_cmd,
-    exec_cmd,
-    facts_cmd,
-    init_cmd,
-    inventory_cmd,
-    metrics_cmd,
-    orchestra_cmd,
-    plan_cmd,
-    provision_cmd,
-    sandbox_cmd,
-    sim_cmd,
-    status_cmd,
-    train_cmd,
-    trust_cmd,
-)
+from labctl.agent.registry import load
 from labctl.errors import EXIT_INTERRUPTED, LabctlError
+
+COMMANDS = {
+    "init": "labctl.cli.init_cmd:init",
+    "inventory": "labctl.cli.inventory_cmd:app",
+    "trust": "labctl.cli.trust_cmd:trust",
+    "exec": "labctl.cli.exec_cmd:exec_",
+    "facts": "labctl.cli.facts_cmd:facts",
+    "status": "labctl.cli.status_cmd:command",
+    "doctor": "labctl.cli.doctor_cmd:doctor",
+    "provision": "labctl.cli.provision_cmd:provision",
+    "cache": "labctl.cli.cache_cmd:app",
+    "ckpt": "labctl.cli.ckpt_cmd:app",
+    "cron": "labctl.cli.cron_cmd:app",
+    "train": "labctl.cli.train_cmd:app",
+    "plan": "labctl.cli.plan_cmd:app",
+    "orchestra": "labctl.cli.orchestra_cmd:app",
+    "sandbox": "labctl.cli.sandbox_cmd:app",
+    "rotate": "labctl.cli.orchestra_cmd:rotate_cmd",
+    "bench": "labctl.cli.bench_cmd:app",
+    "sim": "labctl.cli.sim_cmd:app",
+    "metrics": "labctl.cli.metrics_cmd:metrics",
+}
 
 app = typer.Typer(
     name="labctl",
@@ -75,26 +82,18 @@ def root(
     ctx.obj = {"inventory": inventory, "json": json_out, "verbose": verbose}
 
 
-app.command("init")(init_cmd.init)
-app.add_typer(inventory_cmd.app, name="inventory")
-app.command("trust")(trust_cmd.trust)
-app.command("exec")(exec_cmd.exec_)
-app.command("facts")(facts_cmd.facts)
-app.command("status", cls=status_cmd.StatusCommand)(status_cmd.status)
-app.command("doctor")(doctor_cmd.doctor)
-app.command("provision")(provision_cmd.provision)
-app.add_typer(cache_cmd.app, name="cache")
-ckpt_cmd.app.command("pull")(ckpt_pull_cmd.pull)
-app.add_typer(ckpt_cmd.app, name="ckpt")
-app.add_typer(cron_cmd.app, name="cron")
-app.add_typer(train_cmd.app, name="train")
-app.add_typer(plan_cmd.app, name="plan")
-app.add_typer(orchestra_cmd.app, name="orchestra")
-app.add_typer(sandbox_cmd.app, name="sandbox")
-app.command("rotate")(orchestra_cmd.rotate_cmd)
-app.add_typer(bench_cmd.app, name="bench")
-app.add_typer(sim_cmd.app, name="sim")
-app.command("metrics")(metrics_cmd.metrics)
+def _register(root: typer.Typer, name: str, entry: str) -> None:
+    target = load(entry)
+    if isinstance(target, typer.Typer):
+        root.add_typer(target, name=name)
+    elif isinstance(target, CommandInfo) and target.callback is not None:
+        root.command(name, cls=target.cls)(target.callback)
+    else:
+        root.command(name)(target)
+
+
+for _name, _entry in COMMANDS.items():
+    _register(app, _name, _entry)
 
 
 def _wants_json(argv: list[str]) -> bool:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context, positive
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, positive
 from labctl.cli.orchestra_cmd import bench_rotation
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 app = typer.Typer(
     help="Measure model loading, the network between hosts and the orchestra's rotation (and make models to measure with).",
@@ -49,31 +53,32 @@ def make_model(
         check_models(
             [name], "make-model", "For example: labctl bench make-model --name tinylm-2g --size-gb 2."
         )
-    c = make_context(ctx, inventory, json_out, verbose)
-    target = storage_host(c.inventory, host)
     folder = name or f"tinylm-{size_gb:g}g"
-    library = library_root(target)
 
-    def step(run: HostRun) -> HostResult:
-        args = {"models": library, "name": folder, "size_gb": size_gb, "dtype": dtype}
-        ans = call_agent(run, "make_model", args, timeout=3600)
-        return HostResult(run.host.name, "changed", data=ans)
+    def work(c: Context) -> Outcome:
+        target = storage_host(c.inventory, host)
+        library = library_root(target)
 
-    try:
+        def step(run: HostRun) -> HostResult:
+            args = {"models": library, "name": folder, "size_gb": size_gb, "dtype": dtype}
+            ans = call_agent(run, "make_model", args, timeout=3600)
+            return HostResult(run.host.name, "changed", data=ans)
+
         results = fan_out(c, [target], step, label=f"writing {size_gb:g} GB model")
-    finally:
-        c.close()
-    r = results[0]
-    if c.json_mode:
-        c.emit(r.to_json() | {"model": folder})
-    elif r.ok:
-        d = r.data
-        c.console.print(
-            f"[green]wrote[/] {target.name}:{d['path']} ({d['bytes'] / 1e9:.2f} GB in {d['seconds']:.1f} s)"
-        )
-    else:
-        print_recap(c.console, results, title="make-model")
-    raise typer.Exit(0 if r.ok else 1)
+        r = results[0]
+
+        def render() -> None:
+            if r.ok:
+                d = r.data
+                c.console.print(
+                    f"[green]wrote[/] {target.name}:{d['path']} ({d['bytes'] / 1e9:.2f} GB in {d['seconds']:.1f} s)"
+                )
+            else:
+                print_recap(c.console, results, title="make-model")
+
+        return Outcome(r.to_json() | {"model": folder}, render, 0 if r.ok else 1)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("model-load")
@@ -130,25 +135,25 @@ def model_load(
     """
     from labctl.modelload.measure import measure_model_load, render_table, write_plot
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         result = measure_model_load(c, host=host, model=model, file=file, device=device, python=python)
-    finally:
-        c.close()
-    if out:
-        import json
+        if out:
+            import json
 
-        from labctl.output.files import write_output
+            from labctl.output.files import write_output
 
-        write_output(out, json.dumps(result, indent=2))
-    if plot:
-        write_plot(result, plot)
-    if c.json_mode:
-        c.emit(result)
-    else:
-        render_table(c.console, result)
+            write_output(out, json.dumps(result, indent=2))
         if plot:
-            c.console.print(f"chart: {plot}")
+            write_plot(result, plot)
+
+        def render() -> None:
+            render_table(c.console, result)
+            if plot:
+                c.console.print(f"chart: {plot}")
+
+        return Outcome(result, render)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("network")
@@ -182,14 +187,11 @@ def network(
 
     counts = parse_streams(streams)
     check_seconds(seconds)
-    c = make_context(ctx, inventory, json_out, verbose)
-    a, b = pick_hosts(c.inventory, sender, receiver)
-    say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{text}[/]", soft_wrap=True))
-    try:
+
+    def work(c: Context) -> Outcome:
+        a, b = pick_hosts(c.inventory, sender, receiver)
+        say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{text}[/]", soft_wrap=True))
         report = measure_network(c, a, b, counts, seconds, say)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(report)
-    else:
-        render_network(c.console, report)
+        return Outcome(report, lambda: render_network(c.console, report))
+
+    run_command(ctx, work, inventory, json_out, verbose)

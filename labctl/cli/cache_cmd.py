@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt
+from labctl.cli.runner import Outcome, run_command
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -84,10 +85,10 @@ def sync_cmd(
     from labctl.hosts.fanout import HostResult, HostRun
     from labctl.inventory.select import select_hosts
 
-    c = make_context(ctx, inventory, json_out, verbose)
     names = check_models(models, "sync")
     chunk = chunk_mb << 20
-    try:
+
+    def work(c: Context) -> Outcome:
         targets = [
             resolve_target(c.inventory, h.name) for h in select_hosts(c.inventory, host, label="--host")
         ]
@@ -99,17 +100,16 @@ def sync_cmd(
             data = prepared[run.host.name].sync(run, streams=streams, on_progress=bars.update)
             return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
-    except BaseException:
-        c.close()
-        raise
-    _finish(
-        c,
-        [t.host for t in targets],
-        step,
-        "cache sync",
-        lambda rs: _render_sync(c.console, rs, verbose),
-        bars,
-    )
+        return _fan(
+            c,
+            [t.host for t in targets],
+            step,
+            "cache sync",
+            lambda rs: _render_sync(c.console, rs, verbose),
+            bars,
+        )
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("status")
@@ -132,14 +132,17 @@ def status_cmd(
     from labctl.cache.targets import cache_hosts
     from labctl.hosts.fanout import HostResult, HostRun
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    hosts = cache_hosts(c.inventory, host)
-
     def step(run: HostRun) -> HostResult:
         assert run.host.model_cache is not None
         return HostResult(run.host.name, "ok", data=cache_state(run, run.host.model_cache))
 
-    _finish(c, hosts, step, "cache status", lambda rs: _render_status(c.console, rs), to_json=_status_json)
+    def work(c: Context) -> Outcome:
+        hosts = cache_hosts(c.inventory, host)
+        return _fan(
+            c, hosts, step, "cache status", lambda rs: _render_status(c.console, rs), to_json=_status_json
+        )
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("evict")
@@ -162,38 +165,41 @@ def evict_cmd(
     from labctl.cache.targets import cache_hosts, check_models
     from labctl.hosts.fanout import HostResult, HostRun
 
-    c = make_context(ctx, inventory, json_out, verbose)
     names = check_models(models, "evict")
-    hosts = cache_hosts(c.inventory, host)
 
-    def step(run: HostRun) -> HostResult:
-        assert run.host.model_cache is not None
-        data = evict(run, run.host.model_cache, names, force)
-        if data["pinned"]:
-            return HostResult(
-                run.host.name,
-                "failed",
-                data=data,
-                error=f"{', '.join(data['pinned'])} {'is' if len(data['pinned']) == 1 else 'are'} pinned; not evicted.",
-                hint=f"Unpin first (labctl cache unpin NAME --host {run.host.name}) or pass --force.",
-            )
-        return HostResult(run.host.name, "changed" if data["evicted"] else "ok", data=data)
+    def work(c: Context) -> Outcome:
+        hosts = cache_hosts(c.inventory, host)
 
-    def render(results: list[HostResult]) -> None:
-        from labctl.output.fmt import fmt_bytes
-
-        for r in results:
-            d = r.data or {}
-            for e in d.get("evicted", []):
-                kind = " (partial copy)" if e.get("partial") else ""
-                c.console.print(
-                    f"[yellow]evicted[/] {r.host} {e['name']}{kind}: {fmt_bytes(e['bytes'])} freed"
+        def step(run: HostRun) -> HostResult:
+            assert run.host.model_cache is not None
+            data = evict(run, run.host.model_cache, names, force)
+            if data["pinned"]:
+                return HostResult(
+                    run.host.name,
+                    "failed",
+                    data=data,
+                    error=f"{', '.join(data['pinned'])} {'is' if len(data['pinned']) == 1 else 'are'} pinned; not evicted.",
+                    hint=f"Unpin first (labctl cache unpin NAME --host {run.host.name}) or pass --force.",
                 )
-            for n in d.get("not_cached", []):
-                c.console.print(f"[dim]not cached[/] {r.host} {n}")
-        _print_failures(c.console, results)
+            return HostResult(run.host.name, "changed" if data["evicted"] else "ok", data=data)
 
-    _finish(c, hosts, step, "cache evict", render)
+        def render(results: list[HostResult]) -> None:
+            from labctl.output.fmt import fmt_bytes
+
+            for r in results:
+                d = r.data or {}
+                for e in d.get("evicted", []):
+                    kind = " (partial copy)" if e.get("partial") else ""
+                    c.console.print(
+                        f"[yellow]evicted[/] {r.host} {e['name']}{kind}: {fmt_bytes(e['bytes'])} freed"
+                    )
+                for n in d.get("not_cached", []):
+                    c.console.print(f"[dim]not cached[/] {r.host} {n}")
+            _print_failures(c.console, results)
+
+        return _fan(c, hosts, step, "cache evict", render)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("verify")
@@ -229,30 +235,33 @@ def verify_cmd(
     from labctl.cache.targets import cache_hosts, check_models
     from labctl.hosts.fanout import HostResult, HostRun
 
-    c = make_context(ctx, inventory, json_out, verbose)
     names = check_models(models, "verify") if models else []
-    hosts = cache_hosts(c.inventory, host)
-    bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
 
-    def step(run: HostRun) -> HostResult:
-        data = verify_host(run, names, repair=repair, streams=streams, on_progress=bars.update)
-        bad = [m for m in data["models"] if m["status"] != "ok"]
-        unrepaired = [m["name"] for m in bad if not m.get("repaired")]
-        if unrepaired:
-            return HostResult(
-                run.host.name,
-                "failed",
-                data=data,
-                error=f"{', '.join(unrepaired)}: "
-                + "; ".join(
-                    f"{m['name']} {m['status'].replace('_', ' ')}" for m in bad if m["name"] in unrepaired
+    def work(c: Context) -> Outcome:
+        hosts = cache_hosts(c.inventory, host)
+        bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
+
+        def step(run: HostRun) -> HostResult:
+            data = verify_host(run, names, repair=repair, streams=streams, on_progress=bars.update)
+            bad = [m for m in data["models"] if m["status"] != "ok"]
+            unrepaired = [m["name"] for m in bad if not m.get("repaired")]
+            if unrepaired:
+                return HostResult(
+                    run.host.name,
+                    "failed",
+                    data=data,
+                    error=f"{', '.join(unrepaired)}: "
+                    + "; ".join(
+                        f"{m['name']} {m['status'].replace('_', ' ')}" for m in bad if m["name"] in unrepaired
+                    )
+                    + ".",
+                    hint="Run without --no-repair to re-fetch them." if not repair else "",
                 )
-                + ".",
-                hint="Run without --no-repair to re-fetch them." if not repair else "",
-            )
-        return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
+            return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
-    _finish(c, hosts, step, "cache verify", lambda rs: _render_verify(c.console, rs), bars)
+        return _fan(c, hosts, step, "cache verify", lambda rs: _render_verify(c.console, rs), bars)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 def _pin(
@@ -262,24 +271,27 @@ def _pin(
     from labctl.cache.targets import cache_hosts, check_models
     from labctl.hosts.fanout import HostResult, HostRun
 
-    c = make_context(ctx, inventory, json_out, verbose)
     name = check_models([model], "pin" if pinned else "unpin")[0]
-    hosts = cache_hosts(c.inventory, host)
 
-    def step(run: HostRun) -> HostResult:
-        assert run.host.model_cache is not None
-        data = pin(run, run.host.model_cache, name, pinned)
-        return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
+    def work(c: Context) -> Outcome:
+        hosts = cache_hosts(c.inventory, host)
 
-    def render(results: list[HostResult]) -> None:
-        for r in results:
-            if r.ok:
-                word = "pinned" if pinned else "unpinned"
-                note = "" if r.status == "changed" else " (already)"
-                c.console.print(f"{r.host} {name}: {word}{note}")
-        _print_failures(c.console, results)
+        def step(run: HostRun) -> HostResult:
+            assert run.host.model_cache is not None
+            data = pin(run, run.host.model_cache, name, pinned)
+            return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
-    _finish(c, hosts, step, "cache pin", render)
+        def render(results: list[HostResult]) -> None:
+            for r in results:
+                if r.ok:
+                    word = "pinned" if pinned else "unpinned"
+                    note = "" if r.status == "changed" else " (already)"
+                    c.console.print(f"{r.host} {name}: {word}{note}")
+            _print_failures(c.console, results)
+
+        return _fan(c, hosts, step, "cache pin", render)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("pin")
@@ -308,7 +320,7 @@ def unpin_cmd(
     _pin(ctx, model, host, False, inventory, json_out, verbose)
 
 
-def _finish(
+def _fan(
     c: Context,
     hosts: Sequence[Host],
     step: Step,
@@ -316,24 +328,21 @@ def _finish(
     render: Callable[[list[HostResult]], None],
     bars: Bars | None = None,
     to_json: Callable[[HostResult], dict[str, Any]] | None = None,
-) -> NoReturn:
-    """Run `step` on every cache host, close the connections, print or emit, exit 1 if any failed."""
+) -> Outcome:
+    """Run `step` on every cache host: one result per host, exit 1 if any failed."""
     from labctl.hosts.fanout import exit_code, fan_out
 
-    try:
-        if bars is not None:
-            with bars:
-                results = fan_out(c, hosts, step, label=label, progress=not bars.enabled)
-        else:
-            results = fan_out(c, hosts, step, label=label)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit({"results": [(to_json or _flat)(r) for r in results]})
+    if bars is not None:
+        with bars:
+            results = fan_out(c, hosts, step, label=label, progress=not bars.enabled)
     else:
+        results = fan_out(c, hosts, step, label=label)
+
+    def show() -> None:
         render(results)
         _print_repairs(c.console, results)
-    raise typer.Exit(exit_code(results))
+
+    return Outcome({"results": [(to_json or _flat)(r) for r in results]}, show, exit_code(results))
 
 
 def _print_repairs(console: Any, results: Any) -> None:

@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+from labctl.cli.ckpt_pull_cmd import pull
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt
+from labctl.cli.runner import Outcome, run_command
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -34,15 +36,6 @@ ChunkOpt = Annotated[
 ]
 
 
-def _done(c: Context, data: dict[str, Any], render: Any, code: int) -> None:
-    c.close()
-    if c.json_mode:
-        c.emit(data)
-    else:
-        render()
-    raise typer.Exit(code)
-
-
 @app.command("list")
 def list_cmd(
     ctx: typer.Context,
@@ -63,96 +56,94 @@ def list_cmd(
     """
     from labctl.ckpt.library import copies, find_storage, newest_on_hosts, run_records, superseded
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         lib = find_storage(c.inventory, storage)
         # A run whose folder a newer run writes into now: its checkpoints are listed under that run.
         newer = superseded(run_records(c, None))
         records = [r for r in run_records(c, [run] if run else None) if r["run_id"] not in newer]
         held = copies(c, lib, run)
         found = newest_on_hosts(c, records)
-    except BaseException:
-        c.close()
-        raise
-    have = {(e["run_id"], e["step"]) for e in held["entries"]}
-    only_on_hosts = []
-    for r in records:
-        seen: set[int] = set()
-        for f in found[r["run_id"]]:
-            step = f.get("step")
-            if isinstance(step, int) and (r["run_id"], step) not in have and step not in seen:
-                seen.add(step)
-                only_on_hosts.append(
-                    {
-                        "run_id": r["run_id"],
-                        "step": step,
-                        "host": f["host"],
-                        "dir": f["dir"],
-                        "bytes": f.get("bytes"),
-                    }
-                )
-    # Newer checkpoints a host holds that fail the trainer's validation there: never left unsaid.
-    damaged_on_hosts = []
-    for r in records:
-        for f in found[r["run_id"]]:
-            skipped = f.get("skipped")
-            for s in skipped if isinstance(skipped, list) else []:
-                if isinstance(s, dict) and isinstance(s.get("step"), int):
-                    damaged_on_hosts.append(
+        have = {(e["run_id"], e["step"]) for e in held["entries"]}
+        only_on_hosts = []
+        for r in records:
+            seen: set[int] = set()
+            for f in found[r["run_id"]]:
+                step = f.get("step")
+                if isinstance(step, int) and (r["run_id"], step) not in have and step not in seen:
+                    seen.add(step)
+                    only_on_hosts.append(
                         {
                             "run_id": r["run_id"],
-                            "step": s["step"],
+                            "step": step,
                             "host": f["host"],
-                            "dir": f.get("dir"),
-                            "reason": str(s.get("reason") or "not valid"),
+                            "dir": f["dir"],
+                            "bytes": f.get("bytes"),
                         }
                     )
-    listed = [{k: v for k, v in e.items() if k != "record"} for e in held["entries"]]
-    data = {
-        "storage": lib.host.name,
-        "library": lib.path,
-        "copies": listed,
-        "only_on_hosts": only_on_hosts,
-        "damaged_on_hosts": damaged_on_hosts,
-    }
+        # Newer checkpoints a host holds that fail the trainer's validation there: never left unsaid.
+        damaged_on_hosts = []
+        for r in records:
+            for f in found[r["run_id"]]:
+                skipped = f.get("skipped")
+                for s in skipped if isinstance(skipped, list) else []:
+                    if isinstance(s, dict) and isinstance(s.get("step"), int):
+                        damaged_on_hosts.append(
+                            {
+                                "run_id": r["run_id"],
+                                "step": s["step"],
+                                "host": f["host"],
+                                "dir": f.get("dir"),
+                                "reason": str(s.get("reason") or "not valid"),
+                            }
+                        )
+        listed = [{k: v for k, v in e.items() if k != "record"} for e in held["entries"]]
+        data = {
+            "storage": lib.host.name,
+            "library": lib.path,
+            "copies": listed,
+            "only_on_hosts": only_on_hosts,
+            "damaged_on_hosts": damaged_on_hosts,
+        }
 
-    def render() -> None:
-        from rich.markup import escape
-        from rich.table import Table
+        def render() -> None:
+            from rich.markup import escape
+            from rich.table import Table
 
-        from labctl.output.fmt import fmt_bytes
+            from labctl.output.fmt import fmt_bytes
 
-        t = Table(title=f"checkpoint library {lib.host.name}:{lib.path}", title_justify="left")
-        for col in ("run", "step", "size", "when", "origin"):
-            t.add_column(col)
-        for e in listed:
-            origin = f"{e.get('origin') or '?'} from {e.get('source_host') or '?'}"
-            t.add_row(
-                e["run_id"],
-                str(e["step"]),
-                fmt_bytes(e.get("bytes") or 0),
-                e.get("backed_up_at") or "?",
-                origin,
-            )
-        for o in only_on_hosts:
-            t.add_row(
-                o["run_id"],
-                str(o["step"]),
-                fmt_bytes(o.get("bytes") or 0),
-                "-",
-                f"[yellow]only on {o['host']}[/]",
-            )
-        c.console.print(t)
-        for d in damaged_on_hosts:
-            c.console.print(
-                f"[yellow]warning:[/] step {d['step']} of {escape(d['run_id'])} on {d['host']} is damaged "
-                f"({escape(str(d['reason']))}); backup takes that host's newest valid one instead.",
-                soft_wrap=True,
-            )
-        if not listed and not only_on_hosts:
-            c.console.print("Nothing yet: `labctl ckpt backup` copies each run's newest checkpoint here.")
+            t = Table(title=f"checkpoint library {lib.host.name}:{lib.path}", title_justify="left")
+            for col in ("run", "step", "size", "when", "origin"):
+                t.add_column(col)
+            for e in listed:
+                origin = f"{e.get('origin') or '?'} from {e.get('source_host') or '?'}"
+                t.add_row(
+                    e["run_id"],
+                    str(e["step"]),
+                    fmt_bytes(e.get("bytes") or 0),
+                    e.get("backed_up_at") or "?",
+                    origin,
+                )
+            for o in only_on_hosts:
+                t.add_row(
+                    o["run_id"],
+                    str(o["step"]),
+                    fmt_bytes(o.get("bytes") or 0),
+                    "-",
+                    f"[yellow]only on {o['host']}[/]",
+                )
+            c.console.print(t)
+            for d in damaged_on_hosts:
+                c.console.print(
+                    f"[yellow]warning:[/] step {d['step']} of {escape(d['run_id'])} on {d['host']} is damaged "
+                    f"({escape(str(d['reason']))}); backup takes that host's newest valid one instead.",
+                    soft_wrap=True,
+                )
+            if not listed and not only_on_hosts:
+                c.console.print("Nothing yet: `labctl ckpt backup` copies each run's newest checkpoint here.")
 
-    _done(c, data, render, 0)
+        return Outcome(data, render, 0)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("backup")
@@ -192,8 +183,7 @@ def backup_cmd(
     from labctl.ckpt.library import find_storage, run_records
     from labctl.cli.cache_cmd import Bars
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         lib = find_storage(c.inventory, storage)
         records = run_records(c, run)
         bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
@@ -207,48 +197,51 @@ def backup_cmd(
                 streams=streams,
                 on_progress=bars.update,
             )
-    except BaseException:
-        c.close()
-        raise
 
-    def render() -> None:
-        from rich.markup import escape
+        def render() -> None:
+            from rich.markup import escape
 
-        from labctl.output.fmt import fmt_bytes
+            from labctl.output.fmt import fmt_bytes
 
-        for r in data["runs"]:
-            what = r["action"]
-            step = f" step {r['step']}" if "step" in r else ""
-            line = f"{escape(r['run_id'])}{step}: {what}"
-            if what in ("copied", "replaced"):
-                line += f" from {r['source_host']} ({fmt_bytes(r.get('fetched_bytes') or 0)} moved"
-                line += f", {fmt_bytes(r['resumed_bytes'])} resumed)" if r.get("resumed_bytes") else ")"
-                if r.get("damaged"):
-                    line += f"; the damaged copy ({escape(r['damaged'])}) is gone"
-            elif what == "would replace":
-                line += f" from {r['source_host']} (the library's copy is damaged: {escape(r['damaged'])})"
-            elif what == "damaged":
-                line = f"[red]{line}[/] ({escape(r['path'])}): {escape(r['damaged'])}. {escape(r['hint'])}"
-            elif what == "failed":
-                line = f"[red]{line}[/]: {escape(r.get('error') or '')}"
-                if r.get("damaged"):
-                    line += f" (the library's copy is damaged: {escape(r['damaged'])})"
-                if r.get("hint"):
-                    line += f" {escape(r['hint'])}"
-            elif what == "nothing":
-                line += " (no valid checkpoint on its hosts)"
-            elif what == "superseded":
-                line += f" (its checkpoint folder is {escape(r['by'])}'s now; that run is backed up)"
-            c.console.print(line, soft_wrap=True)
-        for p in data["pruned"]:
-            verb = "would prune" if dry_run else "pruned"
-            c.console.print(f"{verb} {escape(p['run_id'])} step {p['step']}")
-        # A run that failed for want of a valid checkpoint said so in its error already.
-        for w in data["warnings"]:
-            if w["instead"] is not None:
-                c.console.print(f"[yellow]warning:[/] {escape(w['text'])}", soft_wrap=True)
+            for r in data["runs"]:
+                what = r["action"]
+                step = f" step {r['step']}" if "step" in r else ""
+                line = f"{escape(r['run_id'])}{step}: {what}"
+                if what in ("copied", "replaced"):
+                    line += f" from {r['source_host']} ({fmt_bytes(r.get('fetched_bytes') or 0)} moved"
+                    line += f", {fmt_bytes(r['resumed_bytes'])} resumed)" if r.get("resumed_bytes") else ")"
+                    if r.get("damaged"):
+                        line += f"; the damaged copy ({escape(r['damaged'])}) is gone"
+                elif what == "would replace":
+                    line += (
+                        f" from {r['source_host']} (the library's copy is damaged: {escape(r['damaged'])})"
+                    )
+                elif what == "damaged":
+                    line = (
+                        f"[red]{line}[/] ({escape(r['path'])}): {escape(r['damaged'])}. {escape(r['hint'])}"
+                    )
+                elif what == "failed":
+                    line = f"[red]{line}[/]: {escape(r.get('error') or '')}"
+                    if r.get("damaged"):
+                        line += f" (the library's copy is damaged: {escape(r['damaged'])})"
+                    if r.get("hint"):
+                        line += f" {escape(r['hint'])}"
+                elif what == "nothing":
+                    line += " (no valid checkpoint on its hosts)"
+                elif what == "superseded":
+                    line += f" (its checkpoint folder is {escape(r['by'])}'s now; that run is backed up)"
+                c.console.print(line, soft_wrap=True)
+            for p in data["pruned"]:
+                verb = "would prune" if dry_run else "pruned"
+                c.console.print(f"{verb} {escape(p['run_id'])} step {p['step']}")
+            # A run that failed for want of a valid checkpoint said so in its error already.
+            for w in data["warnings"]:
+                if w["instead"] is not None:
+                    c.console.print(f"[yellow]warning:[/] {escape(w['text'])}", soft_wrap=True)
 
-    _done(c, data, render, 1 if data["failed"] or data["damaged"] else 0)
+        return Outcome(data, render, 1 if data["failed"] or data["damaged"] else 0)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("verify")
@@ -280,8 +273,7 @@ def verify_cmd(
     from labctl.ckpt.library import find_storage, library_run_id, repair_hints
     from labctl.hosts.agent_ship import ask_agent
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         lib = find_storage(c.inventory, storage)
         args: dict[str, Any] = {"lib": lib.path, "mark": True, "remove_damaged": remove_damaged}
         if run:
@@ -289,50 +281,50 @@ def verify_cmd(
         answer = ask_agent(c, lib.host, "ckpt_lib_verify", args, timeout=7 * 24 * 3600.0)
         bad = [e for e in answer["entries"] if e["status"] == "damaged"]
         hints = repair_hints(c, lib, bad)
-    except BaseException:
-        c.close()
-        raise
-    entries = [{k: v for k, v in e.items() if k != "record"} for e in answer["entries"]]
-    if run and not entries:
-        from labctl.errors import InputError
+        entries = [{k: v for k, v in e.items() if k != "record"} for e in answer["entries"]]
+        if run and not entries:
+            from labctl.errors import InputError
 
-        c.close()
-        raise InputError(
-            f"The library on {lib.host.name} ({lib.path}) holds no copy of run '{run}'.",
-            "`labctl ckpt list` shows what it holds.",
-        )
-    for e in entries:
-        if (e["run_id"], e["step"]) in hints:
-            e["hint"] = hints[(e["run_id"], e["step"])]["text"]
-    damaged = [e for e in entries if e["status"] == "damaged"]
-    removed = [e for e in entries if e["status"] == "removed"]
-    data = {
-        "storage": lib.host.name,
-        "library": lib.path,
-        "entries": entries,
-        "damaged": damaged,
-        "removed": removed,
-    }
-
-    def render() -> None:
-        from rich.markup import escape
-
+            raise InputError(
+                f"The library on {lib.host.name} ({lib.path}) holds no copy of run '{run}'.",
+                "`labctl ckpt list` shows what it holds.",
+            )
         for e in entries:
-            where = f"{escape(e['run_id'])} step {e['step']}"
-            if e["status"] == "ok":
-                c.console.print(f"ok       {where}")
-            elif e["status"] == "removed":
-                c.console.print(f"removed  {where} ({escape(e['path'])}): {escape(e['reason'] or '')}")
-            else:
-                c.console.print(
-                    f"[red]damaged[/]  {where} ({escape(e['path'])}): {escape(e['reason'] or '')}. "
-                    f"{escape(e['hint'])}",
-                    soft_wrap=True,
-                )
-        tail = f", {len(removed)} damaged removed" if removed else ""
-        c.console.print(f"{len(entries)} copies checked on {lib.host.name}, {len(damaged)} damaged{tail}.")
+            if (e["run_id"], e["step"]) in hints:
+                e["hint"] = hints[(e["run_id"], e["step"])]["text"]
+        damaged = [e for e in entries if e["status"] == "damaged"]
+        removed = [e for e in entries if e["status"] == "removed"]
+        data = {
+            "storage": lib.host.name,
+            "library": lib.path,
+            "entries": entries,
+            "damaged": damaged,
+            "removed": removed,
+        }
 
-    _done(c, data, render, 1 if damaged else 0)
+        def render() -> None:
+            from rich.markup import escape
+
+            for e in entries:
+                where = f"{escape(e['run_id'])} step {e['step']}"
+                if e["status"] == "ok":
+                    c.console.print(f"ok       {where}")
+                elif e["status"] == "removed":
+                    c.console.print(f"removed  {where} ({escape(e['path'])}): {escape(e['reason'] or '')}")
+                else:
+                    c.console.print(
+                        f"[red]damaged[/]  {where} ({escape(e['path'])}): {escape(e['reason'] or '')}. "
+                        f"{escape(e['hint'])}",
+                        soft_wrap=True,
+                    )
+            tail = f", {len(removed)} damaged removed" if removed else ""
+            c.console.print(
+                f"{len(entries)} copies checked on {lib.host.name}, {len(damaged)} damaged{tail}."
+            )
+
+        return Outcome(data, render, 1 if damaged else 0)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("restore")
@@ -373,8 +365,7 @@ def restore_cmd(
     from labctl.ckpt.restore import restore
     from labctl.cli.cache_cmd import Bars
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         lib = find_storage(c.inventory, storage)
         host = host_named(c.inventory, to)
         bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
@@ -390,18 +381,20 @@ def restore_cmd(
                 streams=streams,
                 on_progress=bars.update,
             )
-    except BaseException:
-        c.close()
-        raise
 
-    def render() -> None:
-        from labctl.output.fmt import fmt_bytes
+        def render() -> None:
+            from labctl.output.fmt import fmt_bytes
 
-        c.console.print(
-            f"restored {data['run_id']} step {data['step']} to {data['host']}:{data['dir']} "
-            f"({fmt_bytes(data['fetched_bytes'])} moved from {data['from']}); a run with that checkpoint "
-            "folder resumes from it.",
-            soft_wrap=True,
-        )
+            c.console.print(
+                f"restored {data['run_id']} step {data['step']} to {data['host']}:{data['dir']} "
+                f"({fmt_bytes(data['fetched_bytes'])} moved from {data['from']}); a run with that checkpoint "
+                "folder resumes from it.",
+                soft_wrap=True,
+            )
 
-    _done(c, data, render, 0)
+        return Outcome(data, render, 0)
+
+    run_command(ctx, work, inventory, json_out, verbose)
+
+
+app.command("pull")(pull)  # last: the help lists it after the library's own commands

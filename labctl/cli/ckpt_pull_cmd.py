@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 
 def pull(
@@ -58,22 +62,21 @@ def pull(
 
     from labctl.ckpt.pull import pull as run_pull
 
-    c = make_context(ctx, inventory, json_out, verbose)
+    def work(c: Context) -> Outcome:
+        def say(text: str) -> None:
+            if not c.json_mode:
+                c.console.print(escape(text), soft_wrap=True)
 
-    def say(text: str) -> None:
-        if not c.json_mode:
-            c.console.print(escape(text), soft_wrap=True)
-
-    try:
         out = run_pull(c, source, run=run, storage=storage, model=model, say=say, check=check)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(out)
-        return
-    new = sum(1 for p in out["checkpoints"] if p["action"] != "present")
-    c.console.print(
-        f"[green]{escape(out['run_id'])}[/]: {new} checkpoint(s) {'would be ' if check else ''}pulled into "
-        f"{escape(out['storage'])}:{escape(out['library'])}, {len(out['checkpoints']) - new} already there.",
-        soft_wrap=True,
-    )
+
+        def render() -> None:
+            new = sum(1 for p in out["checkpoints"] if p["action"] != "present")
+            c.console.print(
+                f"[green]{escape(out['run_id'])}[/]: {new} checkpoint(s) {'would be ' if check else ''}pulled into "
+                f"{escape(out['storage'])}:{escape(out['library'])}, {len(out['checkpoints']) - new} already there.",
+                soft_wrap=True,
+            )
+
+        return Outcome(out, render)
+
+    run_command(ctx, work, inventory, json_out, verbose)

@@ -1,8 +1,9 @@
 """Options every command takes, and the Context they build.
 
 Typer has no inherited options, so each command declares `InventoryOpt`, `JsonOpt` and
-`VerboseOpt` and calls `make_context`; values given before the sub-command
-(`labctl --json exec ...`) are remembered by the root callback and used as defaults.
+`VerboseOpt` and hands them to `labctl.cli.runner.run_command`, which calls `make_context`;
+values given before the sub-command (`labctl --json exec ...`) are remembered by the root
+callback and used as defaults.
 """
 
 from __future__ import annotations

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 app = typer.Typer(
     help="Schedule labctl jobs (rotate, facts, ckpt-backup) on the orchestrator host, so they run with no laptop on.",
@@ -74,33 +78,34 @@ def install(
     from labctl.schedule.every import resolve_schedule
     from labctl.schedule.install import install as run_install
 
-    c = make_context(ctx, inventory, json_out, verbose)
     if daily:
         if every is not None or schedule is not None:
             raise InputError("Give --daily, --every or --schedule, not two of them.", "e.g. --daily.")
         every = "1d"
-    orchestra_file = None
-    if job == "rotate":
-        from labctl.orchestra.spec import default_path, load_orchestra, serving_hosts
 
-        orchestra_file = file or default_path(c.inventory_path)
-        orch = load_orchestra(orchestra_file)
-        serving_hosts(orch, c.inventory, orchestra_file)  # a file for another lab fails here, not at 4am
-        if every is None and schedule is None:
-            every = orch.every  # the cadence lives in one place
-    elif file is not None:
-        raise InputError(
-            f"-f names an orchestra file, which only the rotate job reads ({job} does not).",
-            f"Leave out -f: labctl cron install {job} ...",
-        )
-    when = resolve_schedule(every, schedule)
-    try:
+    def work(c: Context) -> Outcome:
+        period = every
+        orchestra_file = None
+        if job == "rotate":
+            from labctl.orchestra.spec import default_path, load_orchestra, serving_hosts
+
+            orchestra_file = file or default_path(c.inventory_path)
+            orch = load_orchestra(orchestra_file)
+            serving_hosts(orch, c.inventory, orchestra_file)  # a file for another lab fails here, not at 4am
+            if period is None and schedule is None:
+                period = orch.every  # the cadence lives in one place
+        elif file is not None:
+            raise InputError(
+                f"-f names an orchestra file, which only the rotate job reads ({job} does not).",
+                f"Leave out -f: labctl cron install {job} ...",
+            )
+        when = resolve_schedule(period, schedule)
         out = run_install(
             c, job, when, host, check, on_event=_events(c, check, diff), orchestra_file=orchestra_file
         )
-    finally:
-        c.close()
-    _finish(c, out, check, f"cron install {job}")
+        return _outcome(c, out, check, f"cron install {job}")
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("list")
@@ -115,31 +120,25 @@ def list_(
     from labctl.hosts.recap import print_recap
     from labctl.schedule.install import list_jobs
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         results = list_jobs(c)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(
-            {
-                "jobs": [{"host": r.host, **j} for r in results for j in (r.data or [])],
-                "hosts": [
-                    {
-                        k: v
-                        for k, v in r.to_json().items()
-                        if k in ("host", "status", "error", "hint", "daemons")
-                    }
-                    for r in results
-                ],
-            }
-        )
-    else:
-        _print_jobs(c.console, results)
-        _print_idle(c.console, results)
-        if not all(r.ok for r in results):
-            print_recap(c.console, results, title="cron list")
-    raise typer.Exit(exit_code(results))
+        data = {
+            "jobs": [{"host": r.host, **j} for r in results for j in (r.data or [])],
+            "hosts": [
+                {k: v for k, v in r.to_json().items() if k in ("host", "status", "error", "hint", "daemons")}
+                for r in results
+            ],
+        }
+
+        def render() -> None:
+            _print_jobs(c.console, results)
+            _print_idle(c.console, results)
+            if not all(r.ok for r in results):
+                print_recap(c.console, results, title="cron list")
+
+        return Outcome(data, render, exit_code(results))
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("remove")
@@ -160,12 +159,11 @@ def remove(
     """Remove the job NAME from the orchestrator (with --purge, everything `cron install` put there)."""
     from labctl.schedule.install import remove as run_remove
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         out = run_remove(c, name, host, purge, check, on_event=_events(c, check, False))
-    finally:
-        c.close()
-    _finish(c, out, check, f"cron remove {name}")
+        return _outcome(c, out, check, f"cron remove {name}")
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 def _events(c: Any, check: bool, diff: bool) -> Any:
@@ -178,27 +176,25 @@ def _events(c: Any, check: bool, diff: bool) -> Any:
     return on_event
 
 
-def _finish(c: Any, out: Any, check: bool, title: str) -> None:
+def _outcome(c: Context, out: Any, check: bool, title: str) -> Outcome:
     from rich.markup import escape
 
     from labctl.cli.provision_cmd import print_recap
     from labctl.hosts.fanout import exit_code
 
-    if c.json_mode:
-        c.emit(
-            {
-                **out.info,
-                "check": check,
-                "changed": any(r.changed for r in out.results),
-                "notes": out.notes,
-                "results": [r.to_json() for r in out.results],
-                "hosts": [
-                    {k: v for k, v in hr.to_json().items() if k not in ("data", "stdout", "stderr", "rc")}
-                    for hr in out.hosts
-                ],
-            }
-        )
-    else:
+    data = {
+        **out.info,
+        "check": check,
+        "changed": any(r.changed for r in out.results),
+        "notes": out.notes,
+        "results": [r.to_json() for r in out.results],
+        "hosts": [
+            {k: v for k, v in hr.to_json().items() if k not in ("data", "stdout", "stderr", "rc")}
+            for hr in out.hosts
+        ],
+    }
+
+    def render() -> None:
         for note in out.notes:
             c.console.print(f"[cyan]{escape(note)}[/]", soft_wrap=True)
         print_recap(c.console, out.hosts, check)
@@ -219,7 +215,8 @@ def _finish(c: Any, out: Any, check: bool, title: str) -> None:
                     f"  with {escape(comp['job'])} ({escape(comp['schedule'])}): {escape(comp['command'])}",
                     soft_wrap=True,
                 )
-    raise typer.Exit(exit_code(out.hosts))
+
+    return Outcome(data, render, exit_code(out.hosts))
 
 
 def _print_jobs(console: Any, results: Any) -> None:

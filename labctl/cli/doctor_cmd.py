@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 
 def doctor(
@@ -60,18 +64,14 @@ def doctor(
             f"--tier {tier!r} is not one of the scale tiers.",
             f"Give one of {', '.join(TIERS)}, e.g. --tier dev.",
         )
-    c = make_context(ctx, inventory, json_out, verbose)
-    hosts = select_hosts(c.inventory, limit)
-    rules = rules_for(alerts, c.inventory.path)
-    try:
+
+    def work(c: Context) -> Outcome:
+        hosts = select_hosts(c.inventory, limit)
+        rules = rules_for(alerts, c.inventory_path)
         found = gather(c, hosts, rules=rules)
-    finally:
-        c.close()
-    lines = check_lab(found)
-    if tier is not None:
-        lines += check_tier(found.hosts, TIERS[tier])
-    if c.json_mode:
-        c.emit(to_json(lines, tier))
-    else:
-        render(c.console, lines)
-    raise typer.Exit(exit_code(lines))
+        lines = check_lab(found)
+        if tier is not None:
+            lines += check_tier(found.hosts, TIERS[tier])
+        return Outcome(to_json(lines, tier), lambda: render(c.console, lines), exit_code(lines))
+
+    run_command(ctx, work, inventory, json_out, verbose)

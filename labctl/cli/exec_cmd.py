@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, finite, make_context, positive
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, finite, positive
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 
 def exec_(
@@ -85,7 +89,6 @@ def exec_(
     from labctl.inventory.select import select_hosts
     from labctl.transport.base import still_running_hint
 
-    c = make_context(ctx, inventory, json_out, verbose)
     line = " ".join(command)
     if not line.strip():
         from labctl.errors import InputError
@@ -95,72 +98,83 @@ def exec_(
         from labctl.errors import InputError
 
         raise InputError("--verify only goes with --network.", "Add --network, or drop --verify.")
-    hosts = select_hosts(c.inventory, limit)
-    printer = HostLinePrinter(c.console, max(len(h.name) for h in hosts))
-    palette = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green"]
-    colour = {h.name: palette[i % len(palette)] for i, h in enumerate(hosts)}
 
-    def net_step(run: HostRun) -> HostResult:
-        from labctl.hosts.fanout import Skipped
-        from labctl.network.exec_change import run_network_command
+    def work(c: Context) -> Outcome:
+        hosts = select_hosts(c.inventory, limit)
+        printer = HostLinePrinter(c.console, max(len(h.name) for h in hosts))
+        palette = [
+            "cyan",
+            "magenta",
+            "green",
+            "yellow",
+            "blue",
+            "bright_cyan",
+            "bright_magenta",
+            "bright_green",
+        ]
+        colour = {h.name: palette[i % len(palette)] for i, h in enumerate(hosts)}
 
-        name = run.host.name
-        if run.host.is_windows:
-            raise Skipped("windows")
+        def net_step(run: HostRun) -> HostResult:
+            from labctl.hosts.fanout import Skipped
+            from labctl.network.exec_change import run_network_command
 
-        def on_line(stream: str, text: str) -> None:
-            if not c.json_mode:
+            name = run.host.name
+            if run.host.is_windows:
+                raise Skipped("windows")
+
+            def on_line(stream: str, text: str) -> None:
+                if not c.json_mode:
+                    printer.print(name, text, stream, colour[name])
+
+            return run_network_command(run, line, revert_after, verify, timeout, on_line)
+
+        def step(run: HostRun) -> HostResult:
+            name = run.host.name
+
+            def on_line(stream: str, text: str) -> None:
                 printer.print(name, text, stream, colour[name])
 
-        return run_network_command(run, line, revert_after, verify, timeout, on_line)
-
-    def step(run: HostRun) -> HostResult:
-        name = run.host.name
-
-        def on_line(stream: str, text: str) -> None:
-            printer.print(name, text, stream, colour[name])
-
-        res = run.conn.run(
-            line,
-            timeout=timeout or run.host.command_timeout,
-            cancel=run.cancel,
-            on_line=None if c.json_mode else on_line,
-        )
-        hint = None
-        if res.timed_out:
-            status, err = "timeout", f"stopped after {timeout or run.host.command_timeout:g} s"
-        elif res.cancelled:
-            status, err = "cancelled", "stopped by Ctrl-C"
-        elif res.rc == 0:
-            status, err = "ok", None
-        else:
-            status, err = "failed", f"exit code {res.rc}"
-        if res.may_still_run:
-            why = f"ran past {timeout or run.host.command_timeout:g} s" if res.timed_out else "Ctrl-C"
-            err = (
-                f"{why}: labctl closed its session, but {name} runs Windows, where that does not stop "
-                "the command: it may still be running there"
+            res = run.conn.run(
+                line,
+                timeout=timeout or run.host.command_timeout,
+                cancel=run.cancel,
+                on_line=None if c.json_mode else on_line,
             )
-            hint = still_running_hint(name)
-        return HostResult(
-            name,
-            status,
-            rc=res.rc,
-            stdout=res.stdout,
-            stderr=res.stderr,
-            error=err,
-            hint=hint,
-            extra={"may_still_run": True} if res.may_still_run else {},
-        )
+            hint = None
+            if res.timed_out:
+                status, err = "timeout", f"stopped after {timeout or run.host.command_timeout:g} s"
+            elif res.cancelled:
+                status, err = "cancelled", "stopped by Ctrl-C"
+            elif res.rc == 0:
+                status, err = "ok", None
+            else:
+                status, err = "failed", f"exit code {res.rc}"
+            if res.may_still_run:
+                why = f"ran past {timeout or run.host.command_timeout:g} s" if res.timed_out else "Ctrl-C"
+                err = (
+                    f"{why}: labctl closed its session, but {name} runs Windows, where that does not stop "
+                    "the command: it may still be running there"
+                )
+                hint = still_running_hint(name)
+            return HostResult(
+                name,
+                status,
+                rc=res.rc,
+                stdout=res.stdout,
+                stderr=res.stderr,
+                error=err,
+                hint=hint,
+                extra={"may_still_run": True} if res.may_still_run else {},
+            )
 
-    try:
         results = fan_out(
             c, hosts, net_step if network else step, max_workers=forks, label="exec", progress=c.json_mode
         )
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit({"command": line, "results": [r.to_json() for r in results]})
-    else:
-        print_recap(c.console, results, title=f"exec: {line if len(line) <= 60 else line[:57] + '...'}")
-    raise typer.Exit(exit_code(results))
+        title = f"exec: {line if len(line) <= 60 else line[:57] + '...'}"
+        return Outcome(
+            {"command": line, "results": [r.to_json() for r in results]},
+            lambda: print_recap(c.console, results, title=title),
+            exit_code(results),
+        )
+
+    run_command(ctx, work, inventory, json_out, verbose)

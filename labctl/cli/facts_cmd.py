@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 
 def facts(
@@ -36,13 +40,8 @@ def facts(
     from labctl.hosts.recap import print_recap
     from labctl.inventory.select import select_hosts
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    hosts = select_hosts(c.inventory, limit)
-    try:
-        results = gather_facts(c, hosts, torch=torch)
-    finally:
-        c.close()
-    if c.json_mode:
+    def work(c: Context) -> Outcome:
+        results = gather_facts(c, select_hosts(c.inventory, limit), torch=torch)
         out = []
         for r in results:
             d = r.to_json()
@@ -50,11 +49,14 @@ def facts(
             for k in ("stdout", "stderr", "rc"):
                 d.pop(k, None)
             out.append(d)
-        c.emit({"results": out})
-    else:
-        _render(c.console, [r for r in results if r.ok and r.data])
-        print_recap(c.console, results, title="facts")
-    raise typer.Exit(exit_code(results))
+
+        def render() -> None:
+            _render(c.console, [r for r in results if r.ok and r.data])
+            print_recap(c.console, results, title="facts")
+
+        return Outcome({"results": out}, render, exit_code(results))
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 def _gib(n: Any) -> str:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from labctl.cli.common import JsonOpt
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 
 def init(
@@ -33,25 +37,29 @@ def init(
         export LABCTL_INVENTORY=$PWD/mylab/inventory/lab.yaml
     """
     from labctl.documents.starter import INVENTORY, write_starter
-    from labctl.output.console import emit_json, make_console
 
     written = write_starter(folder, force)
     inv = folder / INVENTORY
-    root = ctx.find_root().obj or {}
-    if json_out or root.get("json"):
-        emit_json({"folder": str(folder), "written": [str(p) for p in written], "inventory": str(inv)})
-        return
-    console = make_console()
-    for p in written:
-        console.print(f"[green]wrote[/] {p}", soft_wrap=True, markup=True, highlight=False)
-    console.print(
-        "\nNext:\n"
-        f"  1. edit {inv}: your hosts' names, addresses, roles, GPUs, model_cache and storage\n"
-        f"  2. labctl -i {inv} inventory validate\n"
-        f"  3. labctl -i {inv} trust --yes            # pin each host's SSH key\n"
-        f"  4. labctl -i {inv} provision --check --diff   # {folder / 'playbooks/provision.yaml'}\n"
-        f"In {folder} it is the default inventory; elsewhere set LABCTL_INVENTORY={inv.absolute()} "
-        "to leave out -i.",
-        soft_wrap=True,
-        markup=False,
-    )
+
+    def work(c: Context) -> Outcome:
+        def render() -> None:
+            for p in written:
+                c.console.print(f"[green]wrote[/] {p}", soft_wrap=True, markup=True, highlight=False)
+            c.console.print(
+                "\nNext:\n"
+                f"  1. edit {inv}: your hosts' names, addresses, roles, GPUs, model_cache and storage\n"
+                f"  2. labctl -i {inv} inventory validate\n"
+                f"  3. labctl -i {inv} trust --yes            # pin each host's SSH key\n"
+                f"  4. labctl -i {inv} provision --check --diff   # {folder / 'playbooks/provision.yaml'}\n"
+                f"In {folder} it is the default inventory; elsewhere set LABCTL_INVENTORY={inv.absolute()} "
+                "to leave out -i.",
+                soft_wrap=True,
+                markup=False,
+            )
+
+        return Outcome(
+            {"folder": str(folder), "written": [str(p) for p in written], "inventory": str(inv)}, render
+        )
+
+    # labctl init needs no inventory: the Context's is never read.
+    run_command(ctx, work, json_out=json_out)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context, positive
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, positive
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 
 def metrics(
@@ -77,8 +81,8 @@ def metrics(
     # every input checked before a host is asked
     target = m.check_textfile_dir(textfile) if textfile is not None else None
     listen = m.parse_listen(serve) if serve is not None else None
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+
+    def work(c: Context) -> Optional[Outcome]:
         from labctl.inventory.select import select_hosts
         from labctl.monitor.alerts import rules_for
         from labctl.monitor.collect import collect
@@ -88,45 +92,43 @@ def metrics(
         if target is not None:
             statuses = collect(c, hosts, rules)
             m.write_textfile(target, m.exposition(statuses))
-            code = _report_textfile(c, target, statuses)
-        else:
-            assert listen is not None
-            code = _serve(c, listen, lambda: collect(c, hosts, rules), cache_seconds, len(hosts))
-    finally:
-        c.close()
-    raise typer.Exit(code)
+            return _report_textfile(c, target, statuses)
+        assert listen is not None
+        _serve(c, listen, lambda: collect(c, hosts, rules), cache_seconds, len(hosts))
+        return None
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
-def _report_textfile(c: Any, target: Path, statuses: list[Any]) -> int:
+def _report_textfile(c: Context, target: Path, statuses: list[Any]) -> Outcome:
     down = [s for s in statuses if not s.reachable]
     firing = sum(len(s.alerts) for s in statuses)
-    if c.json_mode:
-        c.emit(
+    data = {
+        "textfile": str(target),
+        "hosts": [
             {
-                "textfile": str(target),
-                "hosts": [
-                    {
-                        "host": s.host,
-                        "status": s.status,
-                        "reachable": s.reachable,
-                        "exported": s.sample is not None,
-                        "error": s.error,
-                    }
-                    for s in statuses
-                ],
-                "alerts": firing,
+                "host": s.host,
+                "status": s.status,
+                "reachable": s.reachable,
+                "exported": s.sample is not None,
+                "error": s.error,
             }
-        )
-    else:
+            for s in statuses
+        ],
+        "alerts": firing,
+    }
+
+    def render() -> None:
         skipped = [f"{s.host}: {s.error}" for s in statuses if s.reachable and s.sample is None]
         note = f" (skipped {'; '.join(skipped)})" if skipped else ""
         c.console.print(f"wrote {target}: {len(statuses) - len(skipped)} hosts{note}, {firing} alerts firing")
         for s in down:
             c.console.print(f"{s.host}: {s.status} ({s.error}); exported as labctl_host_up 0")
-    return 1 if down else 0
+
+    return Outcome(data, render, 1 if down else 0)
 
 
-def _serve(c: Any, listen: tuple[str, int], source: Any, cache_seconds: float, count: int) -> int:
+def _serve(c: Context, listen: tuple[str, int], source: Any, cache_seconds: float, count: int) -> None:
     from labctl.monitor import metrics as m
 
     addr, port = listen
@@ -144,4 +146,3 @@ def _serve(c: Any, listen: tuple[str, int], source: Any, cache_seconds: float, c
     finally:
         server.shutdown()
         server.server_close()
-    return 0

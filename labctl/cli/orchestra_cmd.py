@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, finite, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, finite
+from labctl.cli.runner import Outcome, run_command
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
-    from labctl.orchestra.rotate import RotationResult
     from labctl.orchestra.spec import Orchestra
 
 app = typer.Typer(
@@ -88,10 +88,10 @@ def plan_cmd(
         labctl orchestra plan --offline --json | jq '.placement'
     """
     from labctl.orchestra.decide import plan_placement
+    from labctl.orchestra.render import render_plan
     from labctl.orchestra.rotate import serving_hosts
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         orch = load(c, file)
         hosts = serving_hosts(c, orch)
         views = None
@@ -100,14 +100,9 @@ def plan_cmd(
 
             views = read_views(c, hosts, orch.server.health)
         shown = plan_placement(c.inventory, orch, hosts, views)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(shown.to_json())
-        return
-    from labctl.orchestra.render import render_plan
+        return Outcome(shown.to_json(), lambda: render_plan(c.console, shown))
 
-    render_plan(c.console, shown)
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 @app.command("status")
@@ -126,24 +121,18 @@ def status_cmd(
 
     Example: labctl orchestra status --json | jq '.models[] | {name, healthy}'
     """
+    from labctl.orchestra.render import render_status
     from labctl.orchestra.spec import default_path
     from labctl.orchestra.status import orchestra_status
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         path = file or default_path(c.inventory_path)
         orch = load(c, path)
         st = orchestra_status(c, orch, path)
-    finally:
-        c.close()
-    code = 0 if all(r["healthy"] for r in st.rows) and not st.notes else 1
-    if c.json_mode:
-        c.emit(st.to_json())
-    else:
-        from labctl.orchestra.render import render_status
+        code = 0 if all(r["healthy"] for r in st.rows) and not st.notes else 1
+        return Outcome(st.to_json(), lambda: render_status(c.console, st), code)
 
-        render_status(c.console, st)
-    raise typer.Exit(code)
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 def run_rotation(
@@ -158,28 +147,22 @@ def run_rotation(
     verbose: int,
     out: Optional[list[str]] = None,
     in_: Optional[list[str]] = None,
-) -> RotationResult:
+) -> None:
     """Rotate, start or stop; print or emit; exit 1 on a host failure (the error is raised)."""
+    from labctl.orchestra.render import render_rotation
     from labctl.orchestra.rotate import Options, rotate
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{_esc(text)}[/]", soft_wrap=True))
-    try:
+    def work(c: Context) -> Outcome:
+        say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{_esc(text)}[/]", soft_wrap=True))
         orch = load(c, file)
         result = rotate(
             c,
             orch,
             Options(kind, out or (), in_ or (), dry_run, python, wait, say),
         )
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(result.to_json())
-    else:
-        from labctl.orchestra.render import render_rotation
+        return Outcome(result.to_json(), lambda: render_rotation(c.console, result, orch))
 
-        render_rotation(c.console, result, orch)
-    return result
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 def _esc(text: str) -> str:
@@ -288,17 +271,12 @@ def bench_rotation(
     Example: labctl bench rotation --json
     """
     from labctl.orchestra.bench import rotation_bench
-
-    c = make_context(ctx, inventory, json_out, verbose)
-    say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{_esc(text)}[/]", soft_wrap=True))
-    try:
-        orch = load(c, file)
-        report = rotation_bench(c, orch, python, say)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(report)
-        return
     from labctl.orchestra.render import render_bench
 
-    render_bench(c.console, report)
+    def work(c: Context) -> Outcome:
+        say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{_esc(text)}[/]", soft_wrap=True))
+        orch = load(c, file)
+        report = rotation_bench(c, orch, python, say)
+        return Outcome(report, lambda: render_bench(c.console, report))
+
+    run_command(ctx, work, inventory, json_out, verbose)

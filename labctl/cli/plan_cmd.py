@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 app = typer.Typer(
     help="Plan training over time-boxed GPU quotas (Kaggle, SageMaker, the lab).", no_args_is_help=True
@@ -83,32 +87,37 @@ def week(
     from labctl.plan.throughput import measured_rates
     from labctl.train.runs import runs_dir
 
-    c = make_context(ctx, inventory, json_out)
     first = _start(start)
-    if file is None:
-        try:
-            file = spec.default_path(c.inventory_path)
-        except InputError:  # no plan of the lab's own: seed 001's, as packaged
-            file = spec.packaged_path()
-    plan = spec.load_plan(file)
-    result = schedule(plan, measured_rates(runs_dir(c.inventory_path)), first)
-    if plot is not None:
-        try:
-            from labctl.plan.gantt import write_gantt
 
-            write_gantt(result, plot)
-        except ImportError:
-            raise InputError(
-                "--plot needs matplotlib, which is not installed.",
-                f"Install labctl's plot extra ({install_extra('plot')}), or leave out --plot.",
-            ) from None
-    if c.json_mode:
+    def work(c: Context) -> Outcome:
+        plan_file = file
+        if plan_file is None:
+            try:
+                plan_file = spec.default_path(c.inventory_path)
+            except InputError:  # no plan of the lab's own: seed 001's, as packaged
+                plan_file = spec.packaged_path()
+        plan = spec.load_plan(plan_file)
+        result = schedule(plan, measured_rates(runs_dir(c.inventory_path)), first)
+        if plot is not None:
+            try:
+                from labctl.plan.gantt import write_gantt
+
+                write_gantt(result, plot)
+            except ImportError:
+                raise InputError(
+                    "--plot needs matplotlib, which is not installed.",
+                    f"Install labctl's plot extra ({install_extra('plot')}), or leave out --plot.",
+                ) from None
         doc = result.to_json()
-        doc["plan_file"] = str(file)
+        doc["plan_file"] = str(plan_file)
         doc["plot"] = str(plot) if plot is not None else None
-        c.emit(doc)
-        return
-    c.console.print(f"plan: {file}", markup=False, highlight=False, soft_wrap=True)
-    render(c.console, result)
-    if plot is not None:
-        c.console.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
+
+        def show() -> None:
+            c.console.print(f"plan: {plan_file}", markup=False, highlight=False, soft_wrap=True)
+            render(c.console, result)
+            if plot is not None:
+                c.console.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
+
+        return Outcome(doc, show)
+
+    run_command(ctx, work, inventory, json_out)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 
 def provision(
@@ -59,16 +63,15 @@ def provision(
     from labctl.provision.engine import provision as run_provision
     from labctl.provision.playbook import load_playbook, parse_tags, skipped_plays
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    book = load_playbook(playbook, c.inventory_path)
-    hosts = select_hosts(c.inventory, limit)
-    skipped = skipped_plays(book, c.inventory)
+    def work(c: Context) -> Outcome:
+        book = load_playbook(playbook, c.inventory_path)
+        hosts = select_hosts(c.inventory, limit)
+        skipped = skipped_plays(book, c.inventory)
 
-    def on_event(r: ResourceResult) -> None:
-        if not c.json_mode:
-            print_event(c.console, r, check, diff)
+        def on_event(r: ResourceResult) -> None:
+            if not c.json_mode:
+                print_event(c.console, r, check, diff)
 
-    try:
         results, host_results = run_provision(
             c,
             book,
@@ -79,26 +82,25 @@ def provision(
             on_event=on_event,
             on_wait=lambda msg: c.console.print(f"[yellow]{escape(msg)}[/]", soft_wrap=True),
         )
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(
-            {
-                "playbook": str(book.path),
-                "check": check,
-                "skipped_plays": skipped,
-                "results": [r.to_json() for r in results],
-                "hosts": [
-                    {k: v for k, v in hr.to_json().items() if k not in ("data", "stdout", "stderr", "rc")}
-                    for hr in host_results
-                ],
-            }
-        )
-    else:
-        if host_results or not skipped:
-            print_recap(c.console, host_results, check)
-        print_skipped_plays(c.console, book.path, skipped)
-    raise typer.Exit(exit_code(host_results))
+        data = {
+            "playbook": str(book.path),
+            "check": check,
+            "skipped_plays": skipped,
+            "results": [r.to_json() for r in results],
+            "hosts": [
+                {k: v for k, v in hr.to_json().items() if k not in ("data", "stdout", "stderr", "rc")}
+                for hr in host_results
+            ],
+        }
+
+        def render() -> None:
+            if host_results or not skipped:
+                print_recap(c.console, host_results, check)
+            print_skipped_plays(c.console, book.path, skipped)
+
+        return Outcome(data, render, exit_code(host_results))
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "skipped": "cyan"}

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, finite, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, finite
+from labctl.cli.runner import Outcome, run_command
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -98,24 +99,24 @@ def run_cmd(
         raise InputError("the program and its stdin cannot both come from -.", "Give one of them as a file.")
     source = _read(file, "program")
     data = _read(stdin_file, "stdin file") if stdin_file is not None else None
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+
+    def work(c: Context) -> Outcome:
         res = run(source, lang, stdin=data, timeout=timeout, memory_mb=memory, host=host, ctx=c)
-    finally:
-        c.close()
-    if c.json_mode:
         keys = ("lang", "exit_code", "stdout", "stderr", "truncated", "timed_out", "oom_killed", "wall_ms")
         doc = {k: res.get(k) for k in keys}
         # Output that is not UTF-8: the text above has U+FFFD for it, these the exact bytes.
         doc.update({k: res[k] for k in ("stdout_b64", "stderr_b64") if k in res})
-        c.emit(doc)
-    else:
-        from labctl.output.console import write_stdout
 
-        write_stdout(_printable(res["stdout"], sys.stdout))
-        sys.stderr.write(_printable(res["stderr"], sys.stderr))
-        sys.stderr.write(summary(res) + "\n")
-    raise typer.Exit(exit_code(res))
+        def render() -> None:
+            from labctl.output.console import write_stdout
+
+            write_stdout(_printable(res["stdout"], sys.stdout))
+            sys.stderr.write(_printable(res["stderr"], sys.stderr))
+            sys.stderr.write(summary(res) + "\n")
+
+        return Outcome(doc, render, exit_code(res))
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 def _printable(text: str, stream: Any) -> str:
@@ -176,17 +177,13 @@ def bench_cmd(
     from labctl.sandbox.bench import bench
 
     levels = _levels(concurrency)
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+
+    def work(c: Context) -> Outcome:
         doc = bench(c, lang, levels, runs, host)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(doc)
-    else:
-        _render_bench(c, doc)
-    if any(r["pool"]["errors"] or r["docker_run"]["errors"] for r in doc["rows"]):
-        raise typer.Exit(1)
+        failed = any(r["pool"]["errors"] or r["docker_run"]["errors"] for r in doc["rows"])
+        return Outcome(doc, lambda: _render_bench(c, doc), 1 if failed else 0)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 def _levels(text: str) -> list[int]:
@@ -258,17 +255,12 @@ def selftest_cmd(
     """
     from labctl.sandbox.selftest import on_hosts
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         doc = on_hosts(c, host, lang)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(doc)
-    else:
-        render_selftest(c.console, doc)
-    if any(r["contained"] is not True for r in doc["rows"]):
-        raise typer.Exit(1)
+        escaped = any(r["contained"] is not True for r in doc["rows"])
+        return Outcome(doc, lambda: render_selftest(c.console, doc), 1 if escaped else 0)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 def render_selftest(console: Any, doc: dict[str, Any]) -> None:

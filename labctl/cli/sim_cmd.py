@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import JsonOpt, VerboseOpt, make_context
+from labctl.cli.common import JsonOpt, VerboseOpt
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 app = typer.Typer(
     help="A simulated lab on this machine: each host a network namespace with its own sshd, NICs "
@@ -66,33 +70,37 @@ def up(
     """
     from labctl import sim
 
-    c = make_context(ctx, None, json_out, verbose)
     names = [h for h in hosts.split(",")] if hosts is not None else None
-    lab = sim.up(
-        dir,
-        hosts=names,
-        count=count,
-        rate=rate,
-        bridge=bridge,
-        prefix=prefix,
-        subnet=subnet,
-        console=c.console,
-    )
-    if c.json_mode:
-        c.emit(lab.as_dict())
-        return
-    if lab.changes:
-        for change in lab.changes:
-            c.console.print(f"  [green]+[/] {change}")
-    else:
-        c.console.print(f"Nothing to change: the sim's {len(lab.hosts)} hosts are up.")
-    c.console.print(
-        f"[bold]{len(lab.hosts)}[/] hosts on {lab.bridge} ({lab.subnet}, {lab.rate}). "
-        f"Inventory: [cyan]{_rel(lab.inventory_path)}[/]"
-    )
-    if verbose:
-        for name, address in lab.hosts.items():
-            c.console.print(f"  {name:<14} {address}")
+
+    def work(c: Context) -> Outcome:
+        lab = sim.up(
+            dir,
+            hosts=names,
+            count=count,
+            rate=rate,
+            bridge=bridge,
+            prefix=prefix,
+            subnet=subnet,
+            console=c.console,
+        )
+
+        def render() -> None:
+            if lab.changes:
+                for change in lab.changes:
+                    c.console.print(f"  [green]+[/] {change}")
+            else:
+                c.console.print(f"Nothing to change: the sim's {len(lab.hosts)} hosts are up.")
+            c.console.print(
+                f"[bold]{len(lab.hosts)}[/] hosts on {lab.bridge} ({lab.subnet}, {lab.rate}). "
+                f"Inventory: [cyan]{_rel(lab.inventory_path)}[/]"
+            )
+            if verbose:
+                for name, address in lab.hosts.items():
+                    c.console.print(f"  {name:<14} {address}")
+
+        return Outcome(lab.as_dict(), render)
+
+    run_command(ctx, work, None, json_out, verbose)
 
 
 @app.command()
@@ -112,29 +120,33 @@ def status(
 
     from labctl import sim
 
-    c = make_context(ctx, None, json_out, verbose)
-    rows = sim.status(dir)
-    down = [r.name for r in rows if not r.reachable]
-    if c.json_mode:
-        c.emit({"dir": str(dir.resolve()), "hosts": [r.as_dict() for r in rows]})
-    elif not rows:
-        c.console.print(f"No sim in {dir}. Bring one up: sudo labctl sim up --dir {dir}")
-    else:
-        table = Table(title=f"sim in {dir}")
-        for col in ("host", "namespace", "address", "sshd pid", "alive", "port 22"):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(
-                r.name,
-                r.namespace,
-                r.address,
-                str(r.sshd_pid or "-"),
-                "[green]yes[/]" if r.alive else "[red]no[/]",
-                "[green]open[/]" if r.reachable else "[red]refused[/]",
-            )
-        c.console.print(table)
-    if down:
-        raise typer.Exit(1)
+    def work(c: Context) -> Outcome:
+        rows = sim.status(dir)
+        down = [r.name for r in rows if not r.reachable]
+
+        def render() -> None:
+            if not rows:
+                c.console.print(f"No sim in {dir}. Bring one up: sudo labctl sim up --dir {dir}")
+                return
+            table = Table(title=f"sim in {dir}")
+            for col in ("host", "namespace", "address", "sshd pid", "alive", "port 22"):
+                table.add_column(col)
+            for r in rows:
+                table.add_row(
+                    r.name,
+                    r.namespace,
+                    r.address,
+                    str(r.sshd_pid or "-"),
+                    "[green]yes[/]" if r.alive else "[red]no[/]",
+                    "[green]open[/]" if r.reachable else "[red]refused[/]",
+                )
+            c.console.print(table)
+
+        return Outcome(
+            {"dir": str(dir.resolve()), "hosts": [r.as_dict() for r in rows]}, render, 1 if down else 0
+        )
+
+    run_command(ctx, work, None, json_out, verbose)
 
 
 @app.command()
@@ -152,15 +164,18 @@ def down(
     """
     from labctl import sim
 
-    c = make_context(ctx, None, json_out, verbose)
-    removed = sim.down(dir, console=c.console)
-    if c.json_mode:
-        c.emit({"dir": str(dir.resolve()), "removed": removed})
-        return
-    if not removed:
-        c.console.print(f"Nothing to remove in {dir}.")
-    for item in removed:
-        c.console.print(f"  [red]-[/] {item}")
+    def work(c: Context) -> Outcome:
+        removed = sim.down(dir, console=c.console)
+
+        def render() -> None:
+            if not removed:
+                c.console.print(f"Nothing to remove in {dir}.")
+            for item in removed:
+                c.console.print(f"  [red]-[/] {item}")
+
+        return Outcome({"dir": str(dir.resolve()), "removed": removed}, render)
+
+    run_command(ctx, work, None, json_out, verbose)
 
 
 @app.command()
@@ -179,12 +194,12 @@ def stop(
     """
     from labctl import sim
 
-    c = make_context(ctx, None, json_out, verbose)
-    changed = sim.stop_host(dir, host)
-    if c.json_mode:
-        c.emit({"host": host, "stopped": changed})
-    else:
-        c.console.print(f"Stopped {host}." if changed else f"{host} was not running.")
+    def work(c: Context) -> Outcome:
+        changed = sim.stop_host(dir, host)
+        text = f"Stopped {host}." if changed else f"{host} was not running."
+        return Outcome({"host": host, "stopped": changed}, lambda: c.console.print(text))
+
+    run_command(ctx, work, None, json_out, verbose)
 
 
 @app.command()
@@ -201,12 +216,12 @@ def start(
     """
     from labctl import sim
 
-    c = make_context(ctx, None, json_out, verbose)
-    changed = sim.start_host(dir, host)
-    if c.json_mode:
-        c.emit({"host": host, "started": changed})
-    else:
-        c.console.print(f"Started {host}." if changed else f"{host} is already running.")
+    def work(c: Context) -> Outcome:
+        changed = sim.start_host(dir, host)
+        text = f"Started {host}." if changed else f"{host} is already running."
+        return Outcome({"host": host, "started": changed}, lambda: c.console.print(text))
+
+    run_command(ctx, work, None, json_out, verbose)
 
 
 def _rel(p: Path) -> str:

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from typer.core import TyperCommand
+from typer.models import CommandInfo
 
-from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, make_context, positive
+from labctl.cli.common import InventoryOpt, JsonOpt, LimitOpt, VerboseOpt, positive
+from labctl.cli.runner import Outcome, run_command
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -95,28 +97,31 @@ def status(
     from labctl.monitor.alerts import rules_for
     from labctl.monitor.render import render_status, status_json
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    if watch is not None and c.json_mode:
-        from labctl.errors import InputError
+    def work(c: Context) -> Optional[Outcome]:
+        if watch is not None and c.json_mode:
+            from labctl.errors import InputError
 
-        raise InputError(
-            "--watch redraws a table in place, and --json prints one document: they do not go together.",
-            "Drop --watch for one JSON document (run it again to refresh), or drop --json to watch the table.",
-        )
-    hosts = select_hosts(c.inventory, limit)
-    rules = rules_for(alerts, c.inventory_path)
-    try:
+            raise InputError(
+                "--watch redraws a table in place, and --json prints one document: they do not go together.",
+                "Drop --watch for one JSON document (run it again to refresh), or drop --json to watch the table.",
+            )
+        hosts = select_hosts(c.inventory, limit)
+        rules = rules_for(alerts, c.inventory_path)
         if watch is not None:
             _watch(c, hosts, rules, watch)
-            return
+            return None
         statuses = _collect(c, hosts, rules)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(status_json(statuses))
-    else:
-        c.console.print(render_status(statuses))
-    raise typer.Exit(0 if all(s.reachable for s in statuses) else 1)
+        return Outcome(
+            status_json(statuses),
+            lambda: c.console.print(render_status(statuses)),
+            0 if all(s.reachable for s in statuses) else 1,
+        )
+
+    run_command(ctx, work, inventory, json_out, verbose)
+
+
+# labctl's command table (labctl.cli.app.COMMANDS) names this: the command with its own class.
+command = CommandInfo(cls=StatusCommand, callback=status)
 
 
 def _collect(c: Context, hosts: list[Any], rules: Any) -> list[Any]:

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt
+from labctl.cli.runner import Outcome, run_command
 from labctl.train import backends
 
 if TYPE_CHECKING:
@@ -98,11 +99,11 @@ def train(
     partition: Annotated[
         Optional[str], typer.Option("--partition", help="Slurm partition for --backend slurm.")
     ] = None,
-    time_limit: Annotated[
+    slurm_time: Annotated[
         Optional[str],
         typer.Option("--time", help="Slurm's own time limit, e.g. 2-00:00:00 (default: from --time-limit)."),
     ] = None,
-    time_box: Annotated[
+    time_limit: Annotated[
         Optional[str],
         typer.Option(
             "--time-limit",
@@ -259,7 +260,6 @@ def train(
 
     if phase is None:
         raise InputError("Which phase? --phase is required.", "Write e.g. labctl train --phase 1 --dry-run")
-    c = make_context(ctx, inventory, json_out, verbose)
     request = TrainRequest(
         phase=phase,
         file=file,
@@ -275,7 +275,7 @@ def train(
         job=JobOptions(
             image=image,
             partition=partition,
-            time_limit=time_limit,
+            time_limit=slurm_time,
             min_nodes=min_nodes,
             kaggle_id=kaggle_id,
             resume_from=resume_from,
@@ -295,18 +295,14 @@ def train(
         ),
         detach=detach,
         ranks=parse_ranks(ranks),
-        time_limit_s=parse_duration(time_box) if time_box is not None else None,
+        time_limit_s=parse_duration(time_limit) if time_limit is not None else None,
     )
-    try:
+
+    def work(c: Context) -> Outcome:
         result = run.start(c, request, None if c.json_mode else _LiveView(c))
-        if c.json_mode:
-            c.emit(result.to_json())
-        else:
-            _render(c, result)
-    finally:
-        c.close()
-    if result.exit_code:
-        raise typer.Exit(result.exit_code)
+        return Outcome(result.to_json(), lambda: _render(c, result), result.exit_code)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 class _LiveView:
@@ -383,7 +379,7 @@ def _print_attached(c: Context, result: Attached) -> None:
 def _print_dry_run(c: Context, spec: LaunchSpec) -> None:
     from labctl.train.duration import format_duration
 
-    limit = spec.settings.get("time_limit")
+    limit = spec.time_limit_s
     c.console.print(
         f"[bold]dry run[/] {spec.run_id}: phase {spec.phase}, {spec.world_size} processes, {spec.dist_backend}, "
         f"rendezvous {spec.head_address}:{spec.port}"
@@ -452,15 +448,11 @@ def status(
     """Runs recorded here and, for those still running, what their hosts say (step, loss, state)."""
     from labctl.train import run
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         result = run.status(c, run_id)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(result.to_json())
-    else:
-        _print_status(c, result)
+        return Outcome(result.to_json(), lambda: _print_status(c, result))
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 def _print_status(c: Context, result: RunsStatus) -> None:
@@ -506,16 +498,11 @@ def stop(
     """Stop a run on every host: SIGTERM, SIGKILL after its grace period, then check nothing is left."""
     from labctl.train import run
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    try:
+    def work(c: Context) -> Outcome:
         result = run.stop(c, run_id)
-    finally:
-        c.close()
-    if c.json_mode:
-        c.emit(result.to_json())
-    else:
-        _print_stopped(c, result)
-    raise typer.Exit(result.exit_code)
+        return Outcome(result.to_json(), lambda: _print_stopped(c, result), result.exit_code)
+
+    run_command(ctx, work, inventory, json_out, verbose)
 
 
 def _print_stopped(c: Context, result: Stopped) -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, make_context
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt
+from labctl.cli.runner import Outcome, run_command
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
 
 
 def trust(
@@ -39,67 +43,72 @@ def trust(
     from labctl.transport.hostkeys import fetch_host_key, fingerprint, pin_host_key, pinned_keys
     from labctl.transport.localfiles import check_local_files
 
-    c = make_context(ctx, inventory, json_out, verbose)
-    chosen = select_hosts(c.inventory, ",".join(hosts) if hosts else None, label="labctl trust")
-    chosen = [h for h in chosen if h.connection == "ssh"]
-    for h in chosen:
-        if h.known_hosts is None:
+    def work(c: Context) -> Outcome:
+        chosen = select_hosts(c.inventory, ",".join(hosts) if hosts else None, label="labctl trust")
+        chosen = [h for h in chosen if h.connection == "ssh"]
+        for h in chosen:
+            if h.known_hosts is None:
+                raise InputError(
+                    f"Host {h.name} has no known_hosts file set.",
+                    "Add known_hosts: keys/known_hosts to the inventory's defaults.",
+                )
+        if not yes and not c.console.is_interactive and not c.json_mode:
             raise InputError(
-                f"Host {h.name} has no known_hosts file set.",
-                "Add known_hosts: keys/known_hosts to the inventory's defaults.",
+                "labctl trust needs a yes for each key, and there is no terminal to ask on.", "Add --yes."
             )
-    if not yes and not c.console.is_interactive and not c.json_mode:
-        raise InputError(
-            "labctl trust needs a yes for each key, and there is no terminal to ask on.", "Add --yes."
+
+        def fetch(run: HostRun) -> HostResult:
+            h = run.host
+            key = fetch_host_key(h.address, h.port, timeout=h.connect_timeout)
+            pinned = pinned_keys(h.known_hosts, h.address, h.port)
+            same = any(k.asbytes() == key.asbytes() for k in pinned.values())
+            r = HostResult(h.name, "ok")
+            r.extra = {
+                "fingerprint": fingerprint(key),
+                "key_type": key.get_name(),
+                "pinned": [fingerprint(k) for k in pinned.values()],
+                "already_pinned": same,
+                "_key": key,
+            }
+            return r
+
+        check_local_files(
+            chosen, writing_known_hosts=True
+        )  # before a key is fetched that could not be pinned
+        results = fan_out(c, chosen, fetch, label="fetching host keys")
+        for r in results:
+            if not r.ok:
+                continue
+            h = c.inventory.host(r.host)
+            key = r.extra.pop("_key")
+            fp = r.extra["fingerprint"]
+            if r.extra["already_pinned"]:
+                r.error = f"already pinned ({fp})"
+                continue
+            if r.extra["pinned"]:
+                old = ", ".join(r.extra["pinned"])
+                if not replace:
+                    r.status, r.error = "hostkey", f"offers {fp} but {old} is pinned"
+                    r.hint = f"If {h.name} was rebuilt, run `labctl trust {h.name} --replace`."
+                    continue
+                c.console.print(f"[bold red]{h.name}'s key changed:[/] pinned {old}, now offers {fp}")
+            if not yes:
+                ok = typer.confirm(
+                    f"{h.name} ({h.address}:{h.port}) offers {r.extra['key_type']} key {fp}. Pin it?",
+                    err=True,
+                )
+                if not ok:
+                    r.status, r.error = "skipped", "not pinned (declined)"
+                    continue
+            assert h.known_hosts is not None
+            pin_host_key(h.known_hosts, h.address, h.port, key)
+            r.status, r.error = "changed", f"pinned {fp} in {h.known_hosts}"
+        for r in results:
+            r.extra.pop("_key", None)
+        return Outcome(
+            {"results": [r.to_json() for r in results]},
+            lambda: print_recap(c.console, results, title="trust"),
+            0 if all(r.ok for r in results) else 1,
         )
 
-    def fetch(run: HostRun) -> HostResult:
-        h = run.host
-        key = fetch_host_key(h.address, h.port, timeout=h.connect_timeout)
-        pinned = pinned_keys(h.known_hosts, h.address, h.port)
-        same = any(k.asbytes() == key.asbytes() for k in pinned.values())
-        r = HostResult(h.name, "ok")
-        r.extra = {
-            "fingerprint": fingerprint(key),
-            "key_type": key.get_name(),
-            "pinned": [fingerprint(k) for k in pinned.values()],
-            "already_pinned": same,
-            "_key": key,
-        }
-        return r
-
-    check_local_files(chosen, writing_known_hosts=True)  # before a key is fetched that could not be pinned
-    results = fan_out(c, chosen, fetch, label="fetching host keys")
-    for r in results:
-        if not r.ok:
-            continue
-        h = c.inventory.host(r.host)
-        key = r.extra.pop("_key")
-        fp = r.extra["fingerprint"]
-        if r.extra["already_pinned"]:
-            r.error = f"already pinned ({fp})"
-            continue
-        if r.extra["pinned"]:
-            old = ", ".join(r.extra["pinned"])
-            if not replace:
-                r.status, r.error = "hostkey", f"offers {fp} but {old} is pinned"
-                r.hint = f"If {h.name} was rebuilt, run `labctl trust {h.name} --replace`."
-                continue
-            c.console.print(f"[bold red]{h.name}'s key changed:[/] pinned {old}, now offers {fp}")
-        if not yes:
-            ok = typer.confirm(
-                f"{h.name} ({h.address}:{h.port}) offers {r.extra['key_type']} key {fp}. Pin it?", err=True
-            )
-            if not ok:
-                r.status, r.error = "skipped", "not pinned (declined)"
-                continue
-        assert h.known_hosts is not None
-        pin_host_key(h.known_hosts, h.address, h.port, key)
-        r.status, r.error = "changed", f"pinned {fp} in {h.known_hosts}"
-    for r in results:
-        r.extra.pop("_key", None)
-    if c.json_mode:
-        c.emit({"results": [r.to_json() for r in results]})
-    else:
-        print_recap(c.console, results, title="trust")
-    raise typer.Exit(0 if all(r.ok for r in results) else 1)
+    run_command(ctx, work, inventory, json_out, verbose)

@@ -1,4 +1,5 @@
-"""Validating a YAML document (inventory, playbook, phases file, ...) the same way everywhere.
+"""Validating a YAML document (inventory, playbook, phases file, ...) the same way everywhere:
+the steps that `labctl.documents.loader`'s pipeline is made of.
 
 A document is read with line numbers (`read_document`), checked into a list of problems
 `(line, dotted field, message)` (`problems_from` turns a pydantic ValidationError into them,
@@ -14,13 +15,13 @@ lazily, and `labctl --help` must stay fast.
 
 from __future__ import annotations
 
-import difflib
 import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
+from labctl.documents.suggest import did_you_mean
 from labctl.errors import InputError
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
 Problem = tuple[int | None, str, str]
 """(line or None, dotted field or "", what is wrong and what to write instead)."""
-M = TypeVar("M", bound="BaseModel")
 
 
 class Positions(Protocol):
@@ -87,29 +87,6 @@ def duplicate_problems(pos: PositionedYaml) -> list[Problem]:
     return [(d.line, dotted(d.path), d.message + "; keep one") for d in pos.duplicates]
 
 
-def load_model(path: Path, kind: str, model: type[M], *, missing_hint: str, shape: str, then: str) -> M:
-    """A YAML mapping document of `kind` read and validated against `model`, every problem at
-    once (one DocumentError, exit 2). `shape` says what the top level must be, `then` how to
-    check again once fixed."""
-    from pydantic import ValidationError
-
-    pos = read_document(path, kind, missing_hint)
-    problems = duplicate_problems(pos)
-
-    def error(found: list[Problem]) -> DocumentError:
-        return DocumentError(kind, path, found, fix_the_lines(len(found), then))
-
-    if not isinstance(pos.data, dict):
-        raise error([(1, "", shape)])
-    try:
-        parsed = model.model_validate(pos.data)
-    except ValidationError as e:
-        raise error(problems + problems_from(e, model, (), pos)) from None
-    if problems:
-        raise error(problems)
-    return parsed
-
-
 def path_component(name: str, what: str, example: str) -> str:
     """`name` when it can be one path component under a folder of labctl's (a model, a run, a
     job ...); else an InputError (exit 2) naming `what` and `example`, a command or value that
@@ -134,8 +111,7 @@ def dotted(path: tuple[Any, ...]) -> str:
 
 
 def unknown_key(key: Any, allowed: Sequence[str]) -> str:
-    close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
+    hint = did_you_mean(key, allowed)
     return f"unknown key '{key}'.{hint} Keys allowed here: {', '.join(allowed)}."
 
 

@@ -1,5 +1,10 @@
 """The one object a command carries: console, options, inventory and connections.
 
+`inventory_path` is the inventory file as named (-i, $LABCTL_INVENTORY or the default), known
+without reading it: what needs only the file or its folder (run records, the default
+playbooks beside it, a message naming it) uses that. `inventory` parses and validates it, once,
+for what needs the hosts.
+
 Tests build their own Context (another inventory, a pool with other timeouts) instead of
 patching globals.
 """
@@ -34,7 +39,7 @@ def resolve_inventory_path(given: Optional[Path]) -> Path:
 @dataclass
 class Context:
     console: Console
-    inventory_path: Path
+    inventory_path: Path  # the file, unread: `inventory` is what parses it
     json_mode: bool = False
     verbose: int = 0
     connect_timeout: Optional[float] = None  # None: each host's own connect_timeout

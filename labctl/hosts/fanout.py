@@ -22,7 +22,7 @@ from labctl.transport.localfiles import check_local_files
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
-    from labctl.transport.pool import AnyConnection
+    from labctl.transport.base import Connection
 
 OK_STATUSES = frozenset({"ok", "changed", "skipped"})
 T = TypeVar("T")
@@ -78,7 +78,7 @@ class HostRun:
         self.cancel = cancel
 
     @property
-    def conn(self) -> AnyConnection:
+    def conn(self) -> Connection:
         return self.ctx.pool.get(self.host)
 
 

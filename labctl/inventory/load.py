@@ -1,7 +1,9 @@
 """Load an inventory file: YAML with positions → validated, defaults merged, paths resolved.
 
-All problems in a file are collected and reported together, each as
-`FILE:LINE: FIELD: what is wrong. what to write instead`, so one edit fixes them all.
+It goes through the documents' one pipeline (labctl.documents.loader): all problems in a file
+are collected and reported together, each as `FILE:LINE: FIELD: what is wrong. what to write
+instead`, so one edit fixes them all. Each host is validated once, as written (`HostSpec`);
+the `Host` it becomes is assembled from those checked values and the checked defaults.
 """
 
 from __future__ import annotations
@@ -10,19 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from labctl.documents.validation import (
-    DocumentError,
-    Problem,
-    dotted,
-    duplicate_problems,
-    problems_from,
-    read_document,
-    unknown_key,
-)
+from labctl.documents.loader import Document, open_document
+from labctl.documents.validation import DocumentError, Problem, dotted, unknown_key
 from labctl.documents.yamlpos import PositionedYaml
-from labctl.inventory.model import HOST_NAME_RE, Defaults, Host, HostSpec, Inventory
+from labctl.inventory.model import HOST_NAME_RE, ConnectionSettings, Defaults, Host, HostSpec, Inventory
 
 TOP_KEYS = {
     "lab": "a name for the lab, e.g. lab: homelab",
@@ -50,24 +43,20 @@ def _resolve(p: Path | None, base_dir: Path) -> Path | None:
 
 
 def load_inventory(path: Path) -> Inventory:
-    path = Path(path)
-    pos = read_document(
+    doc = open_document(
         path,
         "inventory",
         "Pass one with -i/--inventory, set $LABCTL_INVENTORY, or write a starter one with "
         "`labctl init DIR` (DIR/inventory/lab.yaml: run labctl in DIR to leave out -i); "
         "`labctl sim up` writes one for the simulated lab.",
+        InventoryError,
     )
-    return build_inventory(pos, path)
+    return build_inventory(doc)
 
 
-def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
-    problems = duplicate_problems(pos)
-    data = pos.data
-    if not isinstance(data, dict):
-        raise InventoryError(
-            path, [(pos.line_of(()), "", "the file must be a mapping with keys lab, defaults and hosts")]
-        )
+def build_inventory(doc: Document) -> Inventory:
+    pos, path, problems = doc.pos, doc.path, doc.problems
+    data = doc.mapping("the file must be a mapping with keys lab, defaults and hosts", pos.line_of(()))
     for key in data:
         if key not in TOP_KEYS:
             problems.append((pos.line_of((key,)), str(key), unknown_key(key, list(TOP_KEYS))))
@@ -93,10 +82,9 @@ def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
             )
         )
     else:
-        try:
-            defaults = Defaults.model_validate(raw_defaults).model_dump(exclude_none=True)
-        except ValidationError as e:
-            problems.extend(problems_from(e, Defaults, ("defaults",), pos))
+        checked = doc.check(Defaults, raw_defaults, ("defaults",))
+        if checked is not None:
+            defaults = _set_values(checked)
 
     raw_hosts = data.get("hosts")
     hosts: dict[str, Host] = {}
@@ -130,15 +118,15 @@ def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
                 )
             )
             continue
-        try:
-            spec = HostSpec.model_validate(raw)
-        except ValidationError as e:
-            problems.extend(problems_from(e, HostSpec, ("hosts", name), pos))
+        spec = doc.check(HostSpec, raw, ("hosts", name))
+        if spec is None:
             continue
-        merged = {**defaults, **spec.model_dump(exclude_none=True), "name": name_s}
+        merged = {**defaults, **_set_values(spec), "name": name_s}
         for key in PATH_KEYS:
             merged[key] = _resolve(merged.get(key), base_dir)
-        host = Host.model_validate(merged)
+        # Every value was validated just above (or in `defaults`): validating the merge again
+        # would check each host twice.
+        host = Host.model_construct(**merged)
         key_file = host.ssh_key
         # Only a missing key here; what else is wrong with the file, the transport says before connecting.
         if host.connection == "ssh" and key_file is not None and not os.path.lexists(key_file):
@@ -153,9 +141,14 @@ def build_inventory(pos: PositionedYaml, path: Path) -> Inventory:
         hosts[name_s] = host
 
     problems.extend(_cross_checks(hosts, set(map(str, raw_hosts)), pos))
-    if problems:
-        raise InventoryError(path, problems)
+    doc.finish()
     return Inventory(lab=str(lab), path=path, hosts=hosts)
+
+
+def _set_values(model: ConnectionSettings) -> dict[str, Any]:
+    """The fields of `model` that hold a value (None is "not given": the default applies), as
+    the validated objects themselves."""
+    return {name: value for name in type(model).model_fields if (value := getattr(model, name)) is not None}
 
 
 def _cross_checks(hosts: dict[str, Host], declared: set[str], pos: PositionedYaml) -> list[Problem]:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from dataclasses import dataclass, field
 
+from labctl.documents.suggest import did_you_mean
 from labctl.errors import InputError
 from labctl.inventory.model import Host, Inventory
 
@@ -111,8 +111,7 @@ def _did_you_mean(inv: Inventory, pattern: str) -> str:
     # Roles are compared without their shared `role:`, which would make any two look alike.
     role = pattern.startswith("role:")
     word, known = (pattern[5:], [*inv.roles(), *KNOWN_ROLES]) if role else (pattern, list(inv.hosts))
-    close = difflib.get_close_matches(word, list(dict.fromkeys(known)), n=1)
-    return f" Did you mean '{'role:' if role else ''}{close[0]}'?" if close else ""
+    return did_you_mean(word, known, prefix="role:" if role else "")
 
 
 def _match(inv: Inventory, pattern: str) -> set[str]:

@@ -22,7 +22,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field
 
 from labctl.documents.defaults import shown_path
-from labctl.documents.validation import load_model
+from labctl.documents.loader import load_model
 from labctl.inventory.model import Strict
 
 DEFAULT_ALERTS = Path("playbooks/alerts.yaml")

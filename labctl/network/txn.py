@@ -24,7 +24,7 @@ from labctl.hosts.fanout import HostRun
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Host
-    from labctl.transport.pool import AnyConnection
+    from labctl.transport.base import Connection
 
 # One network change at a time in this labctl process, whatever the fan_out's parallelism.
 NETWORK_CHANGES = threading.Lock()
@@ -71,12 +71,12 @@ class NetChange:
 class FreshRun(HostRun):
     """A HostRun over a connection this transaction opened itself, never the pooled one."""
 
-    def __init__(self, run: HostRun, conn: AnyConnection, cancel: threading.Event | None = None) -> None:
+    def __init__(self, run: HostRun, conn: Connection, cancel: threading.Event | None = None) -> None:
         super().__init__(run.ctx, run.host, cancel if cancel is not None else run.cancel)
         self._conn = conn
 
     @property
-    def conn(self) -> AnyConnection:
+    def conn(self) -> Connection:
         return self._conn
 
 
@@ -197,20 +197,14 @@ def keep_connection(run: HostRun, report: TxnReport) -> None:
         run.ctx.pool.replace(run.host.name, fresh)
 
 
-def connect_fresh(host: Host, timeout: float) -> AnyConnection:
+def connect_fresh(host: Host, timeout: float) -> Connection:
     """A new connection to `host`, never the pooled one."""
-    if host.connection == "local":
-        from labctl.transport.local import LocalConnection
+    from labctl.transport.pool import open_connection
 
-        return LocalConnection(host)
-    from labctl.transport.ssh import SSHConnection
-
-    conn = SSHConnection(host, connect_timeout=timeout)
-    conn.connect()
-    return conn
+    return open_connection(host, timeout)
 
 
-def _close(conn: AnyConnection | None) -> None:
+def _close(conn: Connection | None) -> None:
     if conn is not None:
         try:
             conn.close()
@@ -345,7 +339,7 @@ class _Transaction:
         _close(conn)
         return self._await_revert(aborted=False)
 
-    def _status(self, conn: AnyConnection, compare: bool = False) -> dict[str, Any]:
+    def _status(self, conn: Connection, compare: bool = False) -> dict[str, Any]:
         fresh = FreshRun(self.run, conn)
         return dict(
             call_agent(
@@ -356,7 +350,7 @@ class _Transaction:
             )
         )
 
-    def _try_connect(self) -> AnyConnection | None:
+    def _try_connect(self) -> Connection | None:
         try:
             return connect_fresh(self.host, self.connect_timeout)
         except LabctlError as e:
@@ -368,7 +362,7 @@ class _Transaction:
     def _wait_applied(self) -> dict[str, Any] | None:
         """Poll the host's record (each time over a new connection, once the old one is in
         doubt) until the keeper has applied the change or given up on it."""
-        conn: AnyConnection | None = None
+        conn: Connection | None = None
         try:
             while self.left() > 0 and not self.run.cancel.is_set():
                 if conn is None:
@@ -392,7 +386,7 @@ class _Transaction:
         finally:
             _close(conn)
 
-    def _reconnect(self) -> AnyConnection | None:
+    def _reconnect(self) -> Connection | None:
         """A connection opened after the change: the one the verification and commit use."""
         while self.left() > 0 and not self.run.cancel.is_set():
             conn = self._try_connect()

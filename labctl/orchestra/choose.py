@@ -6,11 +6,11 @@ state from the serving hosts, asks these what to do, and does it.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from labctl.documents.suggest import LEADING, did_you_mean
 from labctl.errors import InputError
 from labctl.orchestra.place import EPS, GpuKey, Placement
 
@@ -36,8 +36,7 @@ class Choice:
 
 
 def _unknown(name: str, known: Sequence[str], what: str) -> InputError:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    hint = f"Did you mean '{close[0]}'? " if close else ""
+    hint = did_you_mean(name, known, form=LEADING)
     return InputError(
         f"{what} '{name}' is not a model of the orchestra's library.",
         f"{hint}Name one of: {', '.join(known)} (the models: list of the orchestra file).",

@@ -469,7 +469,7 @@ class _Executor:
             "ok": True,
             # Who rotated: `orchestra status` tells a scheduled copy on a host the inventory no
             # longer has (its cron entry left behind) from this lab's own runs.
-            "by": {"controller": socket.gethostname(), "inventory": str(self.ctx.inventory.path)},
+            "by": {"controller": socket.gethostname(), "inventory": str(self.ctx.inventory_path)},
         }
 
     def _cache(self, joining: Sequence[Any]) -> None:

@@ -17,23 +17,21 @@ the line and the field, and exits 2.
 
 from __future__ import annotations
 
-import difflib
 import re
 import shlex
 import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from labctl.documents.loader import open_document
+from labctl.documents.suggest import did_you_mean
 from labctl.documents.validation import (
     DocumentError,
     Problem,
     dotted,
-    duplicate_problems,
     fix_the_lines,
-    problems_from,
-    read_document,
 )
 from labctl.documents.yamlpos import PositionedYaml
 from labctl.inventory.model import HostPath, Strict
@@ -271,24 +269,16 @@ def serving_hosts(orch: Orchestra, inventory: Inventory, path: Path | None = Non
 
 def load_orchestra(path: Path) -> Orchestra:
     """The orchestra file at `path`, validated; every problem at once as a DocumentError (exit 2)."""
-    path = Path(path)
-    pos = read_document(
+    doc = open_document(
         path,
         "orchestra file",
         f"Pass one with -f, or get the default {DEFAULT_ORCHESTRA} with `labctl init`.",
+        orchestra_error,
     )
-    problems = duplicate_problems(pos)
-    if not isinstance(pos.data, dict):
-        raise orchestra_error(
-            path, [(1, "", "an orchestra file is a mapping with 'models', 'warm', 'rotate', ...")]
-        )
-    try:
-        orch = Orchestra.model_validate(pos.data)
-    except ValidationError as e:
-        raise orchestra_error(path, problems + problems_from(e, Orchestra, (), pos)) from None
-    problems += cross_checks(orch, pos)
-    if problems:
-        raise orchestra_error(path, problems)
+    doc.mapping("an orchestra file is a mapping with 'models', 'warm', 'rotate', ...")
+    orch = doc.parse(Orchestra)
+    doc.problems += cross_checks(orch, doc.pos)
+    doc.finish()
     return orch
 
 
@@ -318,8 +308,7 @@ def cross_checks(orch: Orchestra, pos: PositionedYaml) -> list[Problem]:
     seen: set[str] = set()
     for i, name in enumerate(orch.pinned):
         if name not in first:
-            close = difflib.get_close_matches(name, list(first), n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
+            hint = did_you_mean(name, first)
             problem(("pinned", i), f"'{name}' is not in models.{hint} Pin a model of the library.")
         elif name in seen:
             problem(("pinned", i), f"'{name}' is pinned twice; keep one.")

@@ -11,7 +11,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from labctl.documents.defaults import shown_path
-from labctl.documents.validation import load_model
+from labctl.documents.loader import load_model
 from labctl.inventory.model import Strict
 
 DEFAULT_PLAN = Path("playbooks/plan.yaml")

@@ -22,7 +22,7 @@ from labctl.hosts.fanout import HostResult, HostRun, fan_out
 from labctl.hosts.hostlock import HostLock
 from labctl.inventory.model import Host, Inventory
 from labctl.provision.playbook import Entry, Playbook, check_tags, play_members
-from labctl.provision.resource import Change, NotApplicable, PlanError, Resource, load_registry
+from labctl.provision.resource import Change, NotApplicable, PlanError, Resource, resource_class
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -77,7 +77,7 @@ def entries_for_hosts(
 
 
 def _build(host: Host, entry: Entry) -> Resource:
-    cls = load_registry()[entry.type_name]
+    cls = resource_class(entry.type_name)
     try:
         return cls.from_playbook(host, entry.params)
     except ValidationError as e:
@@ -115,7 +115,7 @@ def provision_host(
 
     resources: list[tuple[Entry, Resource | None, str | None]] = []
     for e in entries:
-        cls = load_registry()[e.type_name]
+        cls = resource_class(e.type_name)
         if host.is_windows and cls.linux_only:
             resources.append((e, None, "skipped: windows"))
             continue

@@ -14,7 +14,6 @@ Every error names the file, the line and the field, and exits 2.
 
 from __future__ import annotations
 
-import difflib
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,20 +22,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from labctl.documents.defaults import shown_path
+from labctl.documents.loader import open_document
+from labctl.documents.suggest import did_you_mean
 from labctl.documents.validation import (
     DocumentError,
     Problem,
     dotted,
-    duplicate_problems,
     fix_the_lines,
     problems_from,
-    read_document,
     unknown_key,
 )
 from labctl.errors import InputError
 from labctl.inventory.model import Inventory
 from labctl.inventory.select import Selection, select_in_lab
-from labctl.provision.resource import Params, load_registry
+from labctl.provision.resource import Params, resource_class, resource_types
 
 PLAY_KEYS = {"name", "hosts", "tags", "resources"}
 ENTRY_KEYS = {"name", "tags"}
@@ -96,13 +95,12 @@ def load_playbook(path: Path | None, inventory_path: Path | None = None) -> Play
         from labctl.hosts.context import resolve_inventory_path
 
         path = find_default(DEFAULT_PLAYBOOK, resolve_inventory_path(inventory_path), "playbook", "-p")
-    path = Path(path)
-    pos = read_document(path, "playbook", f"Pass one with -p, or use the default {DEFAULT_PLAYBOOK}.")
-    registry = load_registry()
-    problems = duplicate_problems(pos)
-    data = pos.data
-    if not isinstance(data, dict):
-        raise playbook_error(path, [(1, "", "a playbook is a mapping with 'name' and 'plays'")])
+    doc = open_document(
+        path, "playbook", f"Pass one with -p, or use the default {DEFAULT_PLAYBOOK}.", playbook_error
+    )
+    path, pos, problems = doc.path, doc.pos, doc.problems
+    registry = resource_types()
+    data = doc.mapping("a playbook is a mapping with 'name' and 'plays'")
     for key in data:
         if key not in ("name", "plays"):
             problems.append(
@@ -166,8 +164,7 @@ def load_playbook(path: Path | None, inventory_path: Path | None = None) -> Play
             types = [k for k in entry if k not in ENTRY_KEYS]
             if len(types) != 1 or types[0] not in registry:
                 unknown = [k for k in types if k not in registry]
-                close = difflib.get_close_matches(str(unknown[0]), sorted(registry), n=1) if unknown else []
-                hint = f" Did you mean '{close[0]}'?" if close else ""
+                hint = did_you_mean(unknown[0], registry) if unknown else ""
                 what = (
                     f"unknown resource type '{unknown[0]}'.{hint}"
                     if unknown
@@ -193,7 +190,7 @@ def load_playbook(path: Path | None, inventory_path: Path | None = None) -> Play
                     )
                 )
                 continue
-            model: type[Params] = registry[tname].params_model
+            model: type[Params] = resource_class(tname).params_model
             try:
                 # Validate now for the error positions; each host validates again with its inventory defaults.
                 model.model_validate(params)
@@ -207,8 +204,7 @@ def load_playbook(path: Path | None, inventory_path: Path | None = None) -> Play
             )
             play.entries.append(Entry(tname, params, tags, line, entry.get("name")))
         plays.append(play)
-    if problems:
-        raise playbook_error(path, problems)
+    doc.finish()
     return Playbook(path=path, name=str(data.get("name") or path.stem), plays=plays)
 
 

@@ -1,4 +1,4 @@
-"""What a resource is, the change it plans, and the registry later features add to.
+"""What a resource is, the change it plans, and the table of every resource type (RESOURCES).
 
 A resource never opens a connection: it names the probes it needs (read by the agent in
 one round trip for all resources on a host), plans a `Change` from what they found (pure,
@@ -89,18 +89,40 @@ class Resource:
         call_agent(run, "apply", {"ops": change.ops}, timeout=3600)
 
 
-REGISTRY: dict[str, type[Resource]] = {}
+# type name -> "module:class" (the one registry shape, see labctl.agent.registry). A resource
+# module is imported only when a playbook uses its type; a new resource is one module in
+# resources/ and one line here.
+RESOURCES: dict[str, str] = {
+    "authorized_key": "labctl.provision.resources.controller:AuthorizedKey",
+    "bond": "labctl.provision.resources.network:BondResource",
+    "controller_install": "labctl.provision.resources.controller:ControllerInstall",
+    "cron": "labctl.provision.resources.cron:Cron",
+    "file": "labctl.provision.resources.files:File",
+    "line": "labctl.provision.resources.files:Line",
+    "model_cache": "labctl.provision.resources.model_cache:ModelCache",
+    "package": "labctl.provision.resources.package:Package",
+    "sandbox": "labctl.provision.resources.sandbox:Sandbox",
+    "ssh_keypair": "labctl.provision.resources.controller:SshKeypair",
+    "torch_env": "labctl.provision.resources.torch_env:TorchEnv",
+}
 
 
-def register(cls: type[Resource]) -> type[Resource]:
-    REGISTRY[cls.type_name] = cls
+def resource_types() -> list[str]:
+    """Every resource type a playbook may name, sorted, without importing any of them."""
+    return sorted(RESOURCES)
+
+
+def resource_class(type_name: str) -> type[Resource]:
+    """The class of `type_name` (one of `resource_types()`), importing its module now."""
+    from labctl.agent.registry import load
+
+    cls: type[Resource] = load(RESOURCES[type_name])
     return cls
 
 
 def load_registry() -> dict[str, type[Resource]]:
-    import labctl.provision.resources  # noqa: F401  (each module registers its resources)
-
-    return REGISTRY
+    """Every resource type and its class (imports every resource module)."""
+    return {name: resource_class(name) for name in RESOURCES}
 
 
 def unified_diff(path: str, old: str | None, new: str | None) -> str:

@@ -87,7 +87,7 @@ def ready_hosts(ctx: Context, hosts: Sequence[Host], langs: Sequence[str]) -> li
     h = hosts[0]
     missing = [lang for lang in langs if lang not in declared(h)]
     names, one = ", ".join(missing), len(missing) == 1
-    inv = ctx.inventory.path
+    inv = ctx.inventory_path
     if h.sandbox is None:
         what = f"{h.name} has no sandbox languages in {inv}"
         change = f"Add `sandbox: {{languages: [{names}]}}` to hosts.{h.name} there"

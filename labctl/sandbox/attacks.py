@@ -8,6 +8,10 @@ stderr, truncated, timed_out, oom_killed, wall_ms) and the host check made after
 the judges also look at what the programs cannot see themselves: the run's end, the output cap,
 processes or containers left behind, disk and memory not given back.
 
+The table, ATTACKS, holds each attack once (`AttackSpec`: its name, family and what it tries)
+with the program that makes it in each language that has one (`Program`), in the order the
+self-test runs them; `attacks_for(lang)` makes one language's runnable `Attack`s from it.
+
 The limits assumed are labctl's defaults for a run: one CPU, the memory asked for (equal to
 memory+swap), tmpfs work folder and /tmp of a few tens of MiB, a pids limit, no network.
 """
@@ -15,7 +19,7 @@ memory+swap), tmpfs work folder and /tmp of a few tens of MiB, a pids limit, no 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -379,348 +383,278 @@ JUDGES: dict[str, Callable[[float], Callable[[Sequence[Result], Host], Verdict]]
 
 # ---------------------------------------------------------------- the table
 
-# (name, kind, what, programs, together, timeout, memory_mb) per language.
-Spec = tuple[str, str, str, tuple[str, ...], bool, float, int]
 
-_DISK_DIRS = (("work", "/work"), ("tmp", "/tmp"), ("shm", "/dev/shm"))
+@dataclass(frozen=True)
+class Program:
+    """One language's way of making an attack: its program(s), the time each run may take, and
+    the line the table shows where this language tries it differently from the attack's `what`."""
 
-
-def _python() -> list[Spec]:
-    specs: list[Spec] = [
-        ("fork_bomb", "fork", "fork without end", (PY_FORK,), False, 3, 256),
-        (
-            "fork_bomb_neighbour",
-            "neighbour",
-            "a run forks beside a fork bomb",
-            (PY_FORK, PY_NEIGHBOUR),
-            True,
-            5,
-            256,
-        ),
-        ("memory_bomb", "memory", "allocate 2 GiB", (PY_MEMORY,), False, 10, 256),
-        (
-            "memory_bomb_threads",
-            "memory",
-            "allocate 2 GiB across 8 threads",
-            (PY_MEMORY_THREADS,),
-            False,
-            10,
-            256,
-        ),
-    ]
-    specs += [
-        (f"disk_fill_{n}", "disk", f"write 1 GiB into {p}", (PY_DISK.format(path=p),), False, 10, 256)
-        for n, p in _DISK_DIRS
-    ]
-    specs += [
-        (
-            "write_readonly_root",
-            "privilege",
-            "write into the image's folders",
-            (PY_READONLY_ROOT,),
-            False,
-            5,
-            256,
-        ),
-        (
-            "files_for_next_run",
-            "leftover",
-            "leave a marker for the next run",
-            (PY_PLANT, PY_FIND),
-            False,
-            5,
-            256,
-        ),
-        ("flood_stdout", "output", "write 100 MiB to stdout", (PY_FLOOD.format(fd=1),), False, 10, 256),
-        ("flood_stderr", "output", "write 100 MiB to stderr", (PY_FLOOD.format(fd=2),), False, 10, 256),
-        ("enormous_line", "output", "one 100 MiB line", (PY_LINE,), False, 10, 256),
-        ("ignore_sigterm", "time", "ignore SIGTERM and run forever", (PY_IGNORE_TERM,), False, 2, 256),
-        (
-            "setsid_double_fork",
-            "time",
-            "a detached grandchild with closed output outlives the run",
-            (PY_DOUBLE_FORK.format(close=True),),
-            False,
-            3,
-            256,
-        ),
-        (
-            "detached_holding_output",
-            "time",
-            "a detached grandchild keeps stdout open",
-            (PY_DOUBLE_FORK.format(close=False),),
-            False,
-            3,
-            256,
-        ),
-        ("cpu_burn", "cpu", "burn every core for 2 s", (PY_CPU,), False, 10, 256),
-        ("net_tcp_gateway", "network", "TCP to the Docker gateway", (PY_NET_GATEWAY,), False, 15, 256),
-        ("net_tcp_outside", "network", "TCP to outside addresses", (PY_NET_OUTSIDE,), False, 15, 256),
-        ("net_udp", "network", "a UDP DNS query out", (PY_NET_UDP,), False, 10, 256),
-        ("net_dns", "network", "resolve a name", (PY_NET_DNS,), False, 15, 256),
-        ("docker_socket", "network", "connect to the Docker socket", (PY_NET_SOCKETS,), False, 5, 256),
-        ("proc_host", "proc", "host files and processes through /proc and /dev", (PY_PROC,), False, 10, 256),
-        ("mount", "privilege", "mount a tmpfs and proc", (PY_MOUNT,), False, 10, 256),
-        ("unshare", "privilege", "new user, mount and pid namespaces", (PY_UNSHARE,), False, 10, 256),
-        ("keyctl", "privilege", "the kernel keyring", (PY_KEYCTL,), False, 10, 256),
-        (
-            "signal_other_run",
-            "peers",
-            "two runs at once kill -9 each other",
-            (PY_PEERS, PY_PEERS),
-            True,
-            10,
-            256,
-        ),
-    ]
-    return specs
+    sources: tuple[str, ...]
+    timeout: float
+    what: str | None = None
 
 
-def _c() -> list[Spec]:
-    specs: list[Spec] = [
-        ("fork_bomb", "fork", "fork without end", (C_FORK,), False, 3, 256),
-        (
-            "fork_bomb_neighbour",
-            "neighbour",
-            "a run forks beside a fork bomb",
-            (C_FORK, C_NEIGHBOUR),
-            True,
-            8,
-            256,
-        ),
-        ("memory_bomb", "memory", "allocate 2 GiB", (C_MEMORY,), False, 10, 256),
-        (
-            "memory_bomb_threads",
-            "memory",
-            "allocate 2 GiB across 8 threads",
-            (C_MEMORY_THREADS,),
-            False,
-            10,
-            256,
-        ),
-    ]
-    specs += [
-        (
-            f"disk_fill_{n}",
-            "disk",
-            f"write 1 GiB into {p}",
-            (C_DISK.replace("{path}", p),),
-            False,
-            10,
-            256,
+@dataclass(frozen=True)
+class AttackSpec:
+    """An attack, written once: its name, its family (which picks the judge), what it tries, and
+    the program per language that has one. A language without a program skips it."""
+
+    name: str
+    kind: str
+    what: str
+    programs: Mapping[str, Program]
+    together: bool = False
+    memory_mb: int = 256
+
+    def attack(self, lang: str) -> Attack:
+        prog = self.programs[lang]
+        timeout = float(prog.timeout)  # a float in every request, as the JSON has always carried it
+        return Attack(
+            name=self.name,
+            lang=lang,
+            kind=self.kind,
+            what=prog.what or self.what,
+            programs=prog.sources,
+            judge=JUDGES[self.kind](timeout),
+            together=self.together,
+            timeout=timeout,
+            memory_mb=self.memory_mb,
         )
-        for n, p in _DISK_DIRS
-    ]
-    specs += [
-        (
-            "write_readonly_root",
-            "privilege",
-            "write into the image's folders",
-            (C_READONLY_ROOT,),
-            False,
-            10,
-            256,
-        ),
-        (
-            "files_for_next_run",
-            "leftover",
-            "leave a marker for the next run",
-            (C_PLANT, C_FIND),
-            False,
-            10,
-            256,
-        ),
-        (
-            "flood_stdout",
-            "output",
-            "write 100 MiB to stdout",
-            (C_FLOOD.replace("{fd}", "1"),),
-            False,
-            10,
-            256,
-        ),
-        (
-            "flood_stderr",
-            "output",
-            "write 100 MiB to stderr",
-            (C_FLOOD.replace("{fd}", "2"),),
-            False,
-            10,
-            256,
-        ),
-        ("enormous_line", "output", "one 100 MiB line", (C_LINE,), False, 10, 256),
-        ("ignore_sigterm", "time", "ignore SIGTERM and run forever", (C_IGNORE_TERM,), False, 3, 256),
-        (
-            "setsid_double_fork",
-            "time",
-            "a detached grandchild with closed output outlives the run",
-            (C_DOUBLE_FORK.replace("{close}", "1"),),
-            False,
-            5,
-            256,
-        ),
-        (
-            "detached_holding_output",
-            "time",
-            "a detached grandchild keeps stdout open",
-            (C_DOUBLE_FORK.replace("{close}", "0"),),
-            False,
-            5,
-            256,
-        ),
-        ("cpu_burn", "cpu", "burn every core for 2 s", (C_CPU,), False, 10, 256),
-        ("net_tcp_gateway", "network", "TCP to the Docker gateway", (C_NET_GATEWAY,), False, 20, 256),
-        ("net_tcp_outside", "network", "TCP to outside addresses", (C_NET_OUTSIDE,), False, 20, 256),
-        ("net_udp", "network", "a UDP DNS query out", (C_NET_UDP,), False, 10, 256),
-        ("net_dns", "network", "resolve a name", (C_NET_DNS,), False, 20, 256),
-        ("docker_socket", "network", "connect to the Docker socket", (C_NET_SOCKETS,), False, 10, 256),
-        ("proc_host", "proc", "host files and processes through /proc and /dev", (C_PROC,), False, 10, 256),
-        ("mount", "privilege", "mount a tmpfs and proc", (C_MOUNT,), False, 10, 256),
-        ("unshare", "privilege", "new user, mount, pid and net namespaces", (C_UNSHARE,), False, 10, 256),
-        ("keyctl", "privilege", "join and add to the kernel keyring", (C_KEYCTL,), False, 10, 256),
-        (
-            "signal_other_run",
-            "peers",
-            "two runs at once kill -9 each other",
-            (C_PEERS, C_PEERS),
-            True,
-            15,
-            256,
-        ),
-        ("include_shadow", "compiler", '#include "/etc/shadow"', (C_INCLUDE_SHADOW,), False, 10, 256),
-        (
-            "include_host_file",
-            "compiler",
-            '#include "/etc/hostname" into an array',
-            (C_INCLUDE_HOST,),
-            False,
-            10,
-            256,
-        ),
-        (
-            "include_dev_zero",
-            "compiler",
-            '#include "/dev/zero": a compiler that never ends',
-            (C_INCLUDE_ZERO,),
-            False,
-            5,
-            256,
-        ),
-    ]
-    return specs
 
 
-def _bash() -> list[Spec]:
-    return [
-        ("fork_bomb", "fork", "the classic :(){ :|:& };:", (BASH_FORK,), False, 3, 256),
-        ("memory_bomb", "memory", "double a string to 2 GiB", (BASH_MEMORY,), False, 10, 256),
-        (
-            "disk_fill_work",
-            "disk",
-            "write 1 GiB into /work",
-            (BASH_DISK.replace("{path}", "/work"),),
-            False,
-            10,
-            256,
-        ),
-        (
-            "disk_fill_tmp",
-            "disk",
-            "write 1 GiB into /tmp",
-            (BASH_DISK.replace("{path}", "/tmp"),),
-            False,
-            10,
-            256,
-        ),
-        (
-            "files_for_next_run",
-            "leftover",
-            "leave a marker for the next run",
-            (BASH_PLANT, BASH_FIND),
-            False,
-            5,
-            256,
-        ),
-        (
-            "flood_stdout",
-            "output",
-            "write 100 MiB to stdout",
-            (BASH_FLOOD.format(redirect=""),),
-            False,
-            15,
-            256,
-        ),
-        (
-            "flood_stderr",
-            "output",
-            "write 100 MiB to stderr",
-            (BASH_FLOOD.format(redirect=" >&2"),),
-            False,
-            15,
-            256,
-        ),
-        ("enormous_line", "output", "one 100 MiB line", (BASH_LINE,), False, 15, 256),
-        ("ignore_sigterm", "time", "trap '' TERM and loop", (BASH_IGNORE_TERM,), False, 2, 256),
-        ("setsid_double_fork", "time", "setsid a looping shell", (BASH_DOUBLE_FORK,), False, 3, 256),
-        (
-            "net_tcp_outside",
-            "network",
-            "TCP via /dev/tcp",
-            (BASH_NET.format(targets="1.1.1.1:443 8.8.8.8:53 172.17.0.1:22"),),
-            False,
-            15,
-            256,
-        ),
-    ]
+def _disk_fill(name: str, path: str, bash: bool) -> AttackSpec:
+    programs = {
+        "python": Program((PY_DISK.format(path=path),), 10),
+        "c": Program((C_DISK.replace("{path}", path),), 10),
+    }
+    if bash:
+        programs["bash"] = Program((BASH_DISK.replace("{path}", path),), 10)
+    return AttackSpec(f"disk_fill_{name}", "disk", f"write 1 GiB into {path}", programs)
 
 
-def _javascript() -> list[Spec]:
-    return [
-        ("memory_bomb", "memory", "allocate 2 GiB of buffers", (JS_MEMORY,), False, 10, 256),
-        (
-            "files_for_next_run",
-            "leftover",
-            "leave a marker for the next run",
-            (JS_PLANT, JS_FIND),
-            False,
-            5,
-            256,
-        ),
-        ("flood_stdout", "output", "write 100 MiB to stdout", (JS_FLOOD,), False, 15, 256),
-        ("setsid_double_fork", "time", "a detached child outlives the run", (JS_DOUBLE_FORK,), False, 3, 256),
-        ("net_tcp_outside", "network", "TCP to outside addresses", (JS_NET,), False, 15, 256),
-    ]
-
-
-_TABLES: dict[str, Callable[[], list[Spec]]] = {
-    "python": _python,
-    "c": _c,
-    "bash": _bash,
-    "javascript": _javascript,
-}
+# Every attack once, in the order the self-test runs (and reports) them for each language.
+ATTACKS: tuple[AttackSpec, ...] = (
+    AttackSpec(
+        "fork_bomb",
+        "fork",
+        "fork without end",
+        {
+            "python": Program((PY_FORK,), 3),
+            "c": Program((C_FORK,), 3),
+            "bash": Program((BASH_FORK,), 3, "the classic :(){ :|:& };:"),
+        },
+    ),
+    AttackSpec(
+        "fork_bomb_neighbour",
+        "neighbour",
+        "a run forks beside a fork bomb",
+        {"python": Program((PY_FORK, PY_NEIGHBOUR), 5), "c": Program((C_FORK, C_NEIGHBOUR), 8)},
+        together=True,
+    ),
+    AttackSpec(
+        "memory_bomb",
+        "memory",
+        "allocate 2 GiB",
+        {
+            "python": Program((PY_MEMORY,), 10),
+            "c": Program((C_MEMORY,), 10),
+            "bash": Program((BASH_MEMORY,), 10, "double a string to 2 GiB"),
+            "javascript": Program((JS_MEMORY,), 10, "allocate 2 GiB of buffers"),
+        },
+    ),
+    AttackSpec(
+        "memory_bomb_threads",
+        "memory",
+        "allocate 2 GiB across 8 threads",
+        {"python": Program((PY_MEMORY_THREADS,), 10), "c": Program((C_MEMORY_THREADS,), 10)},
+    ),
+    _disk_fill("work", "/work", bash=True),
+    _disk_fill("tmp", "/tmp", bash=True),
+    _disk_fill("shm", "/dev/shm", bash=False),
+    AttackSpec(
+        "write_readonly_root",
+        "privilege",
+        "write into the image's folders",
+        {"python": Program((PY_READONLY_ROOT,), 5), "c": Program((C_READONLY_ROOT,), 10)},
+    ),
+    AttackSpec(
+        "files_for_next_run",
+        "leftover",
+        "leave a marker for the next run",
+        {
+            "python": Program((PY_PLANT, PY_FIND), 5),
+            "c": Program((C_PLANT, C_FIND), 10),
+            "bash": Program((BASH_PLANT, BASH_FIND), 5),
+            "javascript": Program((JS_PLANT, JS_FIND), 5),
+        },
+    ),
+    AttackSpec(
+        "flood_stdout",
+        "output",
+        "write 100 MiB to stdout",
+        {
+            "python": Program((PY_FLOOD.format(fd=1),), 10),
+            "c": Program((C_FLOOD.replace("{fd}", "1"),), 10),
+            "bash": Program((BASH_FLOOD.format(redirect=""),), 15),
+            "javascript": Program((JS_FLOOD,), 15),
+        },
+    ),
+    AttackSpec(
+        "flood_stderr",
+        "output",
+        "write 100 MiB to stderr",
+        {
+            "python": Program((PY_FLOOD.format(fd=2),), 10),
+            "c": Program((C_FLOOD.replace("{fd}", "2"),), 10),
+            "bash": Program((BASH_FLOOD.format(redirect=" >&2"),), 15),
+        },
+    ),
+    AttackSpec(
+        "enormous_line",
+        "output",
+        "one 100 MiB line",
+        {
+            "python": Program((PY_LINE,), 10),
+            "c": Program((C_LINE,), 10),
+            "bash": Program((BASH_LINE,), 15),
+        },
+    ),
+    AttackSpec(
+        "ignore_sigterm",
+        "time",
+        "ignore SIGTERM and run forever",
+        {
+            "python": Program((PY_IGNORE_TERM,), 2),
+            "c": Program((C_IGNORE_TERM,), 3),
+            "bash": Program((BASH_IGNORE_TERM,), 2, "trap '' TERM and loop"),
+        },
+    ),
+    AttackSpec(
+        "setsid_double_fork",
+        "time",
+        "a detached grandchild with closed output outlives the run",
+        {
+            "python": Program((PY_DOUBLE_FORK.format(close=True),), 3),
+            "c": Program((C_DOUBLE_FORK.replace("{close}", "1"),), 5),
+            "bash": Program((BASH_DOUBLE_FORK,), 3, "setsid a looping shell"),
+            "javascript": Program((JS_DOUBLE_FORK,), 3, "a detached child outlives the run"),
+        },
+    ),
+    AttackSpec(
+        "detached_holding_output",
+        "time",
+        "a detached grandchild keeps stdout open",
+        {
+            "python": Program((PY_DOUBLE_FORK.format(close=False),), 3),
+            "c": Program((C_DOUBLE_FORK.replace("{close}", "0"),), 5),
+        },
+    ),
+    AttackSpec(
+        "cpu_burn",
+        "cpu",
+        "burn every core for 2 s",
+        {"python": Program((PY_CPU,), 10), "c": Program((C_CPU,), 10)},
+    ),
+    AttackSpec(
+        "net_tcp_gateway",
+        "network",
+        "TCP to the Docker gateway",
+        {"python": Program((PY_NET_GATEWAY,), 15), "c": Program((C_NET_GATEWAY,), 20)},
+    ),
+    AttackSpec(
+        "net_tcp_outside",
+        "network",
+        "TCP to outside addresses",
+        {
+            "python": Program((PY_NET_OUTSIDE,), 15),
+            "c": Program((C_NET_OUTSIDE,), 20),
+            "bash": Program(
+                (BASH_NET.format(targets="1.1.1.1:443 8.8.8.8:53 172.17.0.1:22"),), 15, "TCP via /dev/tcp"
+            ),
+            "javascript": Program((JS_NET,), 15),
+        },
+    ),
+    AttackSpec(
+        "net_udp",
+        "network",
+        "a UDP DNS query out",
+        {"python": Program((PY_NET_UDP,), 10), "c": Program((C_NET_UDP,), 10)},
+    ),
+    AttackSpec(
+        "net_dns",
+        "network",
+        "resolve a name",
+        {"python": Program((PY_NET_DNS,), 15), "c": Program((C_NET_DNS,), 20)},
+    ),
+    AttackSpec(
+        "docker_socket",
+        "network",
+        "connect to the Docker socket",
+        {"python": Program((PY_NET_SOCKETS,), 5), "c": Program((C_NET_SOCKETS,), 10)},
+    ),
+    AttackSpec(
+        "proc_host",
+        "proc",
+        "host files and processes through /proc and /dev",
+        {"python": Program((PY_PROC,), 10), "c": Program((C_PROC,), 10)},
+    ),
+    AttackSpec(
+        "mount",
+        "privilege",
+        "mount a tmpfs and proc",
+        {"python": Program((PY_MOUNT,), 10), "c": Program((C_MOUNT,), 10)},
+    ),
+    AttackSpec(
+        "unshare",
+        "privilege",
+        "new user, mount and pid namespaces",
+        {
+            "python": Program((PY_UNSHARE,), 10),
+            "c": Program((C_UNSHARE,), 10, "new user, mount, pid and net namespaces"),
+        },
+    ),
+    AttackSpec(
+        "keyctl",
+        "privilege",
+        "the kernel keyring",
+        {
+            "python": Program((PY_KEYCTL,), 10),
+            "c": Program((C_KEYCTL,), 10, "join and add to the kernel keyring"),
+        },
+    ),
+    AttackSpec(
+        "signal_other_run",
+        "peers",
+        "two runs at once kill -9 each other",
+        {"python": Program((PY_PEERS, PY_PEERS), 10), "c": Program((C_PEERS, C_PEERS), 15)},
+        together=True,
+    ),
+    AttackSpec(
+        "include_shadow",
+        "compiler",
+        '#include "/etc/shadow"',
+        {"c": Program((C_INCLUDE_SHADOW,), 10)},
+    ),
+    AttackSpec(
+        "include_host_file",
+        "compiler",
+        '#include "/etc/hostname" into an array',
+        {"c": Program((C_INCLUDE_HOST,), 10)},
+    ),
+    AttackSpec(
+        "include_dev_zero",
+        "compiler",
+        '#include "/dev/zero": a compiler that never ends',
+        {"c": Program((C_INCLUDE_ZERO,), 5)},
+    ),
+)
 
 
 def languages() -> list[str]:
     """The languages that have attacks."""
-    return sorted(_TABLES)
+    return sorted({lang for spec in ATTACKS for lang in spec.programs})
 
 
 def attacks_for(lang: str) -> list[Attack]:
-    """Every attack for `lang`, [] for a language without any."""
-    table = _TABLES.get(lang)
-    if table is None:
-        return []
-    return [
-        Attack(
-            name=name,
-            lang=lang,
-            kind=kind,
-            what=what,
-            programs=programs,
-            judge=JUDGES[kind](float(timeout)),
-            together=together,
-            timeout=float(timeout),
-            memory_mb=memory_mb,
-        )
-        for name, kind, what, programs, together, timeout, memory_mb in table()
-    ]
+    """Every attack with a program in `lang`, in the table's order; [] for a language without any."""
+    return [spec.attack(lang) for spec in ATTACKS if lang in spec.programs]

@@ -12,7 +12,6 @@ Every error names the file, the line and the field, and exits 2.
 
 from __future__ import annotations
 
-import difflib
 import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
@@ -21,17 +20,16 @@ import yaml
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
 from labctl.agent import paths
+from labctl.documents.loader import open_document
+from labctl.documents.suggest import did_you_mean
 from labctl.documents.validation import (
     DocumentError,
     Problem,
     dotted,
-    duplicate_problems,
     fix_the_lines,
     problems_from,
-    read_document,
     unknown_key,
 )
-from labctl.documents.yamlpos import PositionedYaml
 from labctl.errors import InputError
 from labctl.inventory.model import HostPath, PythonCommand, Strict
 from labctl.transport.shell import env_name_problem, env_value_problem
@@ -354,8 +352,7 @@ def parse_override(text: str) -> dict[str, Any]:
         if fields is None:
             break
         if part not in fields:
-            close = difflib.get_close_matches(part, list(fields), n=1)
-            hint = f" Did you mean '{'.'.join([*parts[:i], close[0]])}'?" if close else ""
+            hint = did_you_mean(part, fields, prefix="".join(f"{p}." for p in parts[:i]))
             raise InputError(
                 f"--set {key}: unknown setting '{part}'.{hint}",
                 f"Settings: {', '.join(fields)}.",
@@ -379,55 +376,48 @@ def load_phases(path: Path | None = None, inventory_path: Path | None = None) ->
         from labctl.hosts.context import resolve_inventory_path
 
         path = find_default(DEFAULT_PHASES, resolve_inventory_path(inventory_path), "phases file", "-f")
-    path = Path(path)
-    pos = read_document(path, "phases file", f"Pass one with -f, or use the default {DEFAULT_PHASES}.")
-    problems = duplicate_problems(pos)
-    data = pos.data
-    if not isinstance(data, dict):
-        raise phases_error(path, [(1, "", "a phases file is a mapping with 'name', 'defaults' and 'phases'")])
+    doc = open_document(
+        Path(path), "phases file", f"Pass one with -f, or use the default {DEFAULT_PHASES}.", phases_error
+    )
+    data = doc.mapping("a phases file is a mapping with 'name', 'defaults' and 'phases'")
     for key in data:
         if key not in ("name", "defaults", "phases"):
-            problems.append((pos.line_of((key,)), str(key), unknown_key(key, ["name", "defaults", "phases"])))
+            doc.problems.append(
+                (doc.line_of((key,)), str(key), unknown_key(key, ["name", "defaults", "phases"]))
+            )
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
-        problems.append((pos.line_of(("defaults",)), "defaults", "defaults is a mapping of settings"))
+        doc.problems.append((doc.line_of(("defaults",)), "defaults", "defaults is a mapping of settings"))
         defaults = {}
     else:
-        problems += _check_layer(defaults, ("defaults",), pos)
+        doc.check(Settings, defaults, ("defaults",))
     raw_phases = data.get("phases")
     phases: dict[int, dict[str, Any]] = {}
     if not isinstance(raw_phases, dict) or not raw_phases:
-        problems.append(
-            (pos.line_of(("phases",)), "phases", "at least one phase is required: phases: {1: {steps: 100}}")
+        doc.problems.append(
+            (doc.line_of(("phases",)), "phases", "at least one phase is required: phases: {1: {steps: 100}}")
         )
         raw_phases = {}
     for key, layer in raw_phases.items():
         loc = ("phases", key)
         if not isinstance(key, int) or isinstance(key, bool) or key < 1:
-            problems.append((pos.line_of(loc), dotted(loc), "phases are numbered 1, 2, 3 ..."))
+            doc.problems.append((doc.line_of(loc), dotted(loc), "phases are numbered 1, 2, 3 ..."))
             continue
         if not isinstance(layer, dict):
-            problems.append(
-                (pos.line_of(loc), dotted(loc), "a phase is a mapping of settings, e.g. {steps: 100}")
+            doc.problems.append(
+                (doc.line_of(loc), dotted(loc), "a phase is a mapping of settings, e.g. {steps: 100}")
             )
             continue
-        found = _check_layer(layer, loc, pos)
-        problems += found
-        if not found:
+        if doc.check(Settings, layer, loc) is not None:
             # Each layer alone is valid; the merged phase must be too (e.g. n_heads dividing d_model).
             phases[key] = layer
-    if problems:
-        numbered = [k for k in raw_phases if isinstance(k, int) and not isinstance(k, bool) and k >= 1]
-        raise phases_error(path, problems, min(numbered, default=1))
-    return PhasesFile(path=path, name=str(data.get("name") or path.stem), defaults=defaults, phases=phases)
-
-
-def _check_layer(layer: dict[str, Any], loc: tuple[Any, ...], pos: PositionedYaml) -> list[Problem]:
-    try:
-        Settings.model_validate(layer)
-    except ValidationError as e:
-        return problems_from(e, Settings, loc, pos)
-    return []
+    # The check command the error names runs a phase the file declares.
+    numbered = [k for k in raw_phases if isinstance(k, int) and not isinstance(k, bool) and k >= 1]
+    doc.error = lambda at, found: phases_error(at, found, min(numbered, default=1))
+    doc.finish()
+    return PhasesFile(
+        path=doc.path, name=str(data.get("name") or doc.path.stem), defaults=defaults, phases=phases
+    )
 
 
 def phases_error(path: Path, problems: list[Problem], phase: int = 1) -> DocumentError:

@@ -297,6 +297,7 @@ def plan_run(
         script_args=script_args,
         rdzv_timeout=settings.rdzv_timeout,
         log_dir=log_dir,
+        time_limit_s=time_limit_s,
     )
     return spec, []
 
@@ -478,4 +479,5 @@ def plan_cluster_run(
         script=script,
         script_args=script_args,
         rdzv_timeout=settings.rdzv_timeout,
+        time_limit_s=time_limit_s,
     )

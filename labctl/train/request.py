@@ -143,9 +143,13 @@ class JobOptions:
         )
 
 
+# JobOptions fields whose flag is not their name with dashes (--time-limit is the run's own limit).
+_FLAGS = {"time_limit": "--time"}
+
+
 def flag(field_name: str) -> str:
     """The command-line flag of a JobOptions field."""
-    return "--" + field_name.replace("_", "-")
+    return _FLAGS.get(field_name) or "--" + field_name.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,8 @@ class TrainRequest:
     job: JobOptions = JobOptions()
     detach: bool = False
     ranks: frozenset[int] | None = frozenset({0})  # ranks whose lines are shown; None: all
-    time_limit_s: int | None = None  # --time-limit: the trainer pauses before it; None: no limit
+    # --time-limit as asked; the planner puts it on the LaunchSpec, where backends read it.
+    time_limit_s: int | None = None
 
 
 def parse_ranks(text: str) -> frozenset[int] | None:

@@ -1,7 +1,8 @@
 """The training run layer under the CLI: `start`, `status` and `stop`, each a result out.
 
 `start` turns a `TrainRequest` into a planned run (phase settings, hosts, preflight, the
-`LaunchSpec`) and hands it to the chosen backend (train/backends/). Nothing here prints:
+`LaunchSpec`, which carries the run's time limit) and hands it to the chosen backend
+(train/backends/), asking of it only what the `Backend` protocol declares. Nothing here prints:
 live output of an attached run goes to the `RunView` the caller passes, the rest comes back
 as a result (train/results.py) for the CLI to render.
 """
@@ -37,15 +38,7 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
     if script is not None:
         # Its name becomes a file beside the run's logs on every host (and a job's file name).
         path_component(script.name, "The script's file name", "train.py (rename the file)")
-    if hasattr(backend, "check_request"):
-        backend.check_request(request, settings)  # a job file's options are refused before preflight
-    if backend.runs_on is RunsOn.PLATFORM:
-        return _start_offline(ctx, backend, request, settings, script)
-    if backend.runs_on is RunsOn.CLUSTER:
-        cluster = request.job.cluster()
-        if cluster is not None:
-            return _start_cluster(ctx, backend, request, settings, script, cluster)
-    elif request.job.cluster_flags():
+    if backend.runs_on is RunsOn.LAB and request.job.cluster_flags():
         given = ", ".join(request.job.cluster_flags())
         takers = " or ".join(backends.running_on(RunsOn.CLUSTER))
         raise InputError(
@@ -53,6 +46,15 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
             f"not {request.backend}: --backend {request.backend} trains on the inventory's hosts.",
             f"Drop {given}, or write a job for the cluster with --backend {takers}.",
         )
+    # Input, not the lab's state: refused before any host is asked.
+    backends.check_options(backend, request.job)
+    backend.check_request(request, settings)
+    if not backend.uses_lab_hosts:
+        return _start_offline(ctx, backend, request, settings, script)
+    if backend.runs_on is RunsOn.CLUSTER:
+        cluster = request.job.cluster()
+        if cluster is not None:
+            return _start_cluster(ctx, backend, request, settings, script, cluster)
     if request.limit is not None:
         chosen = select_hosts(ctx.inventory, request.limit)
     else:
@@ -79,7 +81,7 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
     )
     if request.dry_run:
         return DryRun(spec)
-    planned = PlannedRun(request, settings, spec, hosts, script, runs.runs_dir(ctx.inventory.path))
+    planned = PlannedRun(request, settings, spec, hosts, script, runs.runs_dir(ctx.inventory_path))
     return backend.submit(ctx, planned, view)
 
 
@@ -99,7 +101,14 @@ def _start_offline(
                 f"{flag} does not apply to --backend {request.backend}: its session runs on the platform's machine, not the lab's.",
                 "Drop it; the backend writes files and launches nothing.",
             )
-    spec = offline_spec(settings, request.phase, runs.new_run_id(request.phase), script, request.script_args)
+    spec = offline_spec(
+        settings,
+        request.phase,
+        runs.new_run_id(request.phase),
+        script,
+        request.script_args,
+        request.time_limit_s,
+    )
     planned = PlannedRun(request, settings, spec, [], script, runs.runs_dir(ctx.inventory.path))
     return backend.submit(ctx, planned, None)
 

@@ -3,6 +3,11 @@
 `LaunchSpec` is the one description every backend renders: the SSH launcher turns each
 node into a `torch.distributed.run` command line, `--dry-run` prints those, and the Slurm
 and Kubeflow backends write the same run as a job file.
+
+`time_limit_s` (--time-limit) is the one place the run's time limit lives for the backends:
+the planner gives the trainer its `time_limit` setting and a --script the TIME_LIMIT_ENV
+variable from the same value, and each backend renders it into its own form (sbatch --time,
+activeDeadlineSeconds, a cloud session's length).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class LaunchSpec:
     script_args: tuple[str, ...] = ()
     rdzv_timeout: int = 900  # seconds nodes wait for each other at (re-)rendezvous
     log_dir: str = ""  # per-run folder on each host (torchrun's --log-dir lives under it)
+    time_limit_s: int | None = None  # --time-limit: the trainer pauses before it; None: no limit
 
     @property
     def nnodes(self) -> int:

@@ -1,11 +1,11 @@
-"""What every connection offers, the result of a command, and classified failures."""
+"""What every connection offers (`Connection`), the result of a command, and classified failures."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from labctl.errors import HostError
 from labctl.transport.wrap import GRACE_SECONDS
@@ -73,7 +73,12 @@ class Cancelled(TransportError):
     status = "cancelled"
 
 
+@runtime_checkable
 class Connection(Protocol):
+    """What every transport (SSHConnection, LocalConnection) offers, and all its users may
+    call: the pool and `HostRun.conn` hand connections out as this type, so mypy checks each
+    transport against it and no caller leans on one transport's extras."""
+
     name: str
 
     def run(

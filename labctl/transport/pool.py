@@ -1,40 +1,46 @@
-"""One connection per host for the whole run, opened on first use and shared by every step."""
+"""One connection per host for the whole run, opened on first use and shared by every step;
+and `open_connection`, the one place that picks SSH or local for a host (the pool, and a
+network transaction that needs a connection of its own, both open theirs through it)."""
 
 from __future__ import annotations
 
 import threading
 
 from labctl.inventory.model import Host
+from labctl.transport.base import Connection
 from labctl.transport.local import LocalConnection
 from labctl.transport.ssh import SSHConnection
 
-AnyConnection = SSHConnection | LocalConnection
+
+def open_connection(host: Host, connect_timeout: float | None = None) -> Connection:
+    """A new, connected connection to `host` as its `connection:` says (raises a classified
+    TransportError). `connect_timeout` None: the host's own."""
+    if host.connection == "local":
+        return LocalConnection(host)
+    ssh = SSHConnection(host, connect_timeout=connect_timeout)
+    ssh.connect()
+    return ssh
 
 
 class ConnectionPool:
     def __init__(self, connect_timeout: float | None = None) -> None:
         self.connect_timeout = connect_timeout
-        self._conns: dict[str, AnyConnection] = {}
+        self._conns: dict[str, Connection] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
-    def get(self, host: Host) -> AnyConnection:
+    def get(self, host: Host) -> Connection:
         """The host's connection, connecting now if needed (raises a classified TransportError)."""
         with self._guard:
             lock = self._locks.setdefault(host.name, threading.Lock())
         with lock:
             conn = self._conns.get(host.name)
             if conn is None:
-                if host.connection == "local":
-                    conn = LocalConnection(host)
-                else:
-                    ssh = SSHConnection(host, connect_timeout=self.connect_timeout)
-                    ssh.connect()
-                    conn = ssh
+                conn = open_connection(host, self.connect_timeout)
                 self._conns[host.name] = conn
             return conn
 
-    def replace(self, name: str, conn: AnyConnection) -> None:
+    def replace(self, name: str, conn: Connection) -> None:
         """Use `conn` for `name` from now on (a network change left the old one dead)."""
         with self._guard:
             old = self._conns.get(name)

@@ -45,7 +45,8 @@ def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def ctx(lab: Path) -> Any:
-    return SimpleNamespace(inventory=load_inventory(lab / "inventory" / "lab.yaml"))
+    path = lab / "inventory" / "lab.yaml"
+    return SimpleNamespace(inventory=load_inventory(path), inventory_path=path)
 
 
 def test_the_default_playbook_needs_no_p_and_a_shipped_one_is_named_from_here(lab: Path) -> None:

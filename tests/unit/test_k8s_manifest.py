@@ -22,6 +22,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
+from labctl.train import backends
 from labctl.train.backends import PlannedRun
 from labctl.train.backends.k8s import CLEAN_POD_POLICY, TORCH_NOTE, K8sBackend
 from labctl.train.phases import load_phases
@@ -67,15 +68,19 @@ def planned(
         settings=settings.trainer_settings(phase, run_id, "/var/lib/labctl/runs/metrics.jsonl", time_limit_s),
         script=script,
         log_dir="/var/log/labctl/run",
+        time_limit_s=time_limit_s,
     )
-    request = TrainRequest(phase=phase, backend="k8s", output=out, job=job, time_limit_s=time_limit_s)
+    # The limit travels in the spec only: a backend reading the request's would find none.
+    request = TrainRequest(phase=phase, backend="k8s", output=out, job=job)
     return PlannedRun(request, settings, spec, [], None, out / "runs")
 
 
 def write(run: PlannedRun, backend: Any = None) -> tuple[list[dict[str, Any]], str, Any]:
     """The documents of the manifest the backend (default: k8s) writes for `run`, its text and the result."""
     backend = backend or K8sBackend()
-    backend.check_request(run.request, run.settings)  # what train/run.py does before preflight
+    # What train/run.py does before preflight.
+    backends.check_options(backend, run.request.job)
+    backend.check_request(run.request, run.settings)
     result = backend.submit(cast(Any, None), run, None)
     [path] = result.files
     text = path.read_text()

@@ -96,6 +96,17 @@ def test_every_agent_command_is_declared_by_one_feature_package_of_the_controlle
     assert set(commands.COMMANDS) - set(declared) == {"ping", "host_lock"}
 
 
+def test_every_agent_command_declares_the_arguments_it_takes() -> None:
+    """Each handler says its arguments with @takes (labctl/agent/argspec.py), so the agent
+    checks them once on dispatch: no command is left unchecked."""
+    from labctl.agent import argspec, commands
+
+    unchecked = [
+        name for name in sorted(commands.COMMANDS) if argspec.spec_of(commands.resolve(name)) is None
+    ]
+    assert unchecked == []
+
+
 def test_the_inventory_contract_loads_without_any_feature(tmp_path: Path) -> None:
     inv = tmp_path / "lab.yaml"
     inv.write_text(

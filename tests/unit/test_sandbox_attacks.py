@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from labctl.sandbox.attacks import Attack, attacks_for, languages
+from labctl.sandbox.attacks import JUDGES, Attack, attacks_for, languages
 
 CLEAN: dict[str, Any] = {"clean": True, "problems": [], "hostname": "labhost"}
 DIRTY: dict[str, Any] = {
@@ -209,6 +209,32 @@ def test_requests_carry_each_attacks_limits_and_together_runs_are_pairs() -> Non
 
 def test_a_language_without_attacks_has_none() -> None:
     assert attacks_for("cobol") == []
+
+
+def test_each_attack_is_written_once_with_a_program_for_every_language_it_claims() -> None:
+    """One table: an attack's name, family and line appear once, beside its program per
+    language; every language's list is made from it, in the table's order."""
+    from labctl.sandbox.attacks import ATTACKS
+
+    names = [spec.name for spec in ATTACKS]
+    assert len(names) == len(set(names))
+    assert languages() == sorted({lang for spec in ATTACKS for lang in spec.programs})
+    for spec in ATTACKS:
+        assert spec.kind in JUDGES, spec.name
+        assert spec.programs, f"{spec.name} has a program in no language"
+        for lang, prog in spec.programs.items():
+            assert prog.sources and all(src.strip() for src in prog.sources), (spec.name, lang)
+            assert len(prog.sources) == 2 or not spec.together, (spec.name, lang)
+            assert prog.what != spec.what, f"{spec.name}/{lang} repeats the attack's line"
+            made = spec.attack(lang)
+            assert (made.name, made.lang, made.kind, made.programs) == (
+                spec.name,
+                lang,
+                spec.kind,
+                prog.sources,
+            )
+    for lang in languages():
+        assert [a.name for a in attacks_for(lang)] == [s.name for s in ATTACKS if lang in s.programs]
 
 
 def test_the_selftest_table_renders_each_host_row_with_what_was_left_on_the_host() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from labctl.errors import InputError
+from labctl.train import backends
 from labctl.train.backends.k8s import K8sBackend
 from labctl.train.backends.slurm import SlurmBackend, render_sbatch
 from labctl.train.phases import Settings
@@ -134,7 +135,7 @@ def test_gpus_are_asked_for_as_gres() -> None:
 
 def test_requeue_is_a_slurm_option_only(tmp_path: Path) -> None:
     with pytest.raises(InputError) as e:
-        K8sBackend().refuse_foreign(JobOptions(requeue=True))
+        backends.check_options(K8sBackend(), JobOptions(requeue=True))
     assert "--requeue" in e.value.message and "--backend slurm" in e.value.hint
 
 

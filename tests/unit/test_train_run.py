@@ -18,7 +18,7 @@ from labctl.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_OK, InputError
 from labctl.hosts.context import Context
 from labctl.hosts.fanout import HostResult
 from labctl.train import backends, launch, run
-from labctl.train.backends import PlannedRun, RunsOn, RunView
+from labctl.train.backends import BaseBackend, PlannedRun, RunsOn, RunView
 from labctl.train.backends.jobs import for_cluster
 from labctl.train.backends.k8s import K8sBackend
 from labctl.train.backends.slurm import SlurmBackend
@@ -101,7 +101,8 @@ def test_an_unknown_backend_is_an_input_error_before_anything_is_asked(tmp_path:
             JobOptions(image="a:1", min_nodes=1),
             "--image, --min-nodes applies to --backend k8s, not slurm.",
         ),
-        ("k8s", JobOptions(time_limit="1:00"), "--time-limit applies to --backend slurm, not k8s."),
+        # Slurm's own --time, not the run's --time-limit (which every backend takes).
+        ("k8s", JobOptions(time_limit="1:00"), "--time applies to --backend slurm, not k8s."),
     ],
 )
 def test_a_job_option_of_another_backend_is_refused(
@@ -247,7 +248,7 @@ def test_a_running_record_settles_from_its_hosts_states(
 # --- a backend plugged in by a test -------------------------------------------------------------
 
 
-class FakeBackend:
+class FakeBackend(BaseBackend):
     """Writes one file with the run's spec; what a cloud job-file backend would do."""
 
     runs_on = RunsOn.LAB  # planned like an SSH run: the lab's hosts answer preflight
@@ -275,7 +276,7 @@ def planned_without_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
 
     def prepare(ctx: Context, **kw: Any) -> LaunchSpec:
         calls.append(kw)
-        return make_spec(run_id=kw["run_id"])
+        return make_spec(run_id=kw["run_id"], time_limit_s=kw.get("time_limit_s"))
 
     monkeypatch.setattr(launch, "prepare", prepare)
     yield inv

@@ -53,7 +53,7 @@ def test_time_limit_reaches_the_backend_as_seconds(planned_without_hosts: Path) 
         args = ["--json", "-i", str(planned_without_hosts), "train", "--phase", "1", "--backend", "slurm"]
         out = CliRunner().invoke(app, [*args, "--time-limit", "3h50m"])
         assert out.exit_code == 0, out.output
-        assert fake.runs[0].request.time_limit_s == 13800
+        assert fake.runs[0].request.time_limit_s == fake.runs[0].spec.time_limit_s == 13800
         bad = CliRunner().invoke(app, [*args, "--time-limit", "90"])
     finally:
         backends.unregister("slurm")
@@ -77,7 +77,7 @@ def test_the_trainer_gets_the_setting_and_every_process_the_environment() -> Non
     probes = {"m5": tp.probe(), "irina": tp.probe()}
     spec, problems = tp.plan([tp.m5(), irina], probes, device="cpu", time_limit_s=5400)
     assert problems == [] and spec is not None
-    assert spec.settings["time_limit"] == 5400
+    assert spec.time_limit_s == spec.settings["time_limit"] == 5400  # the trainer's form of the one field
     assert all(n.env[TIME_LIMIT_ENV] == "5400" for n in spec.nodes)
     assert '"time_limit": 5400' in spec.shell_line(spec.nodes[0])  # what --dry-run prints
     plain, _ = tp.plan([tp.m5(), irina], probes, device="cpu")
@@ -86,7 +86,7 @@ def test_the_trainer_gets_the_setting_and_every_process_the_environment() -> Non
 
 
 def test_slurm_time_comes_from_the_limit_unless_given() -> None:
-    spec = tb.make_spec(settings={**tb.TRICKY, "time_limit": 13800})
+    spec = tb.make_spec(time_limit_s=13800)
     script = render_sbatch(spec, "agent.pyz")
     assert tb.sbatch_options(script)["time"] == slurm_time(13800 + jobs.JOB_GRACE_S) == "03:55:00"
     assert "Time-boxed" in script
@@ -97,7 +97,7 @@ def test_slurm_time_comes_from_the_limit_unless_given() -> None:
 
 
 def test_pytorchjob_gets_a_deadline_behind_the_limit() -> None:
-    spec = tb.make_spec(settings={**tb.TRICKY, "time_limit": 600}, script="/w/train.py")
+    spec = tb.make_spec(time_limit_s=600, script="/w/train.py")
     job_options = JobOptions(image="img:1", pvc=tb.PVC)
     job = list(yaml.safe_load_all(render_pytorchjob(spec, None, None, job_options)))[-1]
     assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 600 + jobs.JOB_GRACE_S

@@ -20,10 +20,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from labctl.agent.tinylm import build_model  # noqa: E402
-from labctl.agent.train import trainer as trainer_mod  # noqa: E402
 from labctl.agent.train.ckpt import manifest_name, pt_name  # noqa: E402
 from labctl.agent.train.corpus import Corpus, sample_range  # noqa: E402
-from labctl.agent.train.trainer import Trainer, TrainerError, lr_factor, resolve_settings  # noqa: E402
+from labctl.agent.train.settings import DEFAULTS, TrainerError, lr_factor, resolve_settings  # noqa: E402
+from labctl.agent.train.trainer import Trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3")
@@ -369,7 +369,7 @@ def test_lr_warms_up_then_decays_to_a_tenth() -> None:
 
 def test_settings_fill_defaults_per_key() -> None:
     s = resolve_settings({"model": {"d_model": 128, "n_heads": 4}, "gradient_scaling": {"enabled": False}})
-    assert s["model"]["n_layers"] == trainer_mod.DEFAULTS["model"]["n_layers"]
+    assert s["model"]["n_layers"] == DEFAULTS["model"]["n_layers"]
     assert s["model_config"]["d_model"] == 128 and s["model_config"]["max_seq"] == s["seq_len"]
     assert s["gradient_scaling"]["growth_interval"] == 2000 and s["gradient_scaling"]["enabled"] is False
     with pytest.raises(TrainerError, match="ema_decay must be below 1"):
@@ -484,7 +484,7 @@ NO_TORCH = (
     "            raise ImportError('no ' + name + ' on this host')\n"
     "sys.meta_path.insert(0, Block())\n"
     "import " + ", ".join(AGENT_MODULES) + "\n"
-    "from labctl.agent.train.trainer import load_settings\n"
+    "from labctl.agent.train.settings import load_settings\n"
     "print(load_settings('{}')['model_config']['d_model'])\n"
 )
 
@@ -494,7 +494,7 @@ def test_agent_modules_import_without_torch() -> None:
         [sys.executable, "-c", NO_TORCH], capture_output=True, text=True, timeout=60, cwd=REPO
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(trainer_mod.DEFAULTS["model"]["d_model"])
+    assert proc.stdout.strip() == str(DEFAULTS["model"]["d_model"])
 
 
 @pytest.mark.skipif(not PY38.exists(), reason=f"no Python 3.8 interpreter at {PY38}")

@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 
 from labctl.agent.tinylm import build_model  # noqa: E402
 from labctl.agent.train.corpus import Corpus  # noqa: E402
-from labctl.agent.train.trainer import Trainer, resolve_settings  # noqa: E402
+from labctl.agent.train.settings import resolve_settings  # noqa: E402
+from labctl.agent.train.trainer import Trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"vocab": 256, "d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 128}

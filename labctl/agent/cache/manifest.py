@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .. import paths
+from ..argspec import NUMBER_OR_NULL, Opt, Or, takes
 from ..errors import AgentError
 from ..fsutil import write_json
 
@@ -436,13 +437,14 @@ def load_state(cache: Cache, name: str) -> Optional[Dict[str, Any]]:
     return None
 
 
+@takes(cache=str, size_gb=Opt(NUMBER_OR_NULL, None))
 def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """What a cache holds and how much room it has; the controller plans from this."""
-    path = args.get("cache")
-    if isinstance(path, str) and path.startswith("/") and not os.path.isdir(path):
+    path = args["cache"]
+    if path.startswith("/") and not os.path.isdir(path):
         return {"cache": path, "exists": False}  # the controller says how to provision it
     cache = Cache(args["cache"], create=False)
-    space = cache.space(args.get("size_gb"))
+    space = cache.space(args["size_gb"])
     models = {}
     for name, entry in cache.models().items():
         item = _public(entry)
@@ -499,13 +501,14 @@ def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
 # Maintenance: evict, pin, touch (verify is in verify.py)
 
 
+@takes(cache=str, models=Or(list, []), force=Opt(bool, False))
 def evict_command(args: Dict[str, Any]) -> Dict[str, Any]:
     cache = Cache(args["cache"])
-    force = bool(args.get("force"))
+    force = args["force"]
     # Under the sync lock: a running copy must not lose its partial files or its planned room.
     with cache.sync_lock():
         cache.empty_trash()
-        out: Dict[str, Any] = _evict_locked(cache, list(args.get("models") or []), force)
+        out: Dict[str, Any] = _evict_locked(cache, list(args["models"]), force)
     out.update(cache.reported())
     return out
 
@@ -529,10 +532,11 @@ def _evict_locked(cache: Cache, names: List[str], force: bool) -> Dict[str, Any]
     return out
 
 
+@takes(cache=str, model=object, pinned=Opt(bool, True))
 def pin_command(args: Dict[str, Any]) -> Dict[str, Any]:
     cache = Cache(args["cache"])
-    name = check_name(args.get("model"))
-    pinned = bool(args.get("pinned", True))
+    name = check_name(args["model"])
+    pinned = args["pinned"]
 
     def set_pin(models: Dict[str, Dict[str, Any]]) -> Optional[bool]:
         if name not in models:
@@ -581,9 +585,10 @@ def touch_path(path: str) -> Optional[float]:
         parent = os.path.dirname(parent)
 
 
+@takes(cache=Or(str, ""), model=Opt(object, None), path=Or(str, ""))
 def touch_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    if args.get("path") and not args.get("cache"):
-        when = touch_path(str(args["path"]))
+    if args["path"] and not args["cache"]:
+        when = touch_path(args["path"])
         return {"path": args["path"], "touched": when is not None, "last_used": when}
-    when = touch(str(args.get("cache")), str(args.get("model")))
-    return {"model": args.get("model"), "touched": when is not None, "last_used": when}
+    when = touch(args["cache"], str(args["model"]))
+    return {"model": args["model"], "touched": when is not None, "last_used": when}

@@ -17,6 +17,7 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
+from ..argspec import NUMBER_OR_NULL, Opt, Or, takes
 from ..errors import AgentError
 from ..fsutil import write_json
 from .manifest import (
@@ -381,8 +382,8 @@ class _Mismatch(Exception):
 
 
 def _read_token(args: Dict[str, Any]) -> str:
-    if args.get("token_file"):
-        path = str(args["token_file"])
+    if args["token_file"]:
+        path = args["token_file"]
         try:
             with open(path) as f:
                 token = f.read().strip()
@@ -390,7 +391,7 @@ def _read_token(args: Dict[str, Any]) -> str:
             with contextlib.suppress(OSError):
                 os.unlink(path)
         return token
-    return str(args.get("token") or "")
+    return str(args["token"])
 
 
 def _shutdown_source(address: str, port: int, token: str) -> None:
@@ -406,6 +407,25 @@ def _shutdown_source(address: str, port: int, token: str) -> None:
         pass  # the controller closes the server's channel anyway
 
 
+@takes(
+    cache=Opt((str, None), None),
+    into=Or(str, ""),
+    meta=Or(str, ".labctl-pull"),
+    address=str,
+    port=int,
+    token=Or(object, ""),
+    token_file=Or(str, ""),
+    chunk_size=Or(int, DEFAULT_CHUNK),
+    streams=Or(int, 2),
+    source=Or(str, ""),
+    stop_after_chunks=Or(int, 0),
+    shutdown_source=Opt(bool, True),
+    models=Or(list, []),
+    size_gb=Opt(NUMBER_OR_NULL, None),
+    evict=Or(list, []),
+    evict_partials=Or(list, []),
+    all_or_nothing=Opt(bool, False),
+)
 def pull_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Evict what the controller planned, then copy the models from the storage host.
 
@@ -413,23 +433,21 @@ def pull_command(args: Dict[str, Any]) -> Dict[str, Any]:
     manifest), their partial copies under its hidden `meta` folder; with `all_or_nothing`,
     no file is renamed into place unless every one is complete, in the order given.
     """
-    cache = (
-        Folder(str(args["into"]), str(args.get("meta") or ".labctl-pull"))
-        if args.get("into")
-        else Cache(args["cache"])
-    )
-    address, port = str(args["address"]), int(args["port"])
+    if not args["into"] and args["cache"] is None:
+        raise AgentError("cache_pull: argument 'cache' (or 'into') is required", "bad_args")
+    cache = Folder(args["into"], args["meta"]) if args["into"] else Cache(args["cache"])
+    address, port = args["address"], args["port"]
     token = _read_token(args)
-    chunk_size = int(args.get("chunk_size") or DEFAULT_CHUNK)
-    streams = max(1, int(args.get("streams") or 2))
-    source = str(args.get("source") or f"{address}:{port}")
-    stop_after = int(args.get("stop_after_chunks") or 0)
+    chunk_size = args["chunk_size"]
+    streams = max(1, args["streams"])
+    source = args["source"] or f"{address}:{port}"
+    stop_after = args["stop_after_chunks"]
     started = time.monotonic()
     try:
         with cache.sync_lock():
             result = _pull_locked(cache, args, address, port, token, chunk_size, streams, source, stop_after)
     finally:
-        if args.get("shutdown_source", True):
+        if args["shutdown_source"]:
             _shutdown_source(address, port, token)
     result["seconds_total"] = round(time.monotonic() - started, 3)
     return result
@@ -449,15 +467,15 @@ def _pull_locked(
     buf = memoryview(bytearray(BLOCK))
     t0 = time.monotonic()
     cache.empty_trash()
-    plans = [_Plan(cache, m, chunk_size, source) for m in args.get("models") or []]
+    plans = [_Plan(cache, m, chunk_size, source) for m in args["models"]]
     for p in plans:
         p.prepare(buf)
     verify_s = time.monotonic() - t0
     need = sum(p.need_bytes() for p in plans)
-    space = cache.space(args.get("size_gb"))
+    space = cache.space(args["size_gb"])
     manifest = cache.models()
-    evict = [n for n in args.get("evict") or [] if n in manifest and not manifest[n].get("pinned")]
-    stale = [n for n in args.get("evict_partials") or [] if n not in {p.name for p in plans}]
+    evict = [n for n in args["evict"] if n in manifest and not manifest[n].get("pinned")]
+    stale = [n for n in args["evict_partials"] if n not in {p.name for p in plans}]
     can_free = sum(disk_bytes(cache.model_path(n)) for n in evict)
     can_free += sum(disk_bytes(cache.partial_path(n)) for n in stale)
     if need > space["free_bytes"] + can_free:
@@ -473,7 +491,7 @@ def _pull_locked(
         if space["free_bytes"] + sum(e["bytes"] for e in evicted) >= need:
             break  # the controller planned from older numbers: evict no more than needed
         evicted.append({"name": n, "bytes": cache.remove(n)})
-    free = cache.space(args.get("size_gb"))["free_bytes"]
+    free = cache.space(args["size_gb"])["free_bytes"]
     if need > free:
         raise AgentError(
             f"{cache.path} needs {need} more bytes but has {free} free; nothing was copied", "cache_full"
@@ -521,7 +539,7 @@ def _pull_locked(
         p.close_files()
     whole = all(p.complete() for p in plans)
     for p in plans:
-        if p.complete() and (whole or not args.get("all_or_nothing")):
+        if p.complete() and (whole or not args["all_or_nothing"]):
             p.commit()
     if puller.errors:
         kept = sum(len(f["done"]) for p in plans if not p.committed for f in p.state["files"].values())

@@ -18,6 +18,7 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..accepting import Accepting, listen_on
+from ..argspec import Opt, Or, takes
 from ..errors import AgentError
 from ..fsutil import write_json
 from .manifest import BLOCK, DEFAULT_CHUNK, META, check_name, chunk_ranges, emit, inside, read_json
@@ -127,10 +128,10 @@ def _available(root: str, limit: int = 40) -> List[str]:
         return []
 
 
+@takes(root=str, models=Or(list, []), chunk_size=Or(int, DEFAULT_CHUNK))
 def list_command(args: Dict[str, Any]) -> Dict[str, Any]:
     root = args["root"]
-    chunk_size = int(args.get("chunk_size") or DEFAULT_CHUNK)
-    models, missing, _ = list_models(root, list(args.get("models") or []), chunk_size)
+    models, missing, _ = list_models(root, list(args["models"]), args["chunk_size"])
     for m in models.values():
         for f in m["files"]:
             f["hashed"] = "chunks" in f
@@ -314,27 +315,35 @@ def send_line(sock: socket.socket, obj: Dict[str, Any]) -> None:
     sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
 
 
+@takes(
+    root=str,
+    models=Or(list, []),
+    chunk_size=Or(int, DEFAULT_CHUNK),
+    idle_timeout=Or(float, 120.0),
+    allow_missing=Opt(bool, False),
+    bind=Or(str, ""),
+    port=Or(int, 0),
+    hash_cache=Opt(bool, True),
+)
 def serve_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Serve the named models until told to stop, idle for `idle_timeout`, or killed."""
     root = args["root"]
-    chunk_size = int(args.get("chunk_size") or DEFAULT_CHUNK)
-    idle = float(args.get("idle_timeout") or 120)
-    models, missing, real_paths = list_models(root, list(args.get("models") or []), chunk_size)
-    if missing and not args.get("allow_missing"):
+    chunk_size = args["chunk_size"]
+    idle = args["idle_timeout"]
+    models, missing, real_paths = list_models(root, list(args["models"]), chunk_size)
+    if missing and not args["allow_missing"]:
         raise AgentError(
             f"not in {root}: {', '.join(missing)} (it has: {', '.join(_available(root)) or 'nothing'})",
             "not_found",
         )
-    port = int(args.get("port") or 0)
+    port = args["port"]
     try:
-        sock, bound = listen_on(str(args.get("bind") or ""), port)
+        sock, bound = listen_on(args["bind"], port)
     except OSError as exc:
         raise AgentError(f"cannot listen on port {port}: {exc}", "listen_failed") from None
     port = sock.getsockname()[1]
     token = secrets.token_urlsafe(24)
-    served = _Served(
-        root, models, real_paths, token, chunk_size, idle, args.get("hash_cache", True) is not False
-    )
+    served = _Served(root, models, real_paths, token, chunk_size, idle, args["hash_cache"])
     start = time.monotonic()
     # With allow_missing, the controller starts this server while it plans (saving a round
     # trip) and turns a missing model into its own error; nothing is served for those.

@@ -6,22 +6,24 @@ import os
 import time
 from typing import Any, Dict, List
 
+from ..argspec import Opt, Or, takes
 from ..fsutil import write_json
 from .manifest import BLOCK, DEFAULT_CHUNK, Cache, check_name, chunk_ranges, hash_range, timestamp
 
 
+@takes(cache=str, models=Or(list, []), repair=Opt(bool, True))
 def verify_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Re-hash cached models against the manifest. With `repair`, a corrupt model leaves the
     manifest and goes back to the partial folder with its good chunks recorded, so the next
     sync fetches only the bad ones."""
     cache = Cache(args["cache"])
-    repair = bool(args.get("repair", True))
+    repair = args["repair"]
     buf = memoryview(bytearray(BLOCK))
     results = []
     with cache.sync_lock():
         cache.empty_trash()
         models = cache.models()
-        names = list(args.get("models") or sorted(models))
+        names = list(args["models"] or sorted(models))
         for name in names:
             check_name(name)
             entry = models.get(name)

@@ -14,6 +14,7 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional
 
+from ..argspec import Opt, Or, takes
 from ..errors import AgentError
 from ..fsutil import fsync_dir
 from ..train.ckpt import CheckpointDir, manifest_name, pt_name
@@ -24,18 +25,19 @@ def _library_error(exc: lib.LibraryError) -> AgentError:
     return AgentError(str(exc), "bad_args")
 
 
+@takes(dir=str, step=Opt((int, None), None))
 def newest_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """The newest valid checkpoint in a run's checkpoint folder on this host (re-hashed),
     and the newer ones skipped with their reason. With `step`: that step, if it is valid
     (a damaged library copy is copied again from a folder that still holds it)."""
-    path = str(args["dir"])
+    path = args["dir"]
     if not os.path.isdir(path):
         return {"dir": path, "exists": False, "step": None, "skipped": []}
     folder = CheckpointDir(path)
     skipped: List[Dict[str, Any]] = []
     steps = folder.steps_present()
-    if args.get("step") is not None:
-        steps = [s for s in steps if s == int(args["step"])]
+    if args["step"] is not None:
+        steps = [s for s in steps if s == args["step"]]
     for step in reversed(steps):
         reason = folder.check(step)
         if reason is None:
@@ -68,10 +70,11 @@ def _entry_json(e: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+@takes(lib=str, run_id=Opt((str, None), None))
 def list_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """The committed copies (nothing hashed); incoming copies are counted, never listed as copies."""
-    root = str(args["lib"])
-    run_id: Optional[str] = args.get("run_id")
+    root = args["lib"]
+    run_id: Optional[str] = args["run_id"]
     try:
         found = lib.entries(root, run_id)
     except lib.LibraryError as exc:
@@ -92,11 +95,10 @@ def list_command(args: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+@takes(lib=str, run_id=str, step=int, record=Or(dict, {}))
 def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     try:
-        entry = lib.commit(
-            str(args["lib"]), str(args["run_id"]), int(args["step"]), dict(args.get("record") or {})
-        )
+        entry = lib.commit(args["lib"], args["run_id"], args["step"], dict(args["record"]))
     except lib.LibraryError as exc:
         raise AgentError(str(exc), "damaged") from None
     out = _entry_json(entry)
@@ -105,10 +107,11 @@ def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+@takes(lib=str, copies=Or(list, []))
 def remove_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    root = str(args["lib"])
+    root = args["lib"]
     removed = []
-    for run_id, step in args.get("copies") or []:
+    for run_id, step in args["copies"]:
         try:
             lib.remove(root, str(run_id), int(step))
         except FileNotFoundError:
@@ -119,6 +122,13 @@ def remove_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return {"lib": root, "removed": removed}
 
 
+@takes(
+    lib=str,
+    run_id=Opt((str, None), None),
+    copies=Opt((list, None), None),
+    mark=Opt(bool, False),
+    remove_damaged=Opt(bool, False),
+)
 def verify_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Re-hash every committed copy (of `run_id`, or only `copies`: [[run_id, step]]) against
     its manifest: each one's status and reason.
@@ -126,12 +136,12 @@ def verify_command(args: Dict[str, Any]) -> Dict[str, Any]:
     `mark`: record each finding in the copy (damaged.json, cleared when intact), so that the
     next backup or pull replaces it. `remove_damaged`: drop the copies found damaged now.
     """
-    root = str(args["lib"])
+    root = args["lib"]
     try:
-        found = lib.entries(root, args.get("run_id"))
+        found = lib.entries(root, args["run_id"])
     except lib.LibraryError as exc:
         raise _library_error(exc) from None
-    if args.get("copies") is not None:
+    if args["copies"] is not None:
         wanted = {(str(r), int(s)) for r, s in args["copies"]}
         found = [e for e in found if (e["run_id"], e["step"]) in wanted]
     out = []
@@ -139,28 +149,29 @@ def verify_command(args: Dict[str, Any]) -> Dict[str, Any]:
         reason = lib.check_entry(e["path"], e["step"])
         item = _entry_json(e)
         item.update(status="ok" if reason is None else "damaged", reason=reason, damaged=reason)
-        if reason is not None and args.get("remove_damaged"):
+        if reason is not None and args["remove_damaged"]:
             lib.remove(root, e["run_id"], e["step"])
             item["status"] = "removed"
-        elif args.get("mark"):
+        elif args["mark"]:
             lib.mark(e["path"], reason)
         out.append(item)
     return {"lib": root, "exists": os.path.isdir(root), "entries": out}
 
 
+@takes(dir=object, staging=object, step=int, sha256=Opt((str, None), None))
 def restore_commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """{dir, staging, step, sha256}: a restored checkpoint, whole in the hidden folder `staging`
     inside `dir`, checked here on arrival against its manifest and the library's sha256, then
     renamed into `dir`, the .pt before its manifest (the trainer takes a .pt only with its
     manifest). One that does not verify is removed whole and `dir` is left as it was."""
-    folder = args.get("dir")
-    name = args.get("staging")
+    folder = args["dir"]
+    name = args["staging"]
     if not isinstance(folder, str) or not folder.startswith("/"):
         raise AgentError(f"dir must be an absolute path, got {folder!r}", "bad_args")
     if not isinstance(name, str) or not name.startswith(".") or "/" in name or name in (".", ".."):
         raise AgentError(f"staging must be a hidden folder name, got {name!r}", "bad_args")
-    step = int(args["step"])
-    want = args.get("sha256")
+    step = args["step"]
+    want = args["sha256"]
     stage = os.path.join(folder, name)
     ck = CheckpointDir(stage)
     reason = ck.check(step)

@@ -18,6 +18,7 @@ import shutil
 from typing import Any, Dict, List
 
 from .. import paths
+from ..argspec import Opt, Or, takes
 from ..cache.manifest import check_name
 from ..errors import AgentError
 from ..fsutil import fsync_dir, write_atomic
@@ -30,7 +31,7 @@ _BLOCK = 1 << 20
 
 
 def _abs(args: Dict[str, Any], key: str) -> str:
-    path = args.get(key)
+    path = args[key]
     if not isinstance(path, str) or not path.startswith("/"):
         raise AgentError(f"{key} must be an absolute path, got {path!r}", "bad_args")
     return path.rstrip("/") or "/"
@@ -91,6 +92,7 @@ def _parts(args: Dict[str, Any]) -> List[Dict[str, Any]]:
 # -- the checkpoint library ------------------------------------------------------------------
 
 
+@takes(lib=object, run_id=object, steps=Or(list, []))
 def ckpt_state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """{lib, run_id, steps} -> per step: the committed copy (its sha256, and why it is damaged:
     re-hashed here, so a pull replaces a damaged copy rather than calling it present), or
@@ -98,7 +100,7 @@ def ckpt_state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     lib = _abs(args, "lib")
     run_id = _run_id(args)
     out: Dict[str, Any] = {}
-    for step in args.get("steps") or []:
+    for step in args["steps"]:
         final = ckpt_library.step_dir(lib, run_id, int(step))
         committed = None
         if os.path.isdir(final):
@@ -116,19 +118,20 @@ def ckpt_state_command(args: Dict[str, Any]) -> Dict[str, Any]:
 
 def _run_id(args: Dict[str, Any]) -> str:
     try:
-        return ckpt_library.check_run_id(args.get("run_id"))  # type: ignore[arg-type]
+        return ckpt_library.check_run_id(args["run_id"])
     except ckpt_library.LibraryError as exc:
         raise AgentError(str(exc), "bad_args") from None
 
 
+@takes(lib=object, run_id=object, step=int, parts=Opt(object, None), record=Or(dict, {}))
 def ckpt_commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """{lib, run_id, step, parts, record}: join the .pt from its parts beside its uploaded
     manifest, then `ckpt_library.commit` (which verifies it against the manifest, and
     replaces a committed copy that is damaged)."""
     lib = _abs(args, "lib")
     run_id = _run_id(args)
-    step = int(args["step"])
-    record = dict(args.get("record") or {})
+    step = args["step"]
+    record = dict(args["record"])
     incoming = ckpt_library.incoming_dir(lib, run_id, step)
     final = ckpt_library.step_dir(lib, run_id, step)
     if not os.path.isdir(final) or ckpt_library.check_entry(final, step) is not None:
@@ -148,7 +151,7 @@ def ckpt_commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
 
 def _model_name(args: Dict[str, Any]) -> str:
     """The model library is the one `cache sync` reads: its names follow the cache's rule."""
-    name = check_name(args.get("name"))
+    name = check_name(args["name"])
     if paths.component_problem(MODEL_INCOMING + name):
         raise AgentError(
             f"{name!r} is too long for a model name: its incoming folder ({MODEL_INCOMING}NAME) must fit "
@@ -168,6 +171,7 @@ def _file_name(name: Any) -> str:
     return name
 
 
+@takes(models=object, name=object)
 def model_state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """{models, name} -> the model's files if it is in the library, and the parts already here."""
     root = _abs(args, "models")
@@ -182,6 +186,7 @@ def model_state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+@takes(models=object, name=object, files=Opt(object, None))
 def model_publish_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """{models, name, files: [{name, parts, size, sha256}]}: each file joined from its parts and
     checked whole against the size and sha256 the controller exported, then the folder renamed
@@ -192,7 +197,7 @@ def model_publish_command(args: Dict[str, Any]) -> Dict[str, Any]:
     if os.path.lexists(final):
         raise AgentError(f"{final} already exists; it was not replaced", "exists")
     incoming = os.path.join(root, MODEL_INCOMING + name)
-    files = args.get("files")
+    files = args["files"]
     if not isinstance(files, list) or not files:
         raise AgentError("files must be a non-empty list of {name, parts}", "bad_args")
     written = []

@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 from .. import AGENT_VERSION, paths
+from ..argspec import Opt, takes
 from ..errors import AgentError
 from ..gpus import gather_gpus, torch_facts
 from ..nics import gather_nics
@@ -184,7 +185,7 @@ class _SectionRun(threading.Thread):
 
 def _selected_sections(args: Dict[str, Any]) -> Tuple[List[str], bool]:
     """(sections to gather, whether torch was wanted but switched off by {"torch": false})."""
-    names = args.get("sections")
+    names = args["sections"]
     if names is None:
         names = list(SECTIONS)
     elif not isinstance(names, list) or not all(isinstance(n, str) for n in names):
@@ -194,19 +195,17 @@ def _selected_sections(args: Dict[str, Any]) -> Tuple[List[str], bool]:
         raise AgentError(
             "unknown section(s) {}; known: {}".format(", ".join(unknown), ", ".join(SECTIONS)), "bad_args"
         )
-    torch_skipped = args.get("torch", True) is False and "torch" in names
+    torch_skipped = args["torch"] is False and "torch" in names
     if torch_skipped:
         names = [n for n in names if n != "torch"]
     return [n for n in SECTIONS if n in names], torch_skipped
 
 
+@takes(sections=Opt((list, None), None), torch=Opt(bool, True), timeout_s=Opt(float, DEFAULT_TIMEOUT_S))
 def gather_facts(args: Dict[str, Any]) -> Dict[str, Any]:
     """Run the selected sections concurrently and assemble the answer."""
     start = time.monotonic()
-    try:
-        timeout = float(args.get("timeout_s", DEFAULT_TIMEOUT_S))
-    except (TypeError, ValueError):
-        raise AgentError("'timeout_s' must be a number of seconds", "bad_args") from None
+    timeout = args["timeout_s"]
     names, torch_skipped = _selected_sections(args)
     linux = sys.platform.startswith("linux")
     runs: List[_SectionRun] = []
@@ -260,5 +259,4 @@ def _split_gpus(value: Dict[str, Any]) -> Tuple[Any, str]:
     return value["gpus"], value["source"]
 
 
-def facts_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    return gather_facts(args)
+facts_command = gather_facts

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..argspec import NUMBER_OR_NULL, Opt, takes
 from ..errors import AgentError
 from ..fsutil import write_atomic
 from ..tinylm import DTYPE_BYTES, DTYPE_NAMES, USER_NAMES, Config, config_for_size, init_kind, param_shapes
@@ -204,33 +205,37 @@ def make_model(
     }
 
 
+@takes(
+    path=Opt(object, None),
+    models=Opt(object, None),
+    name=Opt(object, None),
+    size_gb=Opt(float, 1.0),
+    seed=Opt(int, 0),
+    shard_gb=Opt(NUMBER_OR_NULL, None),
+    dtype=Opt(str, "bf16"),
+)
 def make_model_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Agent command: {models, name | path, size_gb, dtype="bf16", seed=0, shard_gb=None} ->
     make_model's answer. `models` + `name`: the model library and the model's folder in it (a
     name that would leave the library is refused here too); `path`: any folder (benchmarks)."""
-    path: Any = args.get("path")
-    if args.get("models") is not None:
+    path: Any = args["path"]
+    if args["models"] is not None:
         from ..cache.manifest import check_name
 
-        models = args.get("models")
+        models = args["models"]
         if not isinstance(models, str) or not models:
             raise AgentError("make_model: models must be the model library's folder", "bad_args")
-        path = models.rstrip("/") + "/" + check_name(args.get("name"))
+        path = models.rstrip("/") + "/" + check_name(args["name"])
     if not isinstance(path, str) or not path:
         raise AgentError(
             "make_model needs a folder path (args.path), or the library and a model name (args.models, args.name)",
             "bad_args",
         )
-    try:
-        size_gb = float(args.get("size_gb", 1.0))
-        seed = int(args.get("seed", 0))
-        shard_gb = args.get("shard_gb")
-        shard_bytes = int(float(shard_gb) * GB) if shard_gb else None
-    except (TypeError, ValueError) as exc:
-        raise AgentError(f"make_model: bad size_gb, seed or shard_gb: {exc}", "bad_args") from None
+    size_gb, seed, shard_gb = args["size_gb"], args["seed"], args["shard_gb"]
+    shard_bytes = int(float(shard_gb) * GB) if shard_gb else None
     if not size_gb > 0:
         raise AgentError(f"make_model: size_gb must be positive, got {size_gb}", "bad_args")
-    dtype = str(args.get("dtype", "bf16"))
+    dtype = args["dtype"]
     if dtype not in ("bf16", "fp16", "fp32"):
         raise AgentError(f"make_model: dtype must be bf16, fp16 or fp32, got {dtype!r}", "bad_args")
     try:

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from ..argspec import Opt, takes
 from ..errors import AgentError
 
 GB = 1e9
@@ -52,6 +53,7 @@ def model_files(path: str) -> List[str]:
     return files
 
 
+@takes(path=str)
 def read_cold_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """storage_cold: read a model's files once with their pages dropped first (stdlib only)."""
     files = model_files(args["path"])
@@ -132,6 +134,7 @@ def warm_up(torch: Any, config: Dict[str, Any], tensors: Dict[str, Any], device:
 CUDA_INIT = "import time, torch; t = time.perf_counter(); torch.cuda.init(); torch.empty(1, device=%r); torch.cuda.synchronize(); print(time.perf_counter() - t)"
 
 
+@takes(path=str, device=Opt(str, "cpu"), seq=Opt(int, 128), reps=Opt(int, 3))
 def load_stages_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """ram_cache, h2d, cuda_init, warmup and forward for the model at args["path"]."""
     import torch
@@ -139,9 +142,9 @@ def load_stages_command(args: Dict[str, Any]) -> Dict[str, Any]:
     from .loader import load_file
 
     path = args["path"]
-    device = args.get("device", "cpu")
-    seq = int(args.get("seq", 128))
-    reps = int(args.get("reps", 3))
+    device = args["device"]
+    seq = args["seq"]
+    reps = args["reps"]
     files = model_files(path)
     config_path = os.path.join(path, "config.json") if os.path.isdir(path) else None
     out: Dict[str, Any] = {"device": device, "torch": torch.__version__, "files": len(files)}

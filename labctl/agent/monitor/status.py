@@ -20,6 +20,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import paths, procs
+from ..argspec import Opt, Or, takes
 from ..fsutil import write_atomic
 from ..gpus import GpuQueryError, gather_gpus
 from ..parsers import memory_from_meminfo, parse_meminfo, parse_mounts
@@ -415,6 +416,7 @@ def _answer(records: List[Dict[str, Any]], notes: List[str], clock: Clock) -> Li
     return out + [{"t": clock.wall, "note": n} for n in notes]
 
 
+@takes(cache_path=Opt((str, None), None), host=Or(str, ""), record=Opt(bool, True))
 def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     clock = Clock.now()
     before = cpu_times()
@@ -430,14 +432,14 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
         "hostname": socket.gethostname(),
         "cpu": {"count": os.cpu_count() or 1, "load": load, "busy_pct": busy_pct(before, after)},
         "memory": memory(),
-        "cache": cache_state(args.get("cache_path")),
+        "cache": cache_state(args["cache_path"]),
         "gpus": gpus,
         "gpu_source": source,
         "gpu_error": gpu_error,
         "warm": warm_models(),
-        "runs": running_runs(str(args.get("host") or "")),
+        "runs": running_runs(args["host"]),
     }
-    record = history_record(sample) if args.get("record", True) else None
+    record = history_record(sample) if args["record"] else None
     try:
         history = update_history(paths.status_history(), record, clock.wall, clock)
     except OSError as exc:  # a full or read-only disk: the sample still answers, without history

@@ -20,6 +20,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..accepting import Accepting, listen_on
+from ..argspec import Opt, Or, takes
 from ..cache.manifest import emit
 from ..errors import AgentError
 
@@ -112,12 +113,13 @@ class _Sink(Accepting):
         _send_line(conn, {"bytes": counted, "first": first, "last": last, "total": counted + early})
 
 
+@takes(idle_timeout=Or(float, 60.0), bind=Or(str, ""))
 def sink_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Count the bytes of every stream a sender opens, until it says stop or nobody sends for
     `idle_timeout` seconds (or the controller closes the channel and the agent is killed)."""
-    idle = float(args.get("idle_timeout") or 60)
+    idle = args["idle_timeout"]
     try:
-        sock, bound = listen_on(str(args.get("bind") or ""))
+        sock, bound = listen_on(args["bind"])
     except OSError as exc:
         raise AgentError(f"cannot listen for the benchmark's streams: {exc}", "listen_failed") from None
     token = secrets.token_urlsafe(24)
@@ -141,11 +143,11 @@ def sink_command(args: Dict[str, Any]) -> Dict[str, Any]:
 def _read_token(args: Dict[str, Any]) -> str:
     """The sink's token from the 0600 file the controller put here (removed once read), so it
     never shows on a command line other users can read."""
-    path = args.get("token_file")
+    path = args["token_file"]
     if not path:
-        return str(args.get("token") or "")
+        return str(args["token"])
     try:
-        with open(str(path)) as fh:
+        with open(path) as fh:
             return fh.read().strip()
     except OSError as e:
         raise AgentError(f"cannot read the benchmark's token file {path}: {e.strerror}", "no_token") from None
@@ -258,12 +260,21 @@ def _stop_sink(address: str, port: int, token: str) -> None:
         _connect(address, port, token, {"op": "shutdown"}).close()
 
 
+@takes(
+    address=str,
+    port=int,
+    token=Or(object, ""),
+    token_file=Or(str, ""),
+    seconds=Or(float, 5.0),
+    streams=Or(list, [1]),
+    keep_sink=Opt(bool, False),
+)
 def send_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """For each stream count in `streams`, send for `seconds` to the sink at address:port."""
-    address, port = str(args["address"]), int(args["port"])
+    address, port = args["address"], args["port"]
     token = _read_token(args)
-    seconds = float(args.get("seconds") or 5)
-    counts = [int(n) for n in args.get("streams") or [1]]
+    seconds = args["seconds"]
+    counts = [int(n) for n in args["streams"]]
     runs: List[Dict[str, Any]] = []
     try:
         for i, n in enumerate(counts):
@@ -273,6 +284,6 @@ def send_command(args: Dict[str, Any]) -> Dict[str, Any]:
             emit({"event": "measured", "streams": n, "bits_per_s": r["bits_per_s"]})
             runs.append(r)
     finally:
-        if not args.get("keep_sink"):
+        if not args["keep_sink"]:
             _stop_sink(address, port, token)
     return {"address": address, "port": port, "seconds": seconds, "runs": runs}

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Set
 
 from .. import paths
+from ..argspec import Opt, Or, takes
 from ..errors import AgentError
 from ..fsutil import write_atomic, write_json
 from ..procs import alive
@@ -388,12 +389,23 @@ def _prune() -> None:
             shutil.rmtree(os.path.join(net_dir(), name), ignore_errors=True)
 
 
+@takes(
+    id=Or(str, ""),
+    label=Or(str, "network change"),
+    revert_after=Opt(float, 90.0),
+    files=Or(dict, {}),
+    commands=Or(list, []),
+    reapply=Or(list, []),
+    # null or left out: half of revert_after, at most 60 s
+    command_timeout=Opt((float, None), None),
+    apply_delay=Opt(float, 1.0),
+)
 def begin_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {id, label, revert_after, files: {path: {text, mode} | None}, commands: [argv],
     reapply: [argv], command_timeout, apply_delay}. Refused while another one is open."""
-    txn_id = str(args.get("id") or "")
+    txn_id = args["id"]
     directory = _txn_dir(txn_id)
-    revert_after = float(args.get("revert_after", 90))
+    revert_after = args["revert_after"]
     if not 1 <= revert_after <= 3600:
         raise AgentError(f"revert_after must be 1-3600 s, not {revert_after:g}", "input")
     with _locked():
@@ -412,21 +424,23 @@ def begin_command(args: Dict[str, Any]) -> Dict[str, Any]:
             )
         _prune()
         os.makedirs(directory, mode=0o700)
-        files = args.get("files") or {}
+        files = args["files"]
         write_json(os.path.join(directory, "backup.json"), backup_files(directory, sorted(files)), mode=0o600)
         write_json(os.path.join(directory, "snapshot.json"), live.snapshot(), mode=0o600)
         doc = {
             "id": txn_id,
-            "label": str(args.get("label") or "network change"),
+            "label": args["label"],
             "state": "armed",
             "created_at": time.time(),
             "deadline_at": time.time() + revert_after,
             "revert_after": revert_after,
             "files": files,
-            "commands": args.get("commands") or [],
-            "reapply": args.get("reapply") or [],
-            "command_timeout": float(args.get("command_timeout", min(60.0, revert_after / 2))),
-            "apply_delay": float(args.get("apply_delay", 1.0)),
+            "commands": args["commands"],
+            "reapply": args["reapply"],
+            "command_timeout": min(60.0, revert_after / 2)
+            if args["command_timeout"] is None
+            else args["command_timeout"],
+            "apply_delay": args["apply_delay"],
         }
         _write(directory, doc)
         with open(os.path.join(net_dir(), "current"), "w") as f:
@@ -436,18 +450,17 @@ def begin_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return {"id": txn_id, "keeper_pid": pid, "deadline_at": doc["deadline_at"], "dir": directory}
 
 
+@takes(id=Or(str, ""), compare=Opt(bool, False))
 def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {id, compare: bool}. The transaction's record; with compare, what of the live
     state differs from the snapshot taken before the change."""
-    directory = _txn_dir(str(args.get("id") or ""))
+    directory = _txn_dir(args["id"])
     try:
         doc = _read(directory)
     except FileNotFoundError:
-        raise AgentError(
-            "no network transaction {} on this host".format(args.get("id")), "not_found"
-        ) from None
+        raise AgentError("no network transaction {} on this host".format(args["id"]), "not_found") from None
     out = _public(doc)
-    if args.get("compare"):
+    if args["compare"]:
         with open(os.path.join(directory, "snapshot.json")) as f:
             old = json.load(f)
         now = live.snapshot()
@@ -455,8 +468,9 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+@takes(id=Or(str, ""))
 def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    directory = _txn_dir(str(args.get("id") or ""))
+    directory = _txn_dir(args["id"])
     with _locked():
         doc = _read(directory)
         if doc.get("state") == "applied" and not doc.get("abort"):
@@ -467,13 +481,14 @@ def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
         return {"committed": False, "state": doc.get("state")}
 
 
+@takes(id=Or(str, ""), reason=Or(str, "aborted"))
 def abort_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Ask the keeper to revert now (labctl's verification failed)."""
-    directory = _txn_dir(str(args.get("id") or ""))
+    directory = _txn_dir(args["id"])
     with _locked():
         doc = _read(directory)
         if doc.get("state") in OPEN_STATES and not doc.get("abort"):
-            doc["abort"] = str(args.get("reason") or "aborted")
+            doc["abort"] = args["reason"]
             _write(directory, doc)
         return {"state": doc.get("state"), "keeper_running": keeper_alive(doc)}
 

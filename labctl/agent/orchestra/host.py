@@ -25,6 +25,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import paths, procs
+from ..argspec import Opt, Or, takes
 from ..errors import AgentError
 from ..fsutil import write_atomic, write_json
 from ..gpus import GpuQueryError, gather_gpus
@@ -54,10 +55,14 @@ TEMPLATE_FIELDS = "{path} {port} {gpu} {name}"
 
 
 # ---- arguments -------------------------------------------------------------------------------
+# Each command's @takes says which arguments it takes; these check what a type cannot say.
+
+# The controller tags every orch_ command with the lab and the host (see labctl/orchestra/rotate.py).
+_SERVERS_OF = {"lab": object, "host": object}
 
 
 def _host(args: Dict[str, Any]) -> str:
-    host = args.get("host")
+    host = args["host"]
     if not isinstance(host, str) or not host:
         raise AgentError(
             "host is required: the inventory name of this host (servers are tagged with it)", "bad_args"
@@ -66,7 +71,7 @@ def _host(args: Dict[str, Any]) -> str:
 
 
 def _lab(args: Dict[str, Any]) -> str:
-    lab = args.get("lab")
+    lab = args["lab"]
     if not isinstance(lab, str) or not lab:
         raise AgentError("lab is required: the inventory's lab name (servers are tagged with it)", "bad_args")
     return lab
@@ -82,17 +87,17 @@ def _model_name(value: Any, field: str = "model") -> str:
 
 
 def _health_path(args: Dict[str, Any]) -> str:
-    path = args.get("health_path") or "/health"
-    if not isinstance(path, str) or not path.startswith("/") or any(c.isspace() for c in path):
+    path = args["health_path"]
+    if not path.startswith("/") or any(c.isspace() for c in path):
         raise AgentError(f"health_path must be a URL path such as /health, got {path!r}", "bad_args")
     return path
 
 
 def _number(args: Dict[str, Any], key: str, default: float) -> float:
-    value = args.get(key, default)
+    value = args[key]
     if value is None:
         value = default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if value < 0:
         raise AgentError(f"{key} must be a number of seconds, 0 or more, got {value!r}", "bad_args")
     return float(value)
 
@@ -324,6 +329,7 @@ def _append_history(entry: Dict[str, Any]) -> None:
 # ---- commands ----------------------------------------------------------------------------------
 
 
+@takes(**_SERVERS_OF, health_path=Or(str, "/health"), gpus=Opt(bool, False))
 def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_state {host, health_path="/health", gpus: bool}: warm.json, history, live servers, GPUs."""
     host, lab = _host(args), _lab(args)
@@ -343,7 +349,7 @@ def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
         "servers": found,
         "others": other_servers(lab, host, every),
     }
-    if args.get("gpus"):
+    if args["gpus"]:
         try:
             out["gpu_source"], out["gpus"] = gather_gpus()
         except GpuQueryError as exc:
@@ -377,25 +383,35 @@ def _format(template: str, path: str, port: int, gpu: Optional[int], name: str) 
         ) from None
 
 
+@takes(
+    **_SERVERS_OF,
+    model=object,
+    gpu=Opt(object, None),
+    path=object,
+    command=Opt(object, None),
+    python=Opt(object, None),
+    health_path=Or(str, "/health"),
+    port=Opt(object, None),
+)
 def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_start {host, model, gpu, path, command, python, health_path, port} -> {pid, port, log, started, argv}.
 
     `port` (optional): the port to use, refused (kind "port") when taken; default a free one.
     """
     host, lab = _host(args), _lab(args)
-    model = _model_name(args.get("model"))
-    gpu = _gpu(args.get("gpu"))
+    model = _model_name(args["model"])
+    gpu = _gpu(args["gpu"])
     _health_path(args)
-    path = args.get("path")
+    path = args["path"]
     if not isinstance(path, str) or not path:
         raise AgentError("path is required: the model's folder (or file) on this host", "bad_args")
-    command = args.get("command")
+    command = args["command"]
     if command is not None and (not isinstance(command, str) or not command.strip()):
         raise AgentError("command must be a template string (or null for labctl's server)", "bad_args")
-    python = args.get("python")
+    python = args["python"]
     if python is not None and (not isinstance(python, str) or not python):
         raise AgentError("python must be an interpreter's path (or null)", "bad_args")
-    wanted = args.get("port")
+    wanted = args["port"]
     if wanted is not None and (
         isinstance(wanted, bool) or not isinstance(wanted, int) or not 0 < wanted < 65536
     ):
@@ -497,6 +513,7 @@ def _alive(lab: str, host: str, model: str, pid: Optional[int]) -> bool:
     )
 
 
+@takes(**_SERVERS_OF, servers=object, timeout=Opt((float, None), 300.0), health_path=Or(str, "/health"))
 def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_health {host, servers: [{model, port, pid}], timeout, health_path} -> {results}.
 
@@ -506,7 +523,7 @@ def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
     host, lab = _host(args), _lab(args)
     health_path = _health_path(args)
     timeout = _number(args, "timeout", 300.0)
-    wanted = args.get("servers")
+    wanted = args["servers"]
     if not isinstance(wanted, list):
         raise AgentError("servers must be a list of {model, port, pid}", "bad_args")
     todo: List[Dict[str, Any]] = []
@@ -581,6 +598,7 @@ def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return {"results": results}
 
 
+@takes(**_SERVERS_OF, models=Opt(object, None), pids=Opt(object, None), grace=Opt((float, None), 30.0))
 def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_stop {host, models: [names] | null (all of the host's), pids: [server pids] | null,
     grace} -> {stopped, remaining, absent}.
@@ -592,14 +610,14 @@ def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """
     host, lab = _host(args), _lab(args)
     grace = _number(args, "grace", 30.0)
-    models = args.get("models")
+    models = args["models"]
     if models is not None:
         if not isinstance(models, list):
             raise AgentError(
                 "models must be a list of model names, or null for every server here", "bad_args"
             )
         models = [_model_name(m, "models[]") for m in models]
-    pids = args.get("pids")
+    pids = args["pids"]
     if pids is not None and (not isinstance(pids, list) or not all(isinstance(p, int) for p in pids)):
         raise AgentError("pids must be a list of server pids, or null", "bad_args")
 
@@ -623,16 +641,17 @@ def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+@takes(lab=Opt(object, None), host=Opt(object, None), warm=object, history=Opt(object, None))
 def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_commit {host, warm: warm.json without "updated", history: entry | null} -> {path, updated}.
 
     warm.json is replaced atomically (phase 3's preflight reads it at any moment), then the
     entry is appended to history.jsonl; both carry the same "updated" stamp.
     """
-    warm = args.get("warm")
+    warm = args["warm"]
     if not isinstance(warm, dict) or not isinstance(warm.get("models"), list):
         raise AgentError("warm must be warm.json's object, with a models list", "bad_args")
-    entry = args.get("history")
+    entry = args["history"]
     if entry is not None and not isinstance(entry, dict):
         raise AgentError("history must be an object (one rotation's record) or null", "bad_args")
     updated = round(time.time(), 3)

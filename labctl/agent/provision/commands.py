@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from typing import Any, Callable, Dict, List, Optional
 
+from ..argspec import Or, takes
 from ..errors import AgentError
 from ..fsutil import file_state, write_atomic
 from ..network.bondcheck import bond_probe
@@ -140,10 +141,11 @@ PROBES: Dict[str, Callable[[Dict[str, Any]], Dict[str, Any]]] = {
 }
 
 
+@takes(probes=Or(dict, {}))
 def probe_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {"probes": {key: {"kind": ..., ...}}} -> {"results": {key: {...}}}."""
     results: Dict[str, Any] = {}
-    for key, p in (args.get("probes") or {}).items():
+    for key, p in args["probes"].items():
         fn = PROBES.get(p.get("kind", ""))
         if fn is None:
             results[key] = {"error": "unknown probe kind {!r}".format(p.get("kind"))}
@@ -324,10 +326,11 @@ OPS: Dict[str, Callable[[Dict[str, Any]], str]] = {
 }
 
 
+@takes(ops=Or(list, []))
 def apply_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {"ops": [...]}; runs them in order and stops at the first failure."""
     done: List[str] = []
-    for i, op in enumerate(args.get("ops") or []):
+    for i, op in enumerate(args["ops"]):
         fn = OPS.get(op.get("op", ""))
         if fn is None:
             raise AgentError("unknown op {!r}".format(op.get("op")), "bad_args")

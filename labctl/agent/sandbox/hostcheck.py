@@ -17,6 +17,7 @@ import socket
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..argspec import Opt, Or, takes
 from ..errors import AgentError
 from ..procs import cmdline
 from .docker import SOCKET as DOCKER_SOCKET
@@ -200,22 +201,31 @@ def settle(
         time.sleep(interval_s)
 
 
+@takes(
+    action=Opt(str, "snapshot"),
+    socket=Or(str, DOCKER_SOCKET),
+    labels=Or(list, []),
+    before=Opt(object, None),
+    wait_s=Opt(float, 20.0),
+    disk_tolerance=Opt(int, DISK_TOLERANCE),
+    memory_tolerance=Opt(int, MEMORY_TOLERANCE),
+)
 def hostcheck_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """`sandbox_hostcheck`: {action: snapshot, labels} → {snapshot};
     {action: compare, before, wait_s, disk_tolerance, memory_tolerance} → the comparison."""
-    action = args.get("action", "snapshot")
-    sock = str(args.get("socket") or DOCKER_SOCKET)
+    action = args["action"]
+    sock = args["socket"]
     if action == "snapshot":
-        return {"snapshot": snapshot([str(x) for x in args.get("labels") or []], sock)}
+        return {"snapshot": snapshot([str(x) for x in args["labels"]], sock)}
     if action == "compare":
-        before = args.get("before")
+        before = args["before"]
         if not isinstance(before, dict):
             raise AgentError("compare needs `before`: a snapshot from action=snapshot", "bad_args")
         return settle(
             before,
-            float(args.get("wait_s", 20.0)),
-            disk_tolerance=int(args.get("disk_tolerance", DISK_TOLERANCE)),
-            memory_tolerance=int(args.get("memory_tolerance", MEMORY_TOLERANCE)),
+            args["wait_s"],
+            disk_tolerance=args["disk_tolerance"],
+            memory_tolerance=args["memory_tolerance"],
             sock=sock,
         )
     raise AgentError(f"unknown action {action!r}: snapshot or compare", "bad_args")

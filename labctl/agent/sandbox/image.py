@@ -21,6 +21,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from .. import paths
+from ..argspec import Or, takes
 from ..errors import AgentError
 from . import LABEL_LANG, LABEL_RECIPE, image_name
 from .dockercli import docker
@@ -76,6 +77,7 @@ def current(lang: str) -> Optional[Dict[str, Any]]:
     return found[0] if found and found[0]["image"] else None
 
 
+@takes()
 def images_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Agent command `sandbox_images`: {"images": [...]} (see list_images)."""
     return {"images": list_images()}
@@ -269,10 +271,11 @@ def build_op(op: Dict[str, Any]) -> str:
     )
 
 
+@takes(images=Or(list, []))
 def build_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Agent command `sandbox_build`: {"images": [op, ...]} → {"results": [build_image's dict, ...]}."""
     results = []
-    for op in args.get("images") or []:
+    for op in args["images"]:
         results.append(
             build_image(
                 op["lang"],

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import paths
+from ..argspec import Opt, Or, takes
 from ..errors import AgentError
 from .docker import Client, DockerError, oom_kills
 from .pool import Pool
@@ -267,12 +268,12 @@ def run_programs(
         pools.wait()
 
 
+# What sandbox_run and sandbox_bench both take: the programs, each language's spec, the limits.
+_PROGRAMS = {"programs": list, "langs": dict, "limits": dict}
+
+
 def _args(args: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Dict[str, Any], Dict[str, Any]]:
-    programs = args.get("programs")
-    langs = args.get("langs")
-    limits = args.get("limits")
-    if not isinstance(programs, list) or not isinstance(langs, dict) or not isinstance(limits, dict):
-        raise AgentError("sandbox_run needs programs (list), langs and limits (objects)", "bad_args")
+    programs, langs, limits = args["programs"], args["langs"], args["limits"]
     for lang, spec in langs.items():
         problem = paths.component_problem(spec.get("file") if isinstance(spec, dict) else None)
         if problem:
@@ -280,11 +281,10 @@ def _args(args: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Dict[str, Any], D
     return programs, langs, limits
 
 
+@takes(**_PROGRAMS, concurrency=Or(int, 8), pool=Or(int, 4))
 def run_command(args: Dict[str, Any]) -> Dict[str, Any]:
     programs, langs, limits = _args(args)
-    results = run_programs(
-        programs, langs, limits, int(args.get("concurrency") or 8), int(args.get("pool") or 4)
-    )
+    results = run_programs(programs, langs, limits, args["concurrency"], args["pool"])
     return {"results": results}
 
 
@@ -311,17 +311,18 @@ def _docker_run(argv: List[str], source: bytes, expect: str) -> Tuple[float, boo
     return (time.monotonic() - t0) * 1000, ok
 
 
+@takes(**_PROGRAMS, expect=Opt(str, "hello"), runs=Or(int, 32), docker_run=list, concurrency=Or(list, [1]))
 def bench_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """The pool against `docker run --rm` with the same limits and the same hello program, at
     each concurrency: per-execution latency percentiles and executions per second."""
     programs, langs, limits = _args(args)
     lang = programs[0]["lang"]
-    expect = str(args.get("expect", "hello"))
-    runs = int(args.get("runs") or 32)
+    expect = args["expect"]
+    runs = args["runs"]
     baseline = list(args["docker_run"])  # reads the source on stdin, writes it, compiles, runs
     client = Client()
     rows = []
-    for conc in [int(c) for c in args.get("concurrency") or [1]]:
+    for conc in [int(c) for c in args["concurrency"]]:
         # warm-up: the pool fills to `conc` idle containers before the clock starts
         run_programs(programs[:1], langs, limits, 1, conc, client)
         progs = [dict(programs[0]) for _ in range(runs)]

@@ -18,6 +18,7 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .. import paths, textedit
+from ..argspec import takes
 
 CRON_DIR = "/etc/cron.d"
 UNIT_DIR = "/etc/systemd/system"
@@ -175,6 +176,7 @@ def daemons() -> Dict[str, Any]:
     return {"cron": cron_daemons(), "systemd": os.path.isdir("/run/systemd/system")}
 
 
+@takes()
 def list_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {} -> {"jobs": [{name, backend, file, schedule, command, user, line, last, next,
     daemon_running}], "daemons": {"cron": [pid], "systemd": bool}, "time": now}."""

@@ -1,5 +1,6 @@
-"""Host side of `labctl train`: the reference trainer (`trainer`, with its `settings`, `corpus`,
-`ckpt`, `events` and time `limit`), and the agent commands that check, start and watch a run (`host`)."""
+"""Host side of `labctl train`: the reference trainer (`trainer`, its entry point, built from
+`setup`, the step `loop` and `metrics`, with its `settings`, `corpus`, `ckpt`, `events` and time
+`limit`), and the agent commands that check, start and watch a run (`host`)."""
 
 COMMANDS = {
     "train_preflight": ".host:preflight_command",

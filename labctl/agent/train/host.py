@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import paths, procs, runlog
+from ..argspec import Opt, Or, takes
 from ..errors import AgentError
 from ..facts.collect import torch_env_facts
 from ..fsutil import write_json
@@ -25,8 +26,8 @@ from ..gpus import GpuQueryError, gather_gpus
 from ..nics import gather_nics
 
 TORCH_PROBE_TIMEOUT_S = 180.0
-# The agent's import root: the zipapp itself when shipped (…/agent-x.pyz/labctl/agent/this.py).
-IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The agent's import root: the zipapp itself when shipped (…/agent-x.pyz/labctl/agent/train/host.py).
+IMPORT_ROOT = os.path.abspath(__file__).rsplit(os.sep, 4)[0]
 
 
 def _run_python(python: str, code: str, *args: str) -> "subprocess.CompletedProcess[str]":
@@ -180,24 +181,31 @@ def torch_python(given: Optional[str]) -> Tuple[str, str]:
     return sys.executable, "inventory"
 
 
+@takes(
+    python=Opt((str, None), None),
+    address=Or(str, ""),
+    checkpoint_dir=Or(str, ""),
+    port=Opt((int, None), None),
+    orchestra=Opt(bool, False),
+)
 def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Everything the controller's preflight checks, in one round trip."""
-    python, source = torch_python(args.get("python"))
+    python, source = torch_python(args["python"])
     out: Dict[str, Any] = {
         "python": python,
         "python_source": source,
         "torch": _torch_probe(python),
         "cpu_count": os.cpu_count() or 1,
-        "iface": _iface_for(str(args.get("address") or "")),
-        "disk": _disk(str(args.get("checkpoint_dir") or paths.HOME)),
+        "iface": _iface_for(args["address"]),
+        "disk": _disk(args["checkpoint_dir"] or paths.HOME),
     }
     try:
         out["gpu_source"], out["gpus"] = gather_gpus()
     except GpuQueryError as exc:
         out["gpu_source"], out["gpus"], out["gpu_error"] = "error", [], str(exc)
-    if args.get("port") is not None:
-        out["rendezvous"] = port_state(int(args["port"]))
-    if args.get("orchestra"):
+    if args["port"] is not None:
+        out["rendezvous"] = port_state(args["port"])
+    if args["orchestra"]:
         out["orchestra"] = orchestra_state()
     return out
 
@@ -214,16 +222,18 @@ def run_processes(run_id: str, host: str) -> List[Dict[str, Any]]:
     return [{"pid": p["pid"], "pgid": p["pgid"], "cmd": p["cmd"]} for p in found]
 
 
+@takes(
+    run_id=Or(str, ""), host=Or(str, ""), stop=Opt(bool, False), grace=Opt(float, 10.0), log_dir=Or(str, "")
+)
 def ps_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """The run's processes here; with stop: SIGTERM, wait `grace` s, SIGKILL, and report what is left."""
-    run_id = str(args.get("run_id") or "")
-    host = str(args.get("host") or "")
+    run_id, host = args["run_id"], args["host"]
     if not run_id:
         raise AgentError("run_id is required", "bad_args")
     found = run_processes(run_id, host)
-    if not args.get("stop") or not found:
+    if not args["stop"] or not found:
         return {"processes": found, "stopped": [], "remaining": found}
-    killed, left = procs.terminate(found, lambda: run_processes(run_id, host), float(args.get("grace", 10)))
+    killed, left = procs.terminate(found, lambda: run_processes(run_id, host), args["grace"])
     _mark_stopped(_log_dir(args))
     return {"processes": found, "stopped": found, "killed": bool(killed), "remaining": left}
 
@@ -231,7 +241,7 @@ def ps_command(args: Dict[str, Any]) -> Dict[str, Any]:
 def _log_dir(args: Dict[str, Any]) -> str:
     """The run's folder the controller names (paths.runs_dir); refused when it climbs with '..'
     or holds a control character, whoever wrote the run's record. "" when none is given."""
-    log_dir = str(args.get("log_dir") or "")
+    log_dir: str = args["log_dir"]
     bad = next((p for p in log_dir.split("/") if p and paths.component_problem(p)), None)
     if bad is not None:
         raise AgentError(
@@ -248,9 +258,10 @@ def _mark_stopped(log_dir: Any) -> None:
         f.write(str(time.time()))
 
 
+@takes(line=Or(str, ""), log_dir=Or(str, ""), env=Or(dict, {}))
 def spawn_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Start `line` detached from the SSH session (for --detach); output to LOG_DIR/console.log."""
-    line = str(args.get("line") or "")
+    line = args["line"]
     log_dir = _log_dir(args)
     if not line or not log_dir:
         raise AgentError("line and log_dir are required", "bad_args")
@@ -261,7 +272,7 @@ def spawn_command(args: Dict[str, Any]) -> Dict[str, Any]:
     script = f"{line} > {shlex.quote(console)} 2>&1 </dev/null; echo $? > {shlex.quote(rc_path)}.tmp && mv {shlex.quote(rc_path)}.tmp {shlex.quote(rc_path)}"
     # The wrapper carries the run's id too, so `status` sees the run before torchrun has started.
     env = dict(os.environ)
-    env.update({str(k): str(v) for k, v in (args.get("env") or {}).items()})
+    env.update({str(k): str(v) for k, v in args["env"].items()})
     proc = subprocess.Popen(
         ["sh", "-c", script],
         env=env,
@@ -289,11 +300,12 @@ def _last_event(console: str) -> Optional[Dict[str, Any]]:
     return newest_event(runlog.tail_lines(console, 65536), "[rank0]:")
 
 
+@takes(run_id=Or(str, ""), log_dir=Or(str, ""), host=Or(str, ""))
 def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """State of a detached run here: running, exited (rc), or stopped; and its newest event."""
-    run_id = str(args.get("run_id") or "")
+    run_id = args["run_id"]
     log_dir = _log_dir(args)
-    host = str(args.get("host") or "")
+    host = args["host"]
     found = run_processes(run_id, host)
     out: Dict[str, Any] = {"run_id": run_id, "processes": len(found), "log_dir": log_dir}
     rc_path = os.path.join(log_dir, "rc")

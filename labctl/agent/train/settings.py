@@ -45,7 +45,7 @@ DEFAULTS: Dict[str, Any] = {
     "log_every": 10,
     "seed": 0,
     # Seconds the run may take (null: no limit): it stops before them at a step every rank
-    # agrees on, with a checkpoint there, and says "paused" (trainer_limit.py).
+    # agrees on, with a checkpoint there, and says "paused" (limit.py).
     "time_limit": None,
     # The checkpoint folder is one folder every node sees (a cluster's shared filesystem, a
     # Kubernetes claim): one process (rank 0) writes, prunes and scans it, where on the lab's

@@ -1,12 +1,5 @@
-"""Every built-in resource; importing this package registers them all."""
+"""Every built-in resource, one module per kind of thing it manages.
 
-from labctl.provision.resources import (  # noqa: F401
-    controller,
-    cron,
-    files,
-    model_cache,
-    network,
-    package,
-    sandbox,
-    torch_env,
-)
+Importing this package imports none of them: `labctl.provision.resource.RESOURCES` names each
+type's class as "module:class", and a module is imported when a playbook uses its type.
+"""

@@ -27,7 +27,6 @@ from labctl.provision.resource import (
     Resource,
     State,
     probe_error,
-    register,
 )
 from labctl.provision.resources.bundle import RUNTIME_PROBE, make_bundle, oldest_python, runtime
 from labctl.provision.resources.files import edit_lines, file_bytes, owner_ids, plan_file
@@ -56,7 +55,6 @@ def install_ops(root: str, copy: bool, python: str, host_runtime: str) -> tuple[
     return op, bundle.tag
 
 
-@register
 class ControllerInstall(Resource):
     type_name = "controller_install"
     params_model = InstallParams
@@ -128,7 +126,6 @@ class KeypairParams(Params):
         return v
 
 
-@register
 class SshKeypair(Resource):
     type_name = "ssh_keypair"
     params_model = KeypairParams
@@ -205,7 +202,6 @@ def authorized_line(key: str, mark: str) -> str:
     return f"{key} {mark}"
 
 
-@register
 class AuthorizedKey(Resource):
     type_name = "authorized_key"
     params_model = AuthorizedKeyParams

@@ -13,7 +13,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from labctl.agent import paths
-from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
+from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State
 from labctl.provision.resources.files import plan_file
 from labctl.transport.shell import command_line, quote
 
@@ -217,7 +217,6 @@ def systemd_units(p: CronParams) -> tuple[str, str]:
     return service, timer
 
 
-@register
 class Cron(Resource):
     type_name = "cron"
     params_model = CronParams

@@ -22,7 +22,6 @@ from labctl.provision.resource import (
     Resource,
     State,
     probe_error,
-    register,
     unified_diff,
 )
 
@@ -197,7 +196,6 @@ def owner_ids(state: State, key: str) -> tuple[int | None, int | None]:
     return ids.get("uid"), ids.get("gid")
 
 
-@register
 class File(Resource):
     type_name = "file"
     params_model = FileParams
@@ -267,7 +265,6 @@ def edit_lines(text: AnyStr, line: str | None, regexp: str | None, present: bool
     return edit_line(text, line, regexp, present)
 
 
-@register
 class Line(Resource):
     type_name = "line"
     params_model = LineParams

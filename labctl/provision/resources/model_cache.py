@@ -25,7 +25,6 @@ from labctl.provision.resource import (
     Resource,
     State,
     probe_error,
-    register,
 )
 from labctl.provision.resources.files import file_bytes, plan_file
 
@@ -131,7 +130,6 @@ def _edit_fstab(data: bytes, path: str, entry: str) -> bytes:
     return result
 
 
-@register
 class ModelCache(Resource):
     type_name = "model_cache"
     params_model = ModelCacheParams

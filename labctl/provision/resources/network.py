@@ -29,7 +29,6 @@ from labctl.provision.resource import (
     Resource,
     State,
     probe_error,
-    register,
     unified_diff,
 )
 
@@ -53,7 +52,6 @@ class BondParams(Params):
     )
 
 
-@register
 class BondResource(Resource):
     type_name = "bond"
     params_model = BondParams

@@ -15,7 +15,6 @@ from labctl.provision.resource import (
     Resource,
     State,
     probe_error,
-    register,
 )
 from labctl.transport.shell import command_line
 
@@ -46,7 +45,6 @@ def installed_from_dpkg(text: str) -> set[str]:
     return out
 
 
-@register
 class Package(Resource):
     type_name = "package"
     params_model = PackageParams

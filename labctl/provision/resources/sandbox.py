@@ -32,7 +32,6 @@ from labctl.provision.resource import (
     Resource,
     State,
     probe_error,
-    register,
 )
 from labctl.provision.resources.files import file_text, plan_file
 
@@ -173,7 +172,6 @@ def _userns_of(text: str | None) -> Any:
     return doc.get("userns-remap") if isinstance(doc, dict) else None
 
 
-@register
 class Sandbox(Resource):
     type_name = "sandbox"
     params_model = SandboxParams

@@ -24,7 +24,7 @@ from labctl.facts.gpus import Cap, build_archs, builds_for, parse_cap, supports,
 from labctl.facts.gpus import declared_caps as inventory_caps
 from labctl.inventory.model import Host, HostPath
 from labctl.output.fmt import fmt_duration
-from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, register
+from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State
 
 if TYPE_CHECKING:
     from labctl.hosts.fanout import HostRun
@@ -108,7 +108,6 @@ class TorchEnvParams(Params):
     )
 
 
-@register
 class TorchEnv(Resource):
     type_name = "torch_env"
     params_model = TorchEnvParams

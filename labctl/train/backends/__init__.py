@@ -2,28 +2,38 @@
 
 Every backend takes the same `PlannedRun` (the request, the phase's settings and the
 `LaunchSpec` that preflight produced) and returns a result the CLI renders, the way
-torchx's schedulers take one AppDef. A new backend is one module with a class that has a
-`name`, what it `runs_on` and a `submit` method, and one line in `BUILTIN`; `--backend` offers
-it from there.
+torchx's schedulers take one AppDef. A backend implements the whole `Backend` protocol
+(`BaseBackend` holds the defaults): its `name`, what it `runs_on`, whether the lab's hosts
+answer a preflight for it (`uses_lab_hosts`), the request options it reads (`options`, as
+torchx schedulers declare their run_opts), `check_request` and `submit`. A request option that
+the chosen backend does not declare is refused by `check_options`, naming the backends that
+take it. A new backend is one module with such a class and one line in `BUILTIN`; `--backend`
+offers it from there.
+
+The run's time limit is `LaunchSpec.time_limit_s` and nowhere else: each backend renders it
+into its own form (sbatch --time, activeDeadlineSeconds, MaxRuntimeInSeconds, the session's
+limit).
 
 Standard library only at import: the CLI reads `names()` to build `--backend`'s choices.
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from labctl.agent.registry import load
 from labctl.errors import InputError
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
     from labctl.inventory.model import Host
     from labctl.train.phases import Settings
-    from labctl.train.request import TrainRequest
+    from labctl.train.request import JobOptions, TrainRequest
     from labctl.train.results import TrainResult
     from labctl.train.spec import LaunchSpec
 
@@ -46,6 +56,16 @@ class RunsOn(StrEnum):
     # those flags the lab's training hosts stand for them, preflight included.
     CLUSTER = "cluster"
     PLATFORM = "platform"  # a cloud platform's machine: planned from the phase alone
+
+
+@dataclass(frozen=True)
+class Option:
+    """One request option a backend reads (a `JobOptions` field), as torchx schedulers declare run_opts."""
+
+    name: str  # the JobOptions field; `request.flag` gives its flag
+    type: type
+    help: str  # what it means to this backend
+    default: Any = None  # what the backend uses when it is not given (None: nothing)
 
 
 @dataclass(frozen=True)
@@ -74,13 +94,43 @@ class RunView(Protocol):
         """One line of a host's output; `label` is "host/rank" or "host/torchrun", `stream` stdout/stderr."""
 
 
+@runtime_checkable
 class Backend(Protocol):
+    """Everything `labctl train` asks of a backend; train/run.py probes for nothing else."""
+
     name: str  # what follows --backend
     runs_on: RunsOn
+    # Whether the lab's hosts plan the run (preflight over SSH). False: planned from the phase
+    # alone (a cloud session). A cluster backend's is True: with --nodes/--gpus-per-node the
+    # flags describe the cluster instead, and no host is asked.
+    uses_lab_hosts: bool
+    options: tuple[Option, ...]  # the request options it reads; `check_options` refuses the others
+    # Options it refuses with a reason of its own (name -> (message, hint)), before the generic refusal.
+    refusals: Mapping[str, tuple[str, str]]
+
+    def check_request(self, request: TrainRequest, settings: Settings) -> None:
+        """Refuse what it cannot do with the request, before any host is asked."""
+        ...
 
     def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> TrainResult:
         """Start the run, or write it down for another launcher; `view` is None in --json mode."""
         ...
+
+
+class BaseBackend:
+    """The protocol's defaults: a backend on the lab's hosts that reads no option and checks nothing."""
+
+    name: str
+    runs_on: RunsOn = RunsOn.LAB
+    uses_lab_hosts: bool = True
+    options: tuple[Option, ...] = ()
+    refusals: Mapping[str, tuple[str, str]] = MappingProxyType({})
+
+    def check_request(self, request: TrainRequest, settings: Settings) -> None:
+        return None
+
+    def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> TrainResult:
+        raise NotImplementedError
 
 
 _registered: dict[str, Backend] = {}
@@ -109,6 +159,35 @@ def get(name: str) -> Backend:
         return _registered[name]
     if name not in BUILTIN:
         raise InputError(f"unknown backend {name!r}.", f"Use one of: {', '.join(names())}.")
-    module, _, cls = BUILTIN[name].partition(":")
-    backend: Backend = getattr(importlib.import_module(module), cls)()
+    backend: Backend = load(BUILTIN[name])()
     return backend
+
+
+def option_names(backend: Backend) -> set[str]:
+    return {o.name for o in backend.options}
+
+
+def check_options(backend: Backend, job: JobOptions) -> None:
+    """Refuse the request options `backend` does not declare, naming the backends that take them."""
+    from labctl.train.request import flag
+
+    given = job.given()
+    for name in given:
+        if name in backend.refusals:
+            raise InputError(*backend.refusals[name])
+    foreign = [o for o in given if o not in option_names(backend)]
+    if not foreign:
+        return
+    flags = ", ".join(flag(o) for o in foreign)
+    others = [b for b in map(get, names()) if b.name != backend.name]
+    # The backends that take all of them, else those that take any.
+    takers = [b.name for b in others if set(foreign) <= option_names(b)] or [
+        b.name for b in others if set(foreign) & option_names(b)
+    ]
+    taker = " or ".join(takers)
+    raise InputError(
+        f"{flags} applies to --backend {taker}, not {backend.name}."
+        if taker
+        else f"{flags} does not apply to --backend {backend.name}.",
+        f"Drop it, or use --backend {taker}." if taker else "Drop it.",
+    )

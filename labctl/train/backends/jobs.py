@@ -17,6 +17,8 @@ What changes on the way, and why:
   heterogeneous lab may not: the job uses the largest count and says so in its header.
 - c10d's rendezvous wait is `join_timeout` (torch ignores a plain `timeout` for c10d).
 - The trainer's paths are relative to where the job starts (`for_cluster`).
+- The scheduler's own limit comes from `LaunchSpec.time_limit_s` (`job_limit_s`), a backstop
+  behind the trainer's pause.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from labctl.errors import InputError
 from labctl.train import backends
-from labctl.train.backends import RunsOn
+from labctl.train.backends import BaseBackend, Option, RunsOn
 from labctl.train.request import JobOptions
 from labctl.train.results import JobFiles
 from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, TIME_LIMIT_ENV, LaunchSpec
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
     from labctl.hosts.context import Context
     from labctl.train.backends import PlannedRun, RunView
     from labctl.train.phases import Settings
-    from labctl.train.request import TrainRequest
 
 LOG_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 DEVICE_ENV = "LABCTL_TRAIN_DEVICE"
@@ -64,14 +65,20 @@ JOB_GRACE_S = 300
 # What the cluster's interpreter needs for the reference trainer: it uses torch.amp.GradScaler("cuda"),
 # which torch 2.3 introduced; labctl pins and tests 2.13.0 (pyproject), and only that was tried.
 TORCH_NEEDED = "the reference trainer needs torch >= 2.3 {where} (tried with torch 2.13.0, labctl's pin)."
+# --nodes, --gpus-per-node, --cpus-per-node, --memory-per-node: a cluster described by flags
+# instead of the lab's hosts (request.CLUSTER_FIELDS), read alike by every cluster backend.
+CLUSTER_OPTIONS = (
+    Option("nodes", int, "the cluster's nodes (with gpus_per_node; no lab host is asked)"),
+    Option("gpus_per_node", int, "GPUs per cluster node (0: a CPU job)"),
+    Option("cpus_per_node", int, "CPUs each node gives the job"),
+    Option("memory_per_node", str, "memory each node gives the job, e.g. 64G"),
+)
 
 
-class JobFileBackend(ABC):
+class JobFileBackend(BaseBackend, ABC):
     """A backend whose `submit` writes files into a folder and says how to hand them to the cluster."""
 
-    name: str
     runs_on = RunsOn.CLUSTER
-    options: tuple[str, ...] = ()  # the JobOptions it reads; it refuses any other that is given
 
     @abstractmethod
     def write(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
@@ -86,10 +93,6 @@ class JobFileBackend(ABC):
         nproc, device = uniform(spec)
         return idle_gpus_note(nproc, job.gpus_per_node) if device == "cuda" else []
 
-    def check_request(self, request: TrainRequest, settings: Settings) -> None:
-        """Refuse the job options before any host is contacted: they are input, not the lab's state."""
-        self.refuse_foreign(request.job)
-
     def with_phase(self, job: JobOptions, settings: Settings) -> JobOptions:
         """The job options with the phase file's defaults for those no flag gave (none by default)."""
         return job
@@ -97,7 +100,6 @@ class JobFileBackend(ABC):
     def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> JobFiles:
         spec = for_cluster(run.spec, run.default_checkpoint)
         folder = run.request.output or run.runs_root / spec.run_id / self.name
-        self.refuse_foreign(run.request.job)
         job = self.with_phase(run.request.job, run.settings)
         paths = self.write(spec, folder, job)
         return JobFiles(
@@ -105,25 +107,8 @@ class JobFileBackend(ABC):
         )
 
     def write_checked(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
-        self.refuse_foreign(job)
+        backends.check_options(self, job)
         return self.write(spec, folder, job)
-
-    def refuse_foreign(self, job: JobOptions) -> None:
-        """Refuse the job options of other backends, naming the backend each belongs to."""
-        foreign = [o for o in job.given() if o not in self.options]
-        if foreign:
-            flags = ", ".join(f"--{o.replace('_', '-')}" for o in foreign)
-            # The backends that take all of them, else those that take any.
-            takers = [b.name for b in job_file_backends() if set(foreign) <= set(b.options)] or [
-                b.name for b in job_file_backends() if set(foreign) & set(b.options)
-            ]
-            others = " or ".join(takers)
-            raise InputError(
-                f"{flags} applies to --backend {others}, not {self.name}."
-                if others
-                else f"{flags} does not apply to --backend {self.name}.",
-                f"Drop it, or use --backend {others}." if others else "Drop it.",
-            )
 
 
 def job_file_backends() -> list[JobFileBackend]:
@@ -230,8 +215,7 @@ def idle_gpus_note(nproc: int, gpus: int | None) -> list[str]:
 
 def job_limit_s(spec: LaunchSpec) -> int | None:
     """The scheduler's limit for a time-boxed run (seconds), or None without --time-limit."""
-    limit = spec.settings.get("time_limit")
-    return int(limit) + JOB_GRACE_S if limit else None
+    return spec.time_limit_s + JOB_GRACE_S if spec.time_limit_s else None
 
 
 def heterogeneity_note(spec: LaunchSpec, nproc: int) -> list[str]:

@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from labctl.errors import InputError
-from labctl.train.backends import jobs, k8s_pod
-from labctl.train.request import CLUSTER_FIELDS, JobOptions
+from labctl.train.backends import Option, jobs, k8s_pod
+from labctl.train.request import JobOptions
 from labctl.train.spec import LaunchSpec
 
 DEFAULT_IMAGE = k8s_pod.DEFAULT_IMAGE
@@ -28,7 +28,12 @@ TTL_AFTER_FINISHED_S = 7 * 24 * 3600  # a finished job (and its pods' logs) stay
 class K8sBackend(k8s_pod.KubeJobBackend):
     name = "k8s"
     kind = "PyTorchJob"
-    options = ("image", "min_nodes", "pvc", "mount_path", "cpu", "memory", *CLUSTER_FIELDS)
+    options = (
+        k8s_pod.IMAGE_OPTION,
+        Option("min_nodes", int, "elastic minReplicas: how few workers training goes on with (default: all)"),
+        *k8s_pod.POD_OPTIONS,
+        *jobs.CLUSTER_OPTIONS,
+    )
 
     def render(self, spec: LaunchSpec, agent_b64: str | None, agent_name: str | None, job: JobOptions) -> str:
         return render_pytorchjob(spec, agent_b64, agent_name, job)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from labctl.errors import InputError
 from labctl.output.files import write_output
-from labctl.train.backends import jobs
+from labctl.train.backends import Option, jobs
 from labctl.train.request import JobOptions
 
 if TYPE_CHECKING:
@@ -45,6 +45,15 @@ GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource name
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # Kubernetes quantities: "8", "500m", "1.5", "32Gi", "1e3".
 _QUANTITY = re.compile(r"[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[numkMGTPE]|[KMGTPE]i)?", re.ASCII)
+DEFAULT_MOUNT = "/checkpoints"
+IMAGE_OPTION = Option("image", str, "the container image every pod runs", DEFAULT_IMAGE)
+# What every Kubernetes backend's pods read; the phase's `k8s:` section fills those not given.
+POD_OPTIONS = (
+    Option("pvc", str, "the ReadWriteMany claim for checkpoints and metrics (default: k8s.checkpoint_pvc)"),
+    Option("mount_path", str, "where the claim is mounted in each pod", DEFAULT_MOUNT),
+    Option("cpu", str, "CPU request per pod, e.g. 8 or 500m"),
+    Option("memory", str, "memory request per pod, e.g. 32Gi"),
+)
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,7 @@ def checkpoint_volume(job: JobOptions) -> CheckpointVolume:
             f"--pvc {job.pvc!r} is not a PersistentVolumeClaim name.",
             "Use the claim's name as `kubectl get pvc` lists it (lower case letters, digits, '-', '.').",
         )
-    mount = job.mount_path or "/checkpoints"
+    mount = job.mount_path or DEFAULT_MOUNT
     if not mount.startswith("/") or posixpath.normpath(mount) != mount or mount == "/":
         raise InputError(
             f"--mount-path {mount!r} is not an absolute folder in the pod.",

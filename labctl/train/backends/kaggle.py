@@ -18,6 +18,7 @@ from pathlib import Path
 from labctl.agent.train.settings import EXIT_PAUSED
 from labctl.errors import InputError
 from labctl.output.files import write_output
+from labctl.train.backends import Option
 from labctl.train.backends.cloud import bundle as cloud_bundle
 from labctl.train.backends.cloud.backend import CloudBackend, checkpoint_subdir, required
 from labctl.train.backends.cloud.platforms import KAGGLE
@@ -42,11 +43,12 @@ def kernel_id(value: str, flag: str) -> str:
 
 class KaggleBackend(CloudBackend):
     name = "kaggle"
-    options = ("kaggle_id", "resume_from")
+    options = (
+        Option("kaggle_id", str, "the USER/SLUG this session is pushed as (required)"),
+        Option("resume_from", str, "USER/SLUG of the session whose checkpoints this one resumes"),
+    )
 
-    def write_session(
-        self, spec: LaunchSpec, folder: Path, job: JobOptions, time_limit_s: int | None
-    ) -> list[Path]:
+    def write_session(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
         kid = kernel_id(
             required(
                 job.kaggle_id,
@@ -63,7 +65,7 @@ class KaggleBackend(CloudBackend):
                 f"--resume-from {resume} is this session's own id.",
                 "Give each session its own slug (…-s1, …-s2) and resume from the one before.",
             )
-        session_s, limit_s = KAGGLE.limits(time_limit_s)
+        session_s, limit_s = KAGGLE.limits(spec.time_limit_s)
         trainer = cloud_bundle.trainer_bundle(Path(spec.script) if spec.script else None, spec.script_args)
         config = cloud_bundle.session_config(
             platform="kaggle",

@@ -24,12 +24,13 @@ from typing import Any
 
 from labctl.errors import InputError, install_extra
 from labctl.output.files import write_output
+from labctl.train.backends import Option
 from labctl.train.backends.cloud import bundle as cloud_bundle
 from labctl.train.backends.cloud.backend import CloudBackend, checkpoint_subdir, required
 from labctl.train.backends.cloud.platforms import SAGEMAKER, SAGEMAKER_INSTANCE
 from labctl.train.duration import format_duration
 from labctl.train.request import JobOptions
-from labctl.train.spec import LaunchSpec
+from labctl.train.spec import RUN_ENV, TIME_LIMIT_ENV, LaunchSpec
 from labctl.transport.shell import quote
 
 REQUEST = "create-training-job.json"
@@ -79,14 +80,12 @@ def s3_prefix(value: str) -> tuple[str, str]:
     return m.group(1), (m.group(2) or "").strip("/")
 
 
-def build_request(
-    spec: LaunchSpec,
-    job: JobOptions,
-    time_limit_s: int | None,
-    source_uri: str,
-    where: str,
-) -> dict[str, Any]:
-    """The CreateTrainingJob request for `spec` (not yet validated)."""
+def build_request(spec: LaunchSpec, job: JobOptions, source_uri: str, where: str) -> dict[str, Any]:
+    """The CreateTrainingJob request for `spec` (not yet validated).
+
+    `spec.time_limit_s` is the session asked for: MaxRuntimeInSeconds, and the trainer's
+    `time_limit` a margin before it (HyperParameters and the environment).
+    """
     role = required(
         job.role_arn,
         "--role-arn",
@@ -100,7 +99,7 @@ def build_request(
         )
     )
     base = f"s3://{bucket}/{prefix}".rstrip("/")
-    session_s, limit_s = SAGEMAKER.limits(time_limit_s)
+    session_s, limit_s = SAGEMAKER.limits(spec.time_limit_s)
     settings = {**spec.settings, "checkpoint_dir": CHECKPOINTS, "metrics_path": "/opt/ml/model/metrics.jsonl"}
     settings["time_limit"] = limit_s
     hyper = {
@@ -121,7 +120,7 @@ def build_request(
         },
         "RoleArn": role,
         "HyperParameters": hyper,
-        "Environment": {"LABCTL_RUN_ID": spec.run_id, "LABCTL_TIME_LIMIT_S": str(limit_s)},
+        "Environment": {RUN_ENV: spec.run_id, TIME_LIMIT_ENV: str(limit_s)},
         "OutputDataConfig": {"S3OutputPath": f"{base}/output"},
         "ResourceConfig": {
             "InstanceType": job.instance_type or SAGEMAKER_INSTANCE,
@@ -217,11 +216,15 @@ def _flag_for(problem: str) -> str | None:
 
 class SageMakerBackend(CloudBackend):
     name = "sagemaker"
-    options = ("role_arn", "s3", "instance_type", "nodes", "image")
+    options = (
+        Option("role_arn", str, "the IAM role the job runs as (RoleArn; required)"),
+        Option("s3", str, "s3://bucket/prefix for the source, checkpoints and output (required)"),
+        Option("instance_type", str, "the instance type (default: the phase's)", SAGEMAKER_INSTANCE),
+        Option("nodes", int, "the instance count (InstanceCount)", 1),
+        Option("image", str, "the training image (default: the region's PyTorch Deep Learning Container)"),
+    )
 
-    def write_session(
-        self, spec: LaunchSpec, folder: Path, job: JobOptions, time_limit_s: int | None
-    ) -> list[Path]:
+    def write_session(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
         where = region()
         bucket, prefix = s3_prefix(
             required(
@@ -229,10 +232,9 @@ class SageMakerBackend(CloudBackend):
             )
         )
         key = "/".join(p for p in (prefix, spec.run_id, "source", SOURCE) if p)
-        request = build_request(spec, job, time_limit_s, f"s3://{bucket}/{key}", where)
+        request = build_request(spec, job, f"s3://{bucket}/{key}", where)
         validate(request)
-        session_s = request["StoppingCondition"]["MaxRuntimeInSeconds"]
-        limit_s = int(request["HyperParameters"]["labctl_time_limit_s"])
+        session_s, limit_s = SAGEMAKER.limits(spec.time_limit_s)
         trainer = cloud_bundle.trainer_bundle(Path(spec.script) if spec.script else None, spec.script_args)
         config = cloud_bundle.session_config(
             platform="sagemaker",

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from labctl.errors import InputError
 from labctl.output.files import write_output
-from labctl.train.backends import jobs
-from labctl.train.request import CLUSTER_FIELDS, ClusterShape, JobOptions
+from labctl.train.backends import Option, jobs
+from labctl.train.request import ClusterShape, JobOptions
 from labctl.train.spec import LaunchSpec
 from labctl.transport.shell import command_line, export_lines, quote
 
@@ -45,7 +45,17 @@ _IFACE_AT_START = (
 
 class SlurmBackend(jobs.JobFileBackend):
     name = "slurm"
-    options = ("partition", "time_limit", "requeue", *CLUSTER_FIELDS)
+    options = (
+        Option("partition", str, "the Slurm partition (#SBATCH --partition)"),
+        Option(
+            "time_limit",
+            str,
+            "Slurm's own time limit (#SBATCH --time); default: the run's time limit and "
+            f"{jobs.JOB_GRACE_S} s for start-up, else none",
+        ),
+        Option("requeue", bool, "requeue a preempted job, which resumes from its checkpoint", True),
+        *jobs.CLUSTER_OPTIONS,
+    )
 
     def with_phase(self, job: JobOptions, settings: Settings) -> JobOptions:
         named = next((settings.env[k] for k in IFACE_ENV if settings.env.get(k)), None)
@@ -137,9 +147,9 @@ def render_sbatch(
     if agent_name:
         lines.append(f"# ({agent_name} must stay next to this script, on a filesystem every node sees.)")
     lines += ["# Options given to sbatch on its command line override the #SBATCH lines below."]
-    if spec.settings.get("time_limit"):
+    if spec.time_limit_s:
         lines.append(
-            f"# Time-boxed: the trainer pauses with a checkpoint by {spec.settings['time_limit']} s"
+            f"# Time-boxed: the trainer pauses with a checkpoint by {spec.time_limit_s} s"
             + (f"; --time leaves {jobs.JOB_GRACE_S} s more for start-up." if derived else ".")
             + " Submit again to resume."
         )

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from labctl.train import launch, runs
-from labctl.train.backends import RunsOn
+from labctl.train.backends import BaseBackend, RunsOn
 from labctl.train.results import Attached, Detached
 
 if TYPE_CHECKING:
@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from labctl.train.backends import PlannedRun, RunView
 
 
-class SshBackend:
+class SshBackend(BaseBackend):
+    """Reads no request option: the spec (its time limit in the trainer's settings and each
+    host's environment already) is the whole run."""
+
     name = "ssh"
     runs_on = RunsOn.LAB
 
@@ -31,7 +34,7 @@ class SshBackend:
             {
                 "run_id": spec.run_id,
                 "phase": spec.phase,
-                "inventory": str(ctx.inventory.path),
+                "inventory": str(ctx.inventory_path),
                 "hosts": [n.host for n in spec.nodes],
                 "log_dir": spec.log_dir,
                 "grace": run.settings.stop_grace,

@@ -15,14 +15,15 @@ it), so --min-nodes is refused; a time-boxed run gets `spec.activeDeadlineSecond
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
 from typing import Any
 
 import yaml
 
 from labctl.errors import InputError
-from labctl.train.backends import jobs, k8s_pod
+from labctl.train.backends import Option, jobs, k8s_pod
 from labctl.train.backends.k8s import k8s_job_name
-from labctl.train.request import CLUSTER_FIELDS, JobOptions
+from labctl.train.request import JobOptions
 from labctl.train.spec import LaunchSpec
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -34,20 +35,26 @@ PATCH_MANAGER = "labctl"  # runtimePatches are keyed by who wrote them
 RESERVED_ENV = frozenset(
     {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
 )
+DEFAULT_RUNTIME = "torch-distributed"
 
 
 class TrainJobBackend(k8s_pod.KubeJobBackend):
     name = "trainjob"
     kind = "TrainJob"
-    options = ("image", "pvc", "mount_path", "cpu", "memory", "runtime", *CLUSTER_FIELDS)
-
-    def refuse_foreign(self, job: JobOptions) -> None:
-        if job.min_nodes is not None:
-            raise InputError(
+    options = (
+        k8s_pod.IMAGE_OPTION,
+        *k8s_pod.POD_OPTIONS,
+        Option("runtime", str, "the ClusterTrainingRuntime the TrainJob runs on", DEFAULT_RUNTIME),
+        *jobs.CLUSTER_OPTIONS,
+    )
+    refusals = MappingProxyType(
+        {
+            "min_nodes": (
                 "--min-nodes is an elastic policy, which Kubeflow Trainer v2 does not have (v2.2 dropped it).",
                 "Drop --min-nodes, or use --backend k8s (the training-operator's elastic PyTorchJob).",
             )
-        super().refuse_foreign(job)
+        }
+    )
 
     def render(self, spec: LaunchSpec, agent_b64: str | None, agent_name: str | None, job: JobOptions) -> str:
         return render_trainjob(spec, agent_b64, agent_name, job)
@@ -59,7 +66,7 @@ def render_trainjob(spec: LaunchSpec, agent_b64: str | None, agent_name: str | N
     vol = k8s_pod.checked_volume(job)
     spec = k8s_pod.on_volume(spec, vol)
     image = k8s_pod.check_image(k8s_pod.DEFAULT_IMAGE if job.image is None else job.image)
-    runtime = job.runtime or "torch-distributed"
+    runtime = job.runtime or DEFAULT_RUNTIME
     if not k8s_pod.is_dns_subdomain(runtime):
         raise InputError(
             f"--runtime {runtime!r} is not a ClusterTrainingRuntime name.",

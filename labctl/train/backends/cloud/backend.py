@@ -2,6 +2,8 @@
 
 A cloud session runs on the platform's machine, not on the lab's hosts, so `labctl train`
 plans it from the phase's settings alone (`offline_spec`): no preflight over SSH, no hosts.
+The spec's `time_limit_s` is the session's length asked for; each platform turns it into its
+own session and trainer limits (`platforms.Platform.limits`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labctl.errors import InputError
-from labctl.train.backends import RunsOn, jobs
+from labctl.train.backends import RunsOn, jobs, option_names
 from labctl.train.request import JobOptions
 from labctl.train.results import JobFiles
 from labctl.train.spec import LaunchSpec
@@ -24,9 +26,17 @@ if TYPE_CHECKING:
 
 
 def offline_spec(
-    settings: Settings, phase: int, run_id: str, script: Path | None, script_args: tuple[str, ...]
+    settings: Settings,
+    phase: int,
+    run_id: str,
+    script: Path | None,
+    script_args: tuple[str, ...],
+    time_limit_s: int | None = None,
 ) -> LaunchSpec:
-    """The run as a cloud session sees it: the trainer's settings, the script, and no lab hosts."""
+    """The run as a cloud session sees it: the trainer's settings, the script, and no lab hosts.
+
+    The settings carry no `time_limit`: the session's launcher gives the trainer what is left.
+    """
     return LaunchSpec(
         run_id=run_id,
         phase=phase,
@@ -38,6 +48,7 @@ def offline_spec(
         settings=settings.trainer_settings(phase, run_id, f"labctl-runs/{run_id}/metrics.jsonl"),
         script=str(script) if script else None,
         script_args=script_args,
+        time_limit_s=time_limit_s,
     )
 
 
@@ -49,24 +60,22 @@ def checkpoint_subdir(phase: int) -> str:
 class CloudBackend(jobs.JobFileBackend):
     """A backend for a cloud platform's session: `write_session` writes it, the person pushes it."""
 
-    runs_on = RunsOn.PLATFORM  # train/run.py plans it with offline_spec, without preflight
+    runs_on = RunsOn.PLATFORM
+    uses_lab_hosts = False  # train/run.py plans it with offline_spec, without preflight
 
     @abstractmethod
-    def write_session(
-        self, spec: LaunchSpec, folder: Path, job: JobOptions, time_limit_s: int | None
-    ) -> list[Path]:
-        """Write the session's files into `folder`; `time_limit_s` None: the platform's longest session."""
+    def write_session(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
+        """Write the session's files into `folder`; `spec.time_limit_s` None: the platform's longest session."""
 
     def write(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
-        return self.write_session(spec, folder, job, None)
+        return self.write_session(spec, folder, job)
 
     def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> JobFiles:
         job = run.request.job
-        self.refuse_foreign(job)
-        if job.instance_type is None and run.settings.instance_type and "instance_type" in self.options:
+        if job.instance_type is None and run.settings.instance_type and "instance_type" in option_names(self):
             job = dataclasses.replace(job, instance_type=run.settings.instance_type)
         folder = run.request.output or run.runs_root / run.spec.run_id / self.name
-        paths = self.write_session(run.spec, folder, job, run.request.time_limit_s)
+        paths = self.write_session(run.spec, folder, job)
         return JobFiles(run.spec.run_id, self.name, paths, self.submit_command(paths))
 
 

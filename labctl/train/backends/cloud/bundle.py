@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from labctl.agent.train.settings import EXIT_PAUSED
 from labctl.errors import InputError
 
 ENTRY_TAIL = """
@@ -79,6 +80,7 @@ def session_config(
         "checkpoint_subdir": checkpoint_subdir,
         "resume_from": resume_from,
         "paused_exit": paused_exit,
+        "trainer_paused_exit": EXIT_PAUSED,
         "bundle_name": bundle.name,
         "bundle_sha256": bundle.sha256,
         "script": None,

@@ -25,7 +25,6 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 EXIT_INPUT = 2
-EXIT_PAUSED = 75  # the trainer's "time limit reached, resumable" (trainer_settings.EXIT_PAUSED)
 ROOT_ENV = {"kaggle": ("LABCTL_KAGGLE_ROOT", "/kaggle"), "sagemaker": ("LABCTL_SAGEMAKER_ROOT", "/opt/ml")}
 BUNDLE_B64 = ""  # Kaggle: the trainer zip, filled in by labctl
 
@@ -197,7 +196,9 @@ def main(config: dict[str, Any], here: str) -> int:
         + ckpt
     )
     rc = subprocess.call(argv, env=env, cwd=where["work"])
-    if rc == EXIT_PAUSED:
+    # The trainer's "time limit reached, resumable" (labctl.agent.train.settings.EXIT_PAUSED),
+    # which CONFIG carries: this file runs where labctl is not installed.
+    if rc == config["trainer_paused_exit"]:
         say("time limit reached: the checkpoints in " + ckpt + " resume the run in the next session")
         return int(config["paused_exit"])
     # Under torchrun a paused trainer exits 0 too: its last event says whether it finished or paused.

@@ -1,0 +1,132 @@
+"""The agent's argument specs (labctl/agent/argspec.py): every command's args are checked once,
+before its handler runs, so a bad call is refused as bad_args naming the command and the
+argument instead of failing deep in the handler with a KeyError or TypeError."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from labctl.agent import __main__ as agent_main
+from labctl.agent import commands
+from labctl.agent.argspec import NUMBER_OR_NULL, Opt, Or, Spec, takes
+from labctl.agent.errors import AgentError
+
+
+def refused(command: str, args: dict[str, Any]) -> str:
+    with pytest.raises(AgentError) as info:
+        commands.call(command, args)
+    assert info.value.kind == "bad_args"
+    assert info.value.message.startswith(f"{command}: ")
+    return info.value.message
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "named"),
+    [
+        ("ping", {"verbose": True}, "verbose"),
+        ("cache_evict", {"cache": "/c", "model": ["m"]}, "model"),
+        ("ckpt_lib_list", {"lib": "/l", "run": "r"}, "run"),
+        ("train_ps", {"run_id": "r", "stop": True, "grace_s": 3}, "grace_s"),
+    ],
+)
+def test_an_unknown_argument_is_refused_by_name(command: str, args: dict[str, Any], named: str) -> None:
+    message = refused(command, args)
+    assert f"unknown argument(s) {named}" in message
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "named"),
+    [
+        ("cache_state", {"size_gb": 4}, "cache"),
+        ("net_send", {"address": "127.0.0.1"}, "port"),
+        ("ckpt_lib_commit", {"lib": "/l", "run_id": "r"}, "step"),
+        ("read_cold", {}, "path"),
+    ],
+)
+def test_a_missing_required_argument_is_refused_by_name(
+    command: str, args: dict[str, Any], named: str
+) -> None:
+    assert f"argument {named!r} is required" in refused(command, args)
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "named"),
+    [
+        ("net_send", {"address": "127.0.0.1", "port": "9000"}, "port"),
+        ("cache_verify", {"cache": "/c", "repair": "yes"}, "repair"),
+        ("ckpt_newest", {"dir": "/d", "step": 1.5}, "step"),
+        ("facts", {"timeout_s": "soon"}, "timeout_s"),
+        ("load_stages", {"path": "/m", "seq": True}, "seq"),
+        ("net_begin", {"id": "t", "files": ["/etc/x"]}, "files"),
+    ],
+)
+def test_a_wrongly_typed_argument_is_refused_by_name(command: str, args: dict[str, Any], named: str) -> None:
+    assert f"argument {named!r} must be" in refused(command, args)
+
+
+def test_the_agent_answers_a_refusal_as_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert agent_main.main(["cache_evict", json.dumps({"cache": "/c", "force": 1})]) == 1
+    answer = json.loads(capsys.readouterr().out)
+    assert answer == {
+        "error": "cache_evict: argument 'force' must be true or false, got 1",
+        "kind": "bad_args",
+    }
+
+
+def test_defaults_are_applied_as_the_old_reads_did() -> None:
+    spec = Spec(
+        need=str,
+        plain=Opt(int, 3),
+        maybe=Opt((str, None), None),
+        empty_is_default=Or(int, 8),
+        seconds=Opt(float, 1.0),
+        size=Opt(NUMBER_OR_NULL, None),
+        items=Or(list, []),
+    )
+    got = spec.apply({"need": "x", "empty_is_default": 0, "seconds": 2, "size": 4, "maybe": None})
+    assert got == {
+        "need": "x",
+        "plain": 3,
+        "maybe": None,
+        "empty_is_default": 8,
+        "seconds": 2.0,
+        "size": 4,
+        "items": [],
+    }
+    assert isinstance(got["seconds"], float) and isinstance(got["size"], int)
+    # an explicit null is a value for Opt (refused unless allowed), the default for Or
+    with pytest.raises(AgentError, match="'plain' must be an integer, got None"):
+        spec.apply({"need": "x", "plain": None})
+    assert spec.apply({"need": "x", "items": None})["items"] == []
+
+
+def test_a_default_list_is_not_shared_between_calls() -> None:
+    @takes(items=Or(list, []))
+    def handler(args: dict[str, Any]) -> dict[str, Any]:
+        args["items"].append(1)
+        return {"items": args["items"]}
+
+    assert handler({}) == {"items": [1]}
+    assert handler({}) == {"items": [1]}
+
+
+def test_a_handler_called_directly_applies_its_spec_and_dispatch_checks_once() -> None:
+    seen: list[dict[str, Any]] = []
+
+    @takes(wait=Opt(float, 600.0))
+    def handler(args: dict[str, Any]) -> dict[str, Any]:
+        seen.append(args)
+        return {}
+
+    commands.register("_argspec_probe", handler)
+    try:
+        commands.call("_argspec_probe", {"wait": 5})
+        handler({})
+    finally:
+        del commands.COMMANDS["_argspec_probe"]
+    assert seen == [{"wait": 5.0}, {"wait": 600.0}]
+    with pytest.raises(AgentError, match="argument 'wait' must be a number"):
+        handler({"wait": "long"})
