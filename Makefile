@@ -32,8 +32,8 @@ lint: install
 	$(BIN)/mypy labctl
 
 test: install deps
-	$(BIN)/pytest -q -rs -m "not integration" tests
-	$(BIN)/pytest -q -rs -m integration tests
+	$(BIN)/pytest -q -rs --durations=15 -m "not integration" tests
+	$(BIN)/pytest -q -rs --durations=40 -m integration tests
 
 test-unit: install
 	$(BIN)/pytest -q -rs -m "not integration" tests
