@@ -40,7 +40,7 @@ def _gpus(f: HostFound) -> list[dict[str, Any]]:
 
 
 def check_gpus(f: HostFound) -> list[Line]:
-    """Declared GPUs and RAM against the facts (facts_compare's sentences), found GPUs listed."""
+    """Declared GPUs and RAM against the facts (facts.compare's sentences), found GPUs listed."""
     h, facts = f.host, f.facts or {}
     name = h.name
     declared = [g.model_dump() for g in h.gpus]

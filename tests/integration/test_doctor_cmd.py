@@ -58,7 +58,7 @@ def test_doctor_fails_declared_missing_gpus_passes_what_is_there_and_lists_the_d
         assert [x["status"] for x in _lines(doc, "clock skew", name)] == ["pass"]
         missing = compare_declared([g.model_dump() for g in host.gpus], None, f)
         gpu_lines = _lines(doc, "GPUs declared", name)
-        # Each sentence facts_compare makes about this host is one failing line with its fix.
+        # each sentence facts.compare makes about this host is one failing line with its fix.
         assert sorted(x["found"] for x in gpu_lines if x["status"] == "fail") == sorted(missing)
         for x in gpu_lines:
             if x["status"] == "fail":

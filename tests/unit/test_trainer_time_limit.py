@@ -1,4 +1,4 @@
-"""`time_limit` in the reference trainer: the stop decision (trainer_limit.py) as arithmetic, and
+"""`time_limit` in the reference trainer: the stop decision (agent/train/limit.py) as arithmetic, and
 real CPU runs of a tiny tinylm that pause at a step, checkpoint there and resume from it.
 
 The pause decision reads a clock, so the runs here never assert when it happens: they assert

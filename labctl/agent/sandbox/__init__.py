@@ -1,6 +1,8 @@
 """Host side of `labctl sandbox` (standard library only, Python 3.8): the image builder
 (`image`), a Docker Engine client over its unix socket (`docker`), the warm pool (`pool`),
-running programs (`runner`), the host check (`hostcheck`).
+running programs (`runner`), the host check (`hostcheck`), the daemon's settings (`daemon`) and
+the docker command line (`dockercli`), and each language's recipe (`languages`: data the
+controller's provision resource reads too).
 
 The names every part shares (the controller imports them from here too): one image per
 language, `labctl-sandbox/LANG:latest`, labelled with its recipe's hash and its language.

@@ -3,7 +3,7 @@
 `create-training-job.json` is the request as `aws sagemaker create-training-job --cli-input-json`
 reads it, checked offline against botocore's own SageMaker service model (the shapes the AWS
 CLI validates against), so a request that would be refused is refused here, naming the field.
-`sourcedir.tar.gz` holds the launcher (cloud/session.py, as `labctl_entry.py`) and the trainer
+`sourcedir.tar.gz` holds the launcher (backends/cloud/session.py, as `labctl_entry.py`) and the trainer
 bundle; the training image's toolkit fetches it from `sagemaker_submit_directory` and runs
 the launcher, as the SageMaker Python SDK's PyTorch estimator does. The trainer's settings and
 time limit travel in HyperParameters, so the request says everything the job will do.
