@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +24,13 @@ settings.register_profile("explore", deadline=None, max_examples=1000)
 settings.load_profile(os.environ.get("LABCTL_HYPOTHESIS", "labctl"))
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A shell that starts pytest in the background without job control (`cmd &` in a script, nohup)
+# hands it SIGINT ignored, and every labctl the tests start would inherit that: the Ctrl-C tests
+# would wait forever. With a handler here, a child starts with SIGINT at its default, as from a
+# terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 SIM_HOSTS = ["m5", "irina", "pharaoh", "workstation"]
 # `labctl train` settings for a tiny model: a real run on the simulated lab in seconds.
 TRAIN_TINY = [
