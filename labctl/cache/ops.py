@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import HostError
+from labctl.output.errors import HostError
 
 if TYPE_CHECKING:
     from labctl.hosts.fanout import HostRun

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from labctl.agent.cache.manifest import chunk_ranges, page_round
-from labctl.errors import HostError
+from labctl.output.errors import HostError
 from labctl.output.fmt import fmt_bytes
 
 SLACK = 1 << 20  # room left for the manifest and state files next to the models

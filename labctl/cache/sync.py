@@ -21,9 +21,9 @@ from labctl.agent.cache.manifest import DEFAULT_CHUNK
 from labctl.cache.ops import cache_state
 from labctl.cache.plan import plan_sync
 from labctl.cache.targets import Target, cache_of, resolve_target
-from labctl.errors import HostError, InputError, LabctlError
 from labctl.hosts.agent_ship import agent_event
 from labctl.hosts.listening import Listener
+from labctl.output.errors import HostError, InputError, LabctlError
 from labctl.output.fmt import fmt_bytes
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from labctl.agent.cache.manifest import check_name
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Host, Inventory, ModelCache

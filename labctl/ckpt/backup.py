@@ -40,7 +40,7 @@ from labctl.ckpt.library import (
     run_records,
     superseded,
 )
-from labctl.errors import HostError, InputError, LabctlError
+from labctl.output.errors import HostError, InputError, LabctlError
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 ENV = "LABCTL_NOW"
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import InputError, LabctlError
+from labctl.output.errors import InputError, LabctlError
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context

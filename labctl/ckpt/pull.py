@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from labctl.agent.ckpt import library as ckpt_library
 from labctl.agent.train.ckpt import FORMAT, CheckpointDir, manifest_name
-from labctl.errors import InputError, install_extra
+from labctl.output.errors import InputError, install_extra
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context

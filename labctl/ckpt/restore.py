@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from labctl.ckpt.library import Library, checkpoint_dir, copies, rehash, repair_hints
-from labctl.errors import HostError, InputError
+from labctl.output.errors import HostError, InputError
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context

@@ -19,7 +19,7 @@ from typer.models import CommandInfo
 
 from labctl import __version__
 from labctl.agent.registry import load
-from labctl.errors import EXIT_INTERRUPTED, LabctlError
+from labctl.output.errors import EXIT_INTERRUPTED, LabctlError
 
 COMMANDS = {
     "init": "labctl.cli.init_cmd:init",

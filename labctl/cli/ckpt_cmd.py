@@ -283,7 +283,7 @@ def verify_cmd(
         hints = repair_hints(c, lib, bad)
         entries = [{k: v for k, v in e.items() if k != "record"} for e in answer["entries"]]
         if run and not entries:
-            from labctl.errors import InputError
+            from labctl.output.errors import InputError
 
             raise InputError(
                 f"The library on {lib.host.name} ({lib.path}) holds no copy of run '{run}'.",

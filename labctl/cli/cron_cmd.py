@@ -74,7 +74,7 @@ def install(
 
         labctl cron install ckpt-backup --daily
     """
-    from labctl.errors import InputError
+    from labctl.output.errors import InputError
     from labctl.schedule.every import resolve_schedule
     from labctl.schedule.install import install as run_install
 

@@ -55,9 +55,9 @@ def doctor(
     from labctl.doctor.model import exit_code
     from labctl.doctor.render import render, to_json
     from labctl.doctor.tiers import TIERS
-    from labctl.errors import InputError
     from labctl.inventory.select import select_hosts
     from labctl.monitor.alerts import rules_for
+    from labctl.output.errors import InputError
 
     if tier is not None and tier not in TIERS:
         raise InputError(

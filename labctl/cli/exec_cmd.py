@@ -91,11 +91,11 @@ def exec_(
 
     line = " ".join(command)
     if not line.strip():
-        from labctl.errors import InputError
+        from labctl.output.errors import InputError
 
         raise InputError("No command given.", "Put it after `--`, e.g. labctl exec -- uptime")
     if not network and verify is not None:
-        from labctl.errors import InputError
+        from labctl.output.errors import InputError
 
         raise InputError("--verify only goes with --network.", "Add --network, or drop --verify.")
 

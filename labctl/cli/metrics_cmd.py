@@ -70,8 +70,8 @@ def metrics(
 
         labctl metrics --serve 10.0.0.2:9835 --limit role:train
     """
-    from labctl.errors import InputError
     from labctl.monitor import metrics as m
+    from labctl.output.errors import InputError
 
     if (textfile is None) == (serve is None):
         raise InputError(

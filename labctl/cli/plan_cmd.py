@@ -21,7 +21,7 @@ app = typer.Typer(
 
 def _start(text: Optional[str]) -> datetime:
     """--start as given (a date alone: its 00:00); without it the next whole hour, not today's 00:00 long past."""
-    from labctl.errors import InputError
+    from labctl.output.errors import InputError
     from labctl.plan.schedule import plan_start
 
     if text is None:
@@ -80,7 +80,7 @@ def week(
 
         labctl plan week -f playbooks/plan.yaml --plot week.png --start 2026-11-30
     """
-    from labctl.errors import InputError, install_extra
+    from labctl.output.errors import InputError, install_extra
     from labctl.plan import spec
     from labctl.plan.render import render
     from labctl.plan.schedule import schedule

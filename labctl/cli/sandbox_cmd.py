@@ -36,7 +36,7 @@ HostOpt = Annotated[
 
 def _read(path: str, what: str) -> bytes:
     """The file's bytes, as they are: a source in any encoding reaches the sandbox unchanged."""
-    from labctl.errors import InputError
+    from labctl.output.errors import InputError
 
     try:
         if path == "-":
@@ -94,7 +94,7 @@ def run_cmd(
     from labctl.sandbox.api import run
 
     if file == "-" and stdin_file == "-":
-        from labctl.errors import InputError
+        from labctl.output.errors import InputError
 
         raise InputError("the program and its stdin cannot both come from -.", "Give one of them as a file.")
     source = _read(file, "program")
@@ -187,7 +187,7 @@ def bench_cmd(
 
 
 def _levels(text: str) -> list[int]:
-    from labctl.errors import InputError
+    from labctl.output.errors import InputError
 
     try:
         levels = [int(x) for x in text.split(",") if x.strip()]

@@ -99,7 +99,7 @@ def status(
 
     def work(c: Context) -> Optional[Outcome]:
         if watch is not None and c.json_mode:
-            from labctl.errors import InputError
+            from labctl.output.errors import InputError
 
             raise InputError(
                 "--watch redraws a table in place, and --json prints one document: they do not go together.",

@@ -252,7 +252,7 @@ def train(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from labctl.errors import InputError
+    from labctl.output.errors import InputError
     from labctl.train import run
     from labctl.train.duration import parse_duration
     from labctl.train.request import JobOptions, TrainRequest, parse_ranks

@@ -36,10 +36,10 @@ def trust(
 
         labctl trust --yes            # every host, no questions (a freshly built lab)
     """
-    from labctl.errors import InputError
     from labctl.hosts.fanout import HostResult, HostRun, fan_out
     from labctl.hosts.recap import print_recap
     from labctl.inventory.select import select_hosts
+    from labctl.output.errors import InputError
     from labctl.transport.hostkeys import fetch_host_key, fingerprint, pin_host_key, pinned_keys
     from labctl.transport.localfiles import check_local_files
 

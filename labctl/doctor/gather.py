@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import LabctlError
+from labctl.output.errors import LabctlError
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context

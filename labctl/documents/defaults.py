@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 
 def default_places(rel: Path, inventory_path: Path) -> list[Path]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 INVENTORY = "inventory/lab.yaml"
 # (name in labctl/data, where it goes in the lab folder)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from labctl.documents.suggest import did_you_mean
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError

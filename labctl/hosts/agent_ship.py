@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.agent import paths
-from labctl.errors import HostError
 from labctl.hosts.fanout import HostRun, on_host
 from labctl.inventory.model import Host
+from labctl.output.errors import HostError
 from labctl.transport.base import LineCallback, file_error
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from labctl.errors import LabctlError
 from labctl.inventory.model import Host
+from labctl.output.errors import LabctlError
 from labctl.transport.base import TransportError
 from labctl.transport.localfiles import check_local_files
 
@@ -141,7 +141,8 @@ def _named(host: Host, e: Exception) -> TransportError | None:
     (a socket or paramiko error, EOF), or a full or read-only disk on this machine."""
     import errno
 
-    from labctl.transport.base import DISK_FULL, NOT_WRITABLE, ConnectionLost
+    from labctl.output.errors import DISK_FULL, NOT_WRITABLE
+    from labctl.transport.base import ConnectionLost
 
     name = errno.errorcode.get(getattr(e, "errno", None) or 0, "")
     if isinstance(e, OSError) and (name in DISK_FULL or name in NOT_WRITABLE):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import HostError, LabctlError
+from labctl.output.errors import HostError, LabctlError
 
 if TYPE_CHECKING:
     from labctl.hosts.fanout import HostRun

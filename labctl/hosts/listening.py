@@ -12,7 +12,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Self
 
-from labctl.errors import HostError, LabctlError
+from labctl.output.errors import HostError, LabctlError
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context

@@ -6,8 +6,8 @@ import fnmatch
 from dataclasses import dataclass, field
 
 from labctl.documents.suggest import did_you_mean
-from labctl.errors import InputError
 from labctl.inventory.model import Host, Inventory
+from labctl.output.errors import InputError
 
 # Roles labctl itself gives a meaning to: its shipped playbooks, phase and orchestra files
 # select hosts by them, and its commands look for them. Any lab may lack any of them, so a

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.cache.targets import Target, load_host, resolve_target, this_machine
-from labctl.errors import HostError, InputError
 from labctl.hosts.agent_ship import ask_agent
 from labctl.hosts.fanout import HostRun, on_host
 from labctl.inventory.model import Host
 from labctl.modelload.stages import STAGES, Stage, attach_seed, link_gbps, make_stage, speedup_ram_vs_network
+from labctl.output.errors import HostError, InputError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

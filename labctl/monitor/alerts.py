@@ -122,7 +122,7 @@ def default_path(inventory_path: Path | None = None) -> Path:
 def rules_for(given: Path | None, inventory_path: Path | None) -> AlertRules:
     """The rules a command uses: the file given (--alerts), else alerts.yaml where the default
     files are found, else seed 004's thresholds as packaged: alerts need no file to work."""
-    from labctl.errors import InputError
+    from labctl.output.errors import InputError
 
     if given is not None:
         return load_rules(given)

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from labctl.errors import InputError
 from labctl.monitor.alerts import reading
+from labctl.output.errors import InputError
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

@@ -12,9 +12,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import HostError, LabctlError
 from labctl.hosts.listening import Listener
 from labctl.netbench.plan import HostLink, build_report, host_link
+from labctl.output.errors import HostError, LabctlError
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context

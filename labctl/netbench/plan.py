@@ -8,8 +8,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import InputError
 from labctl.modelload.stages import SEED_BYTES, SEED_SECONDS
+from labctl.output.errors import InputError
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Host, Inventory

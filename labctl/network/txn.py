@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import LabctlError
 from labctl.hosts.agent_ship import AgentFailed, call_agent
 from labctl.hosts.fanout import HostRun
+from labctl.output.errors import LabctlError
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Host

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from labctl.documents.suggest import LEADING, did_you_mean
-from labctl.errors import InputError
 from labctl.orchestra.place import EPS, GpuKey, Placement
+from labctl.output.errors import InputError
 
 Mode = Literal["make-before-break", "break-before-make", "move"]
 

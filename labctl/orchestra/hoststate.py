@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import HostError
+from labctl.output.errors import HostError
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.train.plan import gpu_wanted, train_gpus
 
 if TYPE_CHECKING:

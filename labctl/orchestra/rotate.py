@@ -26,9 +26,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from labctl.agent import paths
-from labctl.errors import HostError, InputError, LabctlError
 from labctl.hosts.hostlock import LockKind
 from labctl.orchestra.hoststate import HostView, Repair, find_repair, gone_hosts, leftovers, read_views
+from labctl.output.errors import HostError, InputError, LabctlError
 
 if TYPE_CHECKING:
     from labctl.cache.targets import Target

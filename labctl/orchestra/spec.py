@@ -27,12 +27,7 @@ from pydantic import Field, field_validator, model_validator
 
 from labctl.documents.loader import open_document
 from labctl.documents.suggest import did_you_mean
-from labctl.documents.validation import (
-    DocumentError,
-    Problem,
-    dotted,
-    fix_the_lines,
-)
+from labctl.documents.validation import DocumentError, Problem, dotted, fix_the_lines
 from labctl.documents.yamlpos import PositionedYaml
 from labctl.inventory.model import HostPath, Strict
 

@@ -1,2 +1,3 @@
 """What a command hands its user: the console (`console`), number and time formats (`fmt`),
-and files written for the user (`files`: `-o`, `--out`, `--plot`, `--textfile`, run records)."""
+files written for the user (`files`: `-o`, `--out`, `--plot`, `--textfile`, run records), and
+the errors every layer raises (`errors`: a message and a hint, with the exit code)."""

@@ -18,8 +18,7 @@ def write_output(path: Path, data: str | bytes, mode: int = 0o644, flag: str = "
     import errno
     import shlex
 
-    from labctl.errors import LabctlError
-    from labctl.transport.base import DISK_FULL
+    from labctl.output.errors import DISK_FULL, LabctlError
 
     existed = path.exists()
     try:

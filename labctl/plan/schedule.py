@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.plan.spec import DAYS, Job, PlanFile, Platform, clock_minutes
 from labctl.plan.throughput import TABLE_SOURCE, Measured, Rate, gpu_key, rate_for
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from labctl.errors import LabctlError
 from labctl.hosts.agent_ship import call_agent
 from labctl.hosts.fanout import HostResult, HostRun, fan_out
 from labctl.hosts.hostlock import HostLock
 from labctl.inventory.model import Host, Inventory
+from labctl.output.errors import LabctlError
 from labctl.provision.playbook import Entry, Playbook, check_tags, play_members
 from labctl.provision.resource import Change, NotApplicable, PlanError, Resource, resource_class
 

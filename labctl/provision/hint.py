@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.documents.defaults import default_places, shown_path
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.provision.playbook import DEFAULT_PLAYBOOK, load_playbook, play_members
 
 if TYPE_CHECKING:

@@ -32,9 +32,9 @@ from labctl.documents.validation import (
     problems_from,
     unknown_key,
 )
-from labctl.errors import InputError
 from labctl.inventory.model import Inventory
 from labctl.inventory.select import Selection, select_in_lab
+from labctl.output.errors import InputError
 from labctl.provision.resource import Params, resource_class, resource_types
 
 PLAY_KEYS = {"name", "hosts", "tags", "resources"}

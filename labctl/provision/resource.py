@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator
 
-from labctl.errors import LabctlError
 from labctl.inventory.model import Host, Strict
+from labctl.output.errors import LabctlError
 
 if TYPE_CHECKING:
     from labctl.hosts.fanout import HostRun

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from labctl.errors import HostError, InputError, LabctlError
+from labctl.output.errors import HostError, InputError, LabctlError
 from labctl.sandbox.limits import Limits, container_config
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import HostError, InputError
+from labctl.output.errors import HostError, InputError
 from labctl.sandbox.api import host_failure, lang_spec, ready_hosts, sandbox_hosts
 from labctl.sandbox.limits import Limits, docker_run_argv
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import LabctlError
+from labctl.output.errors import LabctlError
 from labctl.sandbox.attacks import Attack, attacks_for
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.provision.resources.cron import check_schedule
 
 UNITS = {"m": 1, "h": 60, "d": 1440}

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import InputError
 from labctl.hosts.agent_ship import ask_agent, call_agent
 from labctl.hosts.fanout import HostResult, HostRun, fan_out
+from labctl.output.errors import InputError
 from labctl.provision.engine import Event, ResourceResult, provision
 from labctl.schedule import plan
 from labctl.schedule.jobs import JOBS, ORCHESTRA_COPY, companions, get_job

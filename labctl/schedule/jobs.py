@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labctl.agent import paths
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 # The orchestra file `cron install rotate -f FILE` copies into the orchestrator's lab copy
 # (plan.PLAYBOOKS), named in the job's command so the entry says which file it rotates by.

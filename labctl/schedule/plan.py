@@ -9,8 +9,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from labctl.agent import paths
-from labctl.errors import InputError
 from labctl.inventory.model import Host, Inventory
+from labctl.output.errors import InputError
 from labctl.provision.playbook import Entry, Play, Playbook
 from labctl.schedule.jobs import ORCHESTRA_COPY, Job, companions
 from labctl.transport.shell import command_line, quote

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-from labctl.errors import HostError
+from labctl.output.errors import HostError
 
 
 def require_root() -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import labctl
 from labctl.agent.fsutil import write_atomic
-from labctl.errors import HostError, InputError
+from labctl.output.errors import HostError, InputError
 from labctl.sim import netns, sshd
 from labctl.sim.commands import require_root, require_tool, run
 from labctl.sim.plan import (

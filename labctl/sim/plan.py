@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labctl.agent import paths
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 DEFAULT_HOSTS: tuple[str, ...] = ("m5", "irina", "pharaoh", "workstation")
 DEFAULT_RATE = "1gbit"

@@ -9,7 +9,7 @@ import socket
 import time
 from pathlib import Path
 
-from labctl.errors import HostError
+from labctl.output.errors import HostError
 from labctl.sim.commands import command_error, run
 from labctl.sim.netns import namespace_pids, send_signal
 from labctl.sim.plan import MANAGED_PATHS, HostPlan, sshd_config, start_script

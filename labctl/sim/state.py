@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.agent.fsutil import write_atomic
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", re.ASCII)

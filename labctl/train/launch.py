@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from labctl.agent import paths
-from labctl.errors import HostError, InputError
 from labctl.hosts.agent_ship import agent_dir, agent_zip, call_agent
 from labctl.hosts.context import Context
 from labctl.hosts.fanout import HostResult, HostRun, fan_out
 from labctl.inventory.model import Host
+from labctl.output.errors import HostError, InputError
 from labctl.train.phases import Settings
 from labctl.train.plan import Problem, plan_run
 from labctl.train.spec import RUN_ENV, LaunchSpec, NodeSpec

@@ -30,8 +30,8 @@ from labctl.documents.validation import (
     problems_from,
     unknown_key,
 )
-from labctl.errors import InputError
 from labctl.inventory.model import HostPath, PythonCommand, Strict
+from labctl.output.errors import InputError
 from labctl.transport.shell import env_name_problem, env_value_problem
 
 DEFAULT_PHASES = Path("playbooks/train.yaml")

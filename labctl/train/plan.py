@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.agent import paths
-from labctl.errors import InputError
 from labctl.facts.compare import GIB, model_matches
 from labctl.facts.gpus import Cap, builds_for, declared_gpus, fmt_cap, known_cap, parse_cap, runs_on
 from labctl.inventory.model import Host
+from labctl.output.errors import InputError
 from labctl.train.phases import Settings
 from labctl.train.request import ClusterShape
 from labctl.train.spec import (

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 # Binary units, as Slurm's --mem (64G) and Kubernetes' quantities (64Gi) both read them.
 _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT])(?:i?B|i)?", re.IGNORECASE | re.ASCII)

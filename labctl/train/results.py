@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.agent.train.settings import EXIT_PAUSED
-from labctl.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_OK
+from labctl.output.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_OK
 from labctl.train.spec import LaunchSpec
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from labctl.documents.validation import path_component
-from labctl.errors import InputError
 from labctl.hosts.context import Context
 from labctl.inventory.select import require_role_hosts, select_hosts
+from labctl.output.errors import InputError
 from labctl.train import backends, launch, runs
 from labctl.train.backends import PlannedRun, RunsOn, RunView
 from labctl.train.phases import Settings, load_phases

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.documents.validation import path_component
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.output.files import write_output
 
 

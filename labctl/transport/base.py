@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from labctl.errors import HostError
+from labctl.output.errors import DISK_FULL, NOT_WRITABLE, HostError
 from labctl.transport.wrap import GRACE_SECONDS
 
 # Called with ("stdout" | "stderr", line without its newline) as output arrives.
@@ -98,11 +98,6 @@ class Connection(Protocol):
     ) -> None: ...
 
     def close(self) -> None: ...
-
-
-# errno names (as errno.errorcode spells them) of a file system that cannot take a write.
-DISK_FULL = frozenset({"ENOSPC", "EDQUOT"})
-NOT_WRITABLE = frozenset({"EROFS", "EACCES", "EPERM"})
 
 
 def file_error(host: str, path: str, errno_name: str, reason: str) -> HostError:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from labctl.agent.textedit import text_lines
 from labctl.documents.defaults import shown_path
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Host

@@ -13,7 +13,7 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 ENV_HINT = (

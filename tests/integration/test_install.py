@@ -91,6 +91,8 @@ def test_a_wheel_installed_outside_the_checkout_inits_a_lab_that_validates(tmp_p
     assert settings.returncode == 0 and "batch_size_per_gpu" in settings.stderr, settings.stderr
 
     # An extra's hint names this venv's interpreter, so what it says installs where labctl runs.
-    hint = run([str(py), "-c", "from labctl.errors import install_extra; print(install_extra('cloud'))"], lab)
+    hint = run(
+        [str(py), "-c", "from labctl.output.errors import install_extra; print(install_extra('cloud'))"], lab
+    )
     cloud = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cloud"]
     assert hint.stdout.strip() == f"{py} -m pip install {' '.join(cloud)}", hint.stdout

@@ -21,7 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from labctl import sim
-from labctl.errors import HostError, InputError
+from labctl.output.errors import HostError, InputError
 from labctl.sim.sshd import probe
 
 pytestmark = pytest.mark.integration

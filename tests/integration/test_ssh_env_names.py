@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
+from labctl.output.errors import InputError
 from labctl.transport.ssh import SSHConnection
 
 pytestmark = pytest.mark.integration

@@ -189,7 +189,7 @@ def test_several_gpus_or_instances_run_the_trainer_under_torchrun_at_the_first_h
 
 
 def test_without_botocore_the_request_is_refused_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from labctl.errors import InputError
+    from labctl.output.errors import InputError
     from labctl.train.backends.sagemaker import validate
 
     # botocore is installed here; a None entry in sys.modules makes its import fail as if it were not.

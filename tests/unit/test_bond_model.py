@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
+from labctl.output.errors import InputError
 
 INV = """\
 lab: t

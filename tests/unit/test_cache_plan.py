@@ -17,7 +17,7 @@ import pytest
 from labctl.agent.cache.manifest import chunk_ranges
 from labctl.cache.plan import SLACK, CacheFull, Evictable, plan_eviction, plan_sync
 from labctl.cache.targets import check_models
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]

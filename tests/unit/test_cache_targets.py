@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from labctl.cache.targets import cache_hosts, in_folder, library_root, load_host, resolve_target, storage_host
-from labctl.errors import InputError
 from labctl.inventory.model import Host, Inventory, ModelCache, Storage
+from labctl.output.errors import InputError
 
 
 def inventory(**hosts: Host) -> Inventory:

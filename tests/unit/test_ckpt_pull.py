@@ -26,7 +26,7 @@ from labctl.agent.ckpt.pull import (
 )
 from labctl.agent.errors import AgentError
 from labctl.ckpt import pull
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from tests.ckpt_session import session
 
 

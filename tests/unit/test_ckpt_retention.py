@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from labctl.ckpt import clock
 from labctl.ckpt.retention import Retention, plan_retention
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 
 def at(text: str) -> datetime:

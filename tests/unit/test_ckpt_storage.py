@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from labctl.ckpt.library import checkpoint_dir, find_storage
-from labctl.errors import InputError
 from labctl.inventory.model import Host, Inventory, Storage
+from labctl.output.errors import InputError
 
 IRINA = Host(name="irina", address="10.0.0.2", storage=Storage(models="/srv/models/"))
 M5 = Host(name="m5", address="10.0.0.1")

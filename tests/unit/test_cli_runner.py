@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from labctl.cli.common import JsonOpt
 from labctl.cli.runner import Outcome, run_command
-from labctl.errors import HostError
 from labctl.hosts.context import Context
+from labctl.output.errors import HostError
 
 
 class Pool:

@@ -11,9 +11,9 @@ import pytest
 
 from labctl.documents import loader
 from labctl.documents.validation import DocumentError
-from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.orchestra.spec import load_orchestra
+from labctl.output.errors import InputError
 from labctl.plan.spec import load_plan
 from labctl.provision.playbook import load_playbook
 

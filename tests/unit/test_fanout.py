@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from labctl.errors import HostError
 from labctl.hosts.context import Context
 from labctl.hosts.fanout import HostResult, HostRun, Skipped, exit_code, fan_out, on_host
 from labctl.hosts.recap import recap_table
 from labctl.inventory.model import Host
+from labctl.output.errors import HostError
 from labctl.transport.base import AuthFailed, CommandTimeout, HostKeyError, Unreachable
 
 

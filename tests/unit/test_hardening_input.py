@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from labctl.cli.app import app
 from labctl.documents.validation import DocumentError
-from labctl.errors import InputError
 from labctl.inventory.load import InventoryError, load_inventory
 from labctl.inventory.model import Host, ModelCache
 from labctl.inventory.select import select_hosts
+from labctl.output.errors import InputError
 from labctl.provision import playbook
 from labctl.provision.resources import model_cache
 from labctl.provision.resources.cron import CronParams, cron_file, systemd_units

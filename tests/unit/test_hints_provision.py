@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
+from labctl.output.errors import InputError
 from labctl.provision.hint import provision_command, provision_fix
 from labctl.sandbox.api import PLAYBOOK, build_hint, ready_hosts
 

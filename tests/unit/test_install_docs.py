@@ -116,7 +116,7 @@ def test_facts_shows_memory_in_gib_as_the_host_counts_it() -> None:
 
 
 def test_an_extras_install_hint_runs_as_written() -> None:
-    from labctl.errors import install_extra
+    from labctl.output.errors import install_extra
 
     for extra in ("plot", "cloud"):
         hint = install_extra(extra)

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from labctl.cli.app import app
-from labctl.errors import InputError
 from labctl.inventory.load import InventoryError, load_inventory
 from labctl.inventory.select import select_hosts
+from labctl.output.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -332,7 +332,7 @@ def test_the_phase_names_the_claim_and_resources_and_flags_win(tmp_path: Path, t
 
 
 def test_a_chosen_checkpoint_folder_must_be_on_the_claim(tmp_path: Path, tiny: Path) -> None:
-    from labctl.errors import InputError
+    from labctl.output.errors import InputError
 
     on = planned(2, nodes_for("cpu", 1, 1), JobOptions(pvc=PVC), tmp_path / "a", phases=tiny,
                  sets=("checkpoint_dir=/checkpoints/mine/phase{phase}",))  # fmt: skip
@@ -349,7 +349,7 @@ def test_a_chosen_checkpoint_folder_must_be_on_the_claim(tmp_path: Path, tiny: P
 
 @pytest.mark.parametrize("mount", ["/opt/labctl", "/opt", "/dev/shm/ck", "/dev"])
 def test_a_claim_that_meets_the_pods_own_mounts_is_refused(tmp_path: Path, mount: str) -> None:
-    from labctl.errors import InputError
+    from labctl.output.errors import InputError
 
     with pytest.raises(InputError) as e:
         write(planned(2, nodes_for("cpu", 1, 1), JobOptions(pvc=PVC, mount_path=mount), tmp_path))

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from labctl.errors import InputError
 from labctl.monitor import metrics
 from labctl.monitor.alerts import Alert
 from labctl.monitor.collect import HostStatus
+from labctl.output.errors import InputError
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "labctl.json"
 GIB = 1024**3

@@ -9,8 +9,8 @@ import pytest
 
 from labctl.documents.starter import write_starter
 from labctl.documents.validation import DocumentError
-from labctl.errors import InputError
 from labctl.monitor.alerts import Alert, evaluate, growth_per_hour, load_rules
+from labctl.output.errors import InputError
 
 GiB = 1024**3
 NOW = 1_800_000_000.0
@@ -302,8 +302,8 @@ def test_missing_or_non_mapping_alerts_file(tmp_path: Path) -> None:
 def test_rules_for_takes_the_given_file_the_found_one_or_the_packaged_defaults(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from labctl.errors import InputError
     from labctl.monitor.alerts import rules_for
+    from labctl.output.errors import InputError
 
     monkeypatch.chdir(tmp_path)
     inv = tmp_path / "lab" / "lab.yaml"

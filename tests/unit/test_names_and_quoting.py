@@ -25,9 +25,9 @@ from pydantic import ValidationError
 
 from labctl.agent.errors import AgentError
 from labctl.documents.validation import DocumentError
-from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.orchestra.spec import Server, load_orchestra
+from labctl.output.errors import InputError
 from labctl.provision.resources.cron import CronParams
 from labctl.train import launch
 from labctl.train.phases import load_phases

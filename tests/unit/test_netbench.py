@@ -14,7 +14,6 @@ import pytest
 
 from labctl.agent.errors import AgentError
 from labctl.agent.netbench.transfer import send_command
-from labctl.errors import InputError
 from labctl.inventory.model import NIC, Bond, Host, Inventory
 from labctl.modelload.stages import SEED_SECONDS
 from labctl.netbench.plan import (
@@ -28,6 +27,7 @@ from labctl.netbench.plan import (
     pick_hosts,
     seed_transfer,
 )
+from labctl.output.errors import InputError
 from tests.conftest import agent_server
 
 M5 = Host(

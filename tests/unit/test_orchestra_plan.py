@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from labctl.documents.validation import DocumentError
-from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import GPU, Host, Inventory
 from labctl.inventory.select import select_hosts
@@ -33,6 +32,7 @@ from labctl.orchestra.spec import (
     parse_every,
     serving_hosts,
 )
+from labctl.output.errors import InputError
 from labctl.train.phases import load_phases
 from labctl.train.plan import train_gpus
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.plan.schedule import schedule
 from labctl.plan.spec import PlanFile
 from labctl.plan.throughput import measured_rates

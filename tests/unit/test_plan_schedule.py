@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.plan.schedule import DAY, WEEK, WeekPlan, intervals, schedule
 from labctl.plan.spec import PlanFile
 

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from labctl.documents.validation import DocumentError
-from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import Host, Inventory
 from labctl.inventory.select import KNOWN_ROLES, require_role_hosts, select_hosts, select_in_lab
 from labctl.orchestra.spec import Orchestra
+from labctl.output.errors import InputError
 from labctl.provision.playbook import load_playbook, play_members, skipped_plays
 from labctl.train.phases import Settings
 

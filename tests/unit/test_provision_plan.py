@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from labctl.documents.validation import DocumentError
-from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import GPU, Host, Inventory, ModelCache
+from labctl.output.errors import InputError
 from labctl.provision.engine import entries_for_hosts, wanted
 from labctl.provision.playbook import Entry, load_playbook, play_members
 from labctl.provision.resource import NotApplicable, PlanError

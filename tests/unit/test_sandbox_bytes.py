@@ -11,7 +11,7 @@ import pytest
 
 from labctl.agent.errors import AgentError
 from labctl.agent.sandbox import runner
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.sandbox.api import check_program
 from labctl.sandbox.limits import Limits
 

@@ -15,11 +15,11 @@ from labctl.agent.sandbox import image_name, languages
 from labctl.agent.sandbox.image import remove_root
 from labctl.agent.sandbox.languages import RECIPES, recipe, recipe_hash
 from labctl.documents.validation import DocumentError
-from labctl.errors import InputError
 from labctl.hosts.agent_ship import agent_blob
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import Host
 from labctl.inventory.model import Sandbox as SandboxSpec
+from labctl.output.errors import InputError
 from labctl.provision.playbook import load_playbook
 from labctl.provision.resource import NotApplicable, PlanError, load_registry
 from labctl.provision.resources.sandbox import Sandbox, merged_daemon_json

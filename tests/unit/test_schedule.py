@@ -20,9 +20,9 @@ from labctl.agent import paths
 from labctl.agent.errors import AgentError
 from labctl.agent.provision import commands as agent_provision
 from labctl.agent.schedule import cronjobs
-from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import Host, Inventory
+from labctl.output.errors import InputError
 from labctl.provision.resource import PlanError, load_registry
 from labctl.provision.resources import bundle
 from labctl.provision.resources.controller import (

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from labctl.agent.errors import AgentError
-from labctl.errors import InputError
 from labctl.inventory.model import Host
+from labctl.output.errors import InputError
 from tests.unit.test_names_and_quoting import inventory, run_cli
 
 # '0123456789' in Arabic-Indic digits: str.isdigit(), int() and an unflagged \d take them.

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.sim import plan
 from labctl.sim.plan import (
     DEFAULT_HOSTS,
@@ -253,7 +253,7 @@ def test_sim_commands_need_root(args: list[str], monkeypatch: pytest.MonkeyPatch
     from typer.testing import CliRunner
 
     from labctl.cli.sim_cmd import app
-    from labctl.errors import HostError
+    from labctl.output.errors import HostError
 
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     r = CliRunner().invoke(app, [*args, "--dir", str(tmp_path / "sim")])

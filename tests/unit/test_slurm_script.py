@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.train import backends
 from labctl.train.backends.k8s import K8sBackend
 from labctl.train.backends.slurm import SlurmBackend, render_sbatch

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from labctl.agent.train.settings import EXIT_PAUSED
-from labctl.errors import InputError
 from labctl.hosts.context import Context
+from labctl.output.errors import InputError
 from labctl.train import backends, run
 from labctl.train.backends import BUILTIN, Backend, BaseBackend, Option, PlannedRun, RunsOn, jobs
 from labctl.train.backends.cloud import session

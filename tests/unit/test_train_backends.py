@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from labctl.errors import InputError
 from labctl.hosts.agent_ship import agent_zip
+from labctl.output.errors import InputError
 from labctl.train.backends.jobs import write_job
 from labctl.train.backends.k8s import DEFAULT_IMAGE, k8s_job_name, render_pytorchjob
 from labctl.train.backends.slurm import render_sbatch

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from labctl.errors import InputError
 from labctl.hosts.context import Context
+from labctl.output.errors import InputError
 from labctl.train import backends, launch, run
 from labctl.train.backends import RunsOn
 from labctl.train.request import ClusterShape, JobOptions, TrainRequest, parse_memory

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.train.duration import format_duration, parse_duration
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from labctl.errors import InputError
 from labctl.inventory.model import Host
+from labctl.output.errors import InputError
 from labctl.train.phases import load_phases, parse_override
 from labctl.train.plan import orchestra_problems, plan_run
 

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from labctl.cli.app import app
 from labctl.cli.train_cmd import Backend as BackendChoice
-from labctl.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_OK, InputError
 from labctl.hosts.context import Context
 from labctl.hosts.fanout import HostResult
+from labctl.output.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_OK, InputError
 from labctl.train import backends, launch, run
 from labctl.train.backends import BaseBackend, PlannedRun, RunsOn, RunView
 from labctl.train.backends.jobs import for_cluster

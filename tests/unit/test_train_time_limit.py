@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from labctl.agent.train import host as train_host
 from labctl.agent.train.settings import EXIT_PAUSED
 from labctl.cli.app import app
-from labctl.errors import EXIT_HOST, InputError
 from labctl.hosts.fanout import HostResult
+from labctl.output.errors import EXIT_HOST, InputError
 from labctl.train import backends, run
 from labctl.train.backends import jobs
 from labctl.train.backends.k8s import render_pytorchjob

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.train.backends import PlannedRun
 from labctl.train.backends.k8s_pod import TORCH_NOTE
 from labctl.train.backends.trainjob import RESERVED_ENV, TrainJobBackend

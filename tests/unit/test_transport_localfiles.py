@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labctl.errors import InputError
 from labctl.inventory.load import load_inventory
+from labctl.output.errors import InputError
 from labctl.transport.hostkeys import known_hosts_name, load_known_hosts, pin_host_key
 from labctl.transport.localfiles import _bad_line, check_local_files, inspect_key, known_hosts_problem
 from tests.conftest import REPO

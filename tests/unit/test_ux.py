@@ -143,7 +143,7 @@ def test_init_writes_a_lab_that_validates_and_whose_playbooks_are_found_from_any
 def test_the_default_phases_file_is_found_beside_the_inventory_and_the_error_says_where_it_looked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from labctl.errors import InputError
+    from labctl.output.errors import InputError
     from labctl.train.phases import load_phases
 
     lab = tmp_path / "lab"

@@ -20,8 +20,8 @@ from labctl.documents.validation import (
     unknown_key,
 )
 from labctl.documents.yamlpos import load_positioned
-from labctl.errors import InputError
 from labctl.inventory.load import InventoryError, load_inventory
+from labctl.output.errors import InputError
 from labctl.provision.playbook import load_playbook
 from labctl.train.phases import load_phases
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import LabctlError
 from labctl.output import files as fsutil
+from labctl.output.errors import LabctlError
 
 
 def test_a_folder_that_is_a_file_is_named_not_a_traceback(tmp_path: Path) -> None:

@@ -19,15 +19,7 @@ from pydantic import Field, field_validator
 
 from labctl.agent import paths
 from labctl.inventory.model import HostPath
-from labctl.provision.resource import (
-    Change,
-    Params,
-    PlanError,
-    Probes,
-    Resource,
-    State,
-    probe_error,
-)
+from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, probe_error
 from labctl.provision.resources.bundle import RUNTIME_PROBE, make_bundle, oldest_python, runtime
 from labctl.provision.resources.files import edit_lines, file_bytes, owner_ids, plan_file
 

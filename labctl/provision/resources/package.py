@@ -7,15 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from labctl.provision.resource import (
-    Change,
-    Params,
-    PlanError,
-    Probes,
-    Resource,
-    State,
-    probe_error,
-)
+from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, probe_error
 from labctl.transport.shell import command_line
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+\Z")

@@ -19,10 +19,10 @@ from pydantic import Field
 
 from labctl.agent import paths
 from labctl.agent.provision.torch_env import wrong_build
-from labctl.errors import HostError
 from labctl.facts.gpus import Cap, build_archs, builds_for, parse_cap, supports, variants_for
 from labctl.facts.gpus import declared_caps as inventory_caps
 from labctl.inventory.model import Host, HostPath
+from labctl.output.errors import HostError
 from labctl.output.fmt import fmt_duration
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State
 

@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from labctl.agent.registry import load
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context

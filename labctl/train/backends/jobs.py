@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.train import backends
 from labctl.train.backends import BaseBackend, Option, RunsOn
 from labctl.train.request import JobOptions

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.train.backends import Option, jobs, k8s_pod
 from labctl.train.request import JobOptions
 from labctl.train.spec import LaunchSpec

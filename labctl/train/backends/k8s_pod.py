@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.output.files import write_output
 from labctl.train.backends import Option, jobs
 from labctl.train.request import JobOptions

@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 
 from labctl.agent.train.settings import EXIT_PAUSED
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.output.files import write_output
 from labctl.train.backends import Option
 from labctl.train.backends.cloud import bundle as cloud_bundle

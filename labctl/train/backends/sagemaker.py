@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from labctl.errors import InputError, install_extra
+from labctl.output.errors import InputError, install_extra
 from labctl.output.files import write_output
 from labctl.train.backends import Option
 from labctl.train.backends.cloud import bundle as cloud_bundle

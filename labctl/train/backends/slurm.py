@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.output.files import write_output
 from labctl.train.backends import Option, jobs
 from labctl.train.request import ClusterShape, JobOptions

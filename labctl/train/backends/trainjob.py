@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.train.backends import Option, jobs, k8s_pod
 from labctl.train.backends.k8s import k8s_job_name
 from labctl.train.request import JobOptions

@@ -13,7 +13,7 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.train.backends import RunsOn, jobs, option_names
 from labctl.train.request import JobOptions
 from labctl.train.results import JobFiles

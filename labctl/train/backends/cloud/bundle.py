@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.agent.train.settings import EXIT_PAUSED
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 
 ENTRY_TAIL = """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labctl.errors import InputError
+from labctl.output.errors import InputError
 from labctl.train.duration import format_duration
 
 HOUR = 3600

@@ -57,7 +57,13 @@ def install_extra(extra: str) -> str:
     if pins:
         return f"{python} -m pip install {' '.join(shlex.quote(p) for p in pins)}"
     # Run from a checkout without installing it (PYTHONPATH): the extra of that checkout.
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[2]
     if (checkout / "pyproject.toml").is_file():
         return f"{python} -m pip install {shlex.quote(f'{checkout}[{extra}]')}"
     return f"{python} -m pip install 'labctl[{extra}]' from the wheel or checkout labctl came from"
+
+
+# errno names (as errno.errorcode spells them) of a file system that cannot take a write: the
+# errors a host's or this machine's full or read-only disk is named by.
+DISK_FULL = frozenset({"ENOSPC", "EDQUOT"})
+NOT_WRITABLE = frozenset({"EROFS", "EACCES", "EPERM"})
