@@ -58,6 +58,8 @@ class ManagedPath:
     initial: str = ""  # content a fresh file starts with
 
 
+_OWN_RC = "# {file} of a labctl simulated host: its own, not the machine's that runs the sim.\n"
+
 # Later features that manage more paths on a host add them here; the sim then isolates them too.
 MANAGED_PATHS: tuple[ManagedPath, ...] = (
     ManagedPath("/etc/netplan"),
@@ -75,6 +77,11 @@ MANAGED_PATHS: tuple[ManagedPath, ...] = (
     # Root's own keys: what `cron install` authorises lands in this host's copy, never in this
     # machine's /root/.ssh (the sshd reads it beside the sim's shared authorized_keys).
     ManagedPath("/root/.ssh"),
+    # Root's shell start-up files: bash sources ~/.bashrc for every command sshd runs. Sharing this
+    # machine's would run its pyenv/conda setup on each SSH command of every host, and a session
+    # killed mid-`pyenv rehash` leaves a lock that then stalls every later command for a minute.
+    ManagedPath("/root/.bashrc", is_file=True, initial=_OWN_RC.format(file="~/.bashrc")),
+    ManagedPath("/root/.profile", is_file=True, initial=_OWN_RC.format(file="~/.profile")),
 )
 
 

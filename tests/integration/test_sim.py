@@ -143,6 +143,26 @@ def test_managed_paths_are_private_to_each_host(lab: sim.SimLab) -> None:
     assert marker in (lab.dir / "hosts/m5/root/etc/fstab").read_text()
 
 
+def test_each_host_runs_its_own_shell_start_up_file_never_this_machines(lab: sim.SimLab) -> None:
+    """bash sources ~/.bashrc for every command sshd runs. This machine's (pyenv, conda, cargo) must
+    not run on the hosts: a session killed mid-`pyenv rehash` once left a lock that stalled every
+    later SSH command of the whole sim for a minute."""
+    rc = lab.dir / "hosts/m5/root/root/.bashrc"
+    original = rc.read_text()
+    rc.write_text(original + f"export LABCTL_SIM_RC=m5-{os.getpid()}\n")
+    try:
+        m5 = ssh(lab, "m5", 'echo "rc=${LABCTL_SIM_RC-}"; cat /root/.bashrc')
+        irina = ssh(lab, "irina", 'echo "rc=${LABCTL_SIM_RC-}"; echo "pyenv=${PYENV_ROOT-}"')
+    finally:
+        rc.write_text(original)
+    assert m5.returncode == 0 and irina.returncode == 0, m5.stderr + irina.stderr
+    assert m5.stdout.splitlines()[0] == f"rc=m5-{os.getpid()}"
+    mine = Path("/root/.bashrc")
+    if mine.exists():
+        assert mine.read_text() not in m5.stdout.split("\n", 1)[1]
+    assert irina.stdout.splitlines() == ["rc=", "pyenv="]
+
+
 def test_each_host_sees_only_its_own_processes(lab: sim.SimLab) -> None:
     """A PID namespace per host: what runs on m5 is not in irina's /proc, as on two machines."""
     marker = f"sleep {4000 + os.getpid() % 1000}"
