@@ -236,6 +236,14 @@ def selftest_cmd(
             show_default=False,
         ),
     ] = None,
+    attack: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--attack",
+            help="Run only this attack (repeat for more), e.g. after fixing what it found; default all.",
+            show_default=False,
+        ),
+    ] = None,
     host: HostOpt = None,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
@@ -252,11 +260,13 @@ def selftest_cmd(
     Example:
 
         labctl sandbox selftest --lang python --host irina
+
+        labctl sandbox selftest --lang c --attack fork_bomb --attack disk_fill_tmp
     """
     from labctl.sandbox.selftest import on_hosts
 
     def work(c: Context) -> Outcome:
-        doc = on_hosts(c, host, lang)
+        doc = on_hosts(c, host, lang, attack or ())
         escaped = any(r["contained"] is not True for r in doc["rows"])
         return Outcome(doc, lambda: render_selftest(c.console, doc), 1 if escaped else 0)
 

@@ -73,12 +73,17 @@ def selftest(
     hostcheck: HostCheck,
     labels: Sequence[str] = (),
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    only: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """Every attack of every language in `langs`, in order; a language without attacks gets one
-    row saying so (contained None)."""
+    """Every attack of every language in `langs` (those named in `only`, when given), in order; a
+    language without attacks gets one row saying so (contained None)."""
     rows: list[dict[str, Any]] = []
     for lang in langs:
         attacks = attacks_for(lang)
+        if only and attacks:
+            attacks = [a for a in attacks if a.name in only]
+            if not attacks:
+                continue  # none of the named attacks is written for this language: nothing to run
         if not attacks:
             rows.append(
                 {
@@ -104,10 +109,24 @@ def escaped(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("contained") is False]
 
 
-def on_hosts(ctx: Context, host: str | None, lang: str | None) -> dict[str, Any]:
+def check_attack_names(names: Sequence[str], langs: Sequence[str]) -> None:
+    """Refuse an --attack that no language of this run has, before any host is asked."""
+    from labctl.documents.suggest import did_you_mean
+    from labctl.output.errors import InputError
+
+    known = [a.name for lang in langs for a in attacks_for(lang)]
+    for name in names:
+        if name not in known:
+            raise InputError(
+                f"No self-test attack is named '{name}' for {', '.join(langs)}." + did_you_mean(name, known),
+                f"Name one of: {', '.join(dict.fromkeys(known))}; or leave out --attack to run them all.",
+            )
+
+
+def on_hosts(ctx: Context, host: str | None, lang: str | None, only: Sequence[str] = ()) -> dict[str, Any]:
     """The self-test on each sandbox host (--host, or the inventory's role `sandbox`) through
     its agent: `sandbox_run` for the attacks, `sandbox_hostcheck` around each. The languages are
-    --lang's, else each host's inventory `sandbox.languages`."""
+    --lang's, else each host's inventory `sandbox.languages`; `only` keeps the attacks so named."""
     from labctl.hosts.agent_ship import ask_agent
     from labctl.sandbox.api import DEFAULT_POOL, host_failure, lang_spec, ready_hosts, sandbox_hosts
     from labctl.sandbox.limits import Limits
@@ -116,12 +135,15 @@ def on_hosts(ctx: Context, host: str | None, lang: str | None) -> dict[str, Any]
     hosts = sandbox_hosts(ctx, host)
     if lang:
         lang_spec(lang, limits)  # an unknown language is named before a host is looked at
+        check_attack_names(only, [lang])
         hosts = ready_hosts(ctx, hosts, [lang])
     plan = []
     for h in hosts:
         langs = [lang] if lang else list(h.sandbox.languages if h.sandbox else ["python"])
         # every language checked before anything runs: a typo fails at once, not mid-table
         plan.append((h, langs, {x: lang_spec(x, limits) for x in langs}))
+    if only and not lang:
+        check_attack_names(only, [x for _, langs, _ in plan for x in langs])
     rows: list[dict[str, Any]] = []
     for h, langs, specs in plan:
         pool = h.sandbox.pool if h.sandbox else DEFAULT_POOL
@@ -151,6 +173,6 @@ def on_hosts(ctx: Context, host: str | None, lang: str | None) -> dict[str, Any]
                 ask_agent(ctx, h, "sandbox_hostcheck", {"action": action, **args}, timeout=SETTLE_S + 60)
             )
 
-        for row in selftest(langs, run_batch, hostcheck):
+        for row in selftest(langs, run_batch, hostcheck, only=only):
             rows.append({"host": h.name, **row})
     return {"hosts": [h.name for h, _, _ in plan], "rows": rows, "escaped": len(escaped(rows))}

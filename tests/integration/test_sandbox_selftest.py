@@ -108,25 +108,25 @@ def test_the_host_check_sees_a_left_container_and_its_process(attack_image: None
     assert hostcheck.settle(before, wait_s=10)["clean"]
 
 
+# Every attack already ran through the engine above; over SSH, one of each shape proves the
+# path: a resource bomb, a reach for the host, and a pair of runs that must meet.
+OVER_SSH = ["fork_bomb", "docker_socket", "signal_other_run"]
+
+
 def test_selftest_cli_over_ssh_on_a_sim_host(lab: Any, attack_image: None) -> None:
     """`labctl sandbox selftest` end to end: the agent on a simulated host drives this
     machine's dockerd (the sim's hosts share it) with labctl's own python image."""
+    picks = [arg for name in OVER_SSH for arg in ("--attack", name)]
     proc = labctl(
-        "-i",
-        str(lab.inventory_path),
-        "--json",
-        "sandbox",
-        "selftest",
-        "--host",
-        "irina",
-        "--lang",
-        "python",
-        timeout=900,
-    )
+        "-i", str(lab.inventory_path), "--json", "sandbox", "selftest", "--host", "irina", "--lang", "python",
+        *picks, timeout=900,
+    )  # fmt: skip
     assert "Traceback" not in proc.stderr, proc.stderr
     doc = json.loads(proc.stdout)
     rows = {r["attack"]: r for r in doc["rows"]}
-    assert set(rows) == {a.name for a in attacks_for("python")}
+    assert list(rows) == OVER_SSH
+    assert all(len(rows[n]["runs"]) == len(next(a for a in attacks_for("python") if a.name == n).programs)
+               for n in OVER_SSH)  # fmt: skip
     wrong = {n: r["detail"] for n, r in rows.items() if r["contained"] is not True and n not in KNOWN_ESCAPES}
     assert not wrong, wrong
     assert proc.returncode == (1 if any(rows[n]["contained"] is not True for n in rows) else 0)

@@ -262,3 +262,61 @@ def test_the_selftest_table_renders_each_host_row_with_what_was_left_on_the_host
     assert "irina" in text and "fork_bomb" in text and "NO" in text
     assert "[mounted]" in text and "left on the host: container labctl-run-x left" in text
     assert "1 contained, 1 escaped, 0 not run" in text
+
+
+def test_selftest_runs_only_the_attacks_named_in_the_languages_that_have_them() -> None:
+    """--attack include_shadow with python and c: c's compiler attack runs, python has no such
+    attack and adds no row; the engine sees nothing else."""
+    from labctl.sandbox.selftest import selftest
+
+    asked: list[str] = []
+
+    def run_batch(reqs: list[dict[str, Any]], conc: int) -> list[dict[str, Any]]:
+        asked.extend(r["lang"] for r in reqs)
+        return [res(exit_code=1, stderr="error: cannot include /etc/shadow") for _ in reqs]
+
+    def check(action: str, args: dict[str, Any]) -> dict[str, Any]:
+        return {"snapshot": {}} if action == "snapshot" else CLEAN
+
+    rows = selftest(["python", "c"], run_batch, check, only=["include_shadow", "fork_bomb"])
+    assert [(r["lang"], r["attack"]) for r in rows] == [
+        ("python", "fork_bomb"),
+        ("c", "fork_bomb"),
+        ("c", "include_shadow"),
+    ]
+    assert len(asked) == sum(len(attack(lang, name).programs) for lang, name in
+                             [("python", "fork_bomb"), ("c", "fork_bomb"), ("c", "include_shadow")])  # fmt: skip
+
+
+def test_an_attack_name_no_language_has_is_refused_with_the_closest_name() -> None:
+    from labctl.output.errors import InputError
+    from labctl.sandbox.selftest import check_attack_names
+
+    check_attack_names(["include_shadow"], ["python", "c"])
+    with pytest.raises(InputError) as e:
+        check_attack_names(["include_shadow"], ["python"])
+    assert "No self-test attack is named 'include_shadow' for python" in e.value.message
+    with pytest.raises(InputError) as e:
+        check_attack_names(["fork_bom"], ["python"])
+    assert "Did you mean 'fork_bomb'?" in e.value.message
+    assert "fork_bomb_neighbour" in e.value.hint and "include_shadow" not in e.value.hint
+
+
+def test_selftest_cli_refuses_an_unknown_attack_with_exit_2_before_any_host(tmp_path: Any) -> None:
+    """The inventory's sandbox host is at an address nothing answers: a refusal that needed the
+    host would say it is unreachable (exit 1), not name the attack (exit 2)."""
+    import subprocess
+    import sys
+
+    inv = tmp_path / "lab.yaml"
+    inv.write_text(
+        "lab: t\nhosts:\n  box:\n    address: 127.0.0.9\n    port: 1\n    roles: [sandbox]\n"
+        "    sandbox: {languages: [python]}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "labctl", "-i", str(inv), "sandbox", "selftest", "--lang", "python",
+         "--attack", "memory_bom"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Did you mean 'memory_bomb'?" in r.stderr and "Traceback" not in r.stderr
