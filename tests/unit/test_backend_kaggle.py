@@ -253,3 +253,12 @@ def test_the_previous_sessions_checkpoints_are_found_where_kaggle_mounts_them(
     assert copy_previous(found, str(dst)) == ["step-00000003.pt"]
     assert sorted(p.name for p in dst.iterdir()) == ["step-00000003.json", "step-00000003.pt"]
     assert (dst / "step-00000003.json").read_text() == "already here"
+
+
+def test_a_session_is_written_beside_an_inventory_it_never_parses(lab: Path, tmp_path: Path) -> None:
+    """A cloud session runs on the platform's machine and needs nothing of the lab's hosts: an
+    inventory being edited (here, not YAML at all) stops nothing."""
+    lab.write_text("hosts: [unclosed\n")
+    meta = write_session(lab, tmp_path / "out", "--kaggle-id", "alice/cet-p1-s1")
+    assert meta["id"] == "alice/cet-p1-s1"
+    assert (tmp_path / "out" / meta["code_file"]).is_file()
