@@ -297,7 +297,10 @@ class _Transaction:
             return self._await_revert(aborted=False)
         r.apply = status.get("apply")
         if status.get("state") != "applied":
-            return self._await_revert(aborted=False)
+            # The keeper gave up on a change that failed and is reverting already: look now,
+            # rather than wait out a deadline that no longer applies.
+            self.saw(f"the change failed on the host, which reverts it now ({status.get('state')})")
+            return self._await_revert(aborted=True)
         self.saw("applied on the host")
         conn = self._reconnect()
         if conn is None:
