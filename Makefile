@@ -111,6 +111,7 @@ bench: install deps
 	$(BIN)/python bench/network.py --out docs/benchmarks.md
 	$(BIN)/python bench/network_txn.py --out docs/benchmarks.md
 	$(BIN)/python bench/slurm_launch.py
+	$(BIN)/python bench/test_call_costs.py --out docs/benchmarks.md
 
 # Every GPU claim on a real card in one command (bench/gpu_check.py): JSON, tables and a log in
 # $(GPU_OUT). Without a GPU it prints what it would check and exits 0. On a GPU machine with no
