@@ -105,7 +105,9 @@ def main() -> None:
                 rows.append({"what": "`ssh HOST true`", "a": "host's own ~/.bashrc", "b": f"this machine's {mine}",
                              "a_s": a, "b_s": b})  # fmt: skip
             for call in CALLS:
-                a, b = alternate(args.runs, partial(in_process, inv, call), partial(subprocess_call, inv, call))
+                a, b = alternate(
+                    args.runs, partial(in_process, inv, call), partial(subprocess_call, inv, call)
+                )
                 rows.append({"what": f"`labctl {' '.join(call)}`", "a": "in the test's process",
                              "b": "a subprocess", "a_s": a, "b_s": b})  # fmt: skip
         finally:
