@@ -82,7 +82,7 @@ def run_records(ctx: Context, run_ids: list[str] | None) -> list[dict[str, Any]]
     """The controller's run records: the named ones (unknown names are an InputError), else all."""
     from labctl.train import runs
 
-    root = runs.runs_dir(ctx.inventory_path)
+    root = runs.runs_dir(ctx.inventory_file())
     if run_ids:
         return [runs.load(root, r) for r in dict.fromkeys(run_ids)]
     return runs.list_runs(root)

@@ -69,6 +69,13 @@ class Context:
             self._inventory = load_inventory(self.inventory_path)
         return self._inventory
 
+    def inventory_file(self) -> Path:
+        """The inventory's path, checked to exist but not parsed: for what is kept beside it (the
+        run records), which needs no host. A missing file is refused as `inventory` refuses it."""
+        if not self.inventory_path.is_file():
+            self.inventory  # noqa: B018 -- raises the one "No inventory at ..." error
+        return self.inventory_path
+
     @property
     def pool(self) -> ConnectionPool:
         if self._pool is None:

@@ -81,7 +81,7 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
     )
     if request.dry_run:
         return DryRun(spec)
-    planned = PlannedRun(request, settings, spec, hosts, script, runs.runs_dir(ctx.inventory_path))
+    planned = PlannedRun(request, settings, spec, hosts, script, runs.runs_dir(ctx.inventory_file()))
     return backend.submit(ctx, planned, view)
 
 
@@ -109,7 +109,7 @@ def _start_offline(
         request.script_args,
         request.time_limit_s,
     )
-    planned = PlannedRun(request, settings, spec, [], script, runs.runs_dir(ctx.inventory_path))
+    planned = PlannedRun(request, settings, spec, [], script, runs.runs_dir(ctx.inventory_file()))
     return backend.submit(ctx, planned, None)
 
 
@@ -178,7 +178,7 @@ def settled_state(recorded: str | None, host_state: dict[str, dict[str, Any]]) -
 
 def status(ctx: Context, run_id: str | None = None) -> RunsStatus:
     """`run_id`'s record, or the ten newest; the hosts are asked about the one named and those running."""
-    root = runs.runs_dir(ctx.inventory_path)
+    root = runs.runs_dir(ctx.inventory_file())
     records = [runs.load(root, run_id)] if run_id else runs.list_runs(root)[:10]
     rows: list[dict[str, Any]] = []
     for rec in records:
@@ -197,7 +197,7 @@ def status(ctx: Context, run_id: str | None = None) -> RunsStatus:
 
 def stop(ctx: Context, run_id: str) -> Stopped:
     """Stop `run_id` on every host it ran on and record whether anything is left."""
-    root = runs.runs_dir(ctx.inventory_path)
+    root = runs.runs_dir(ctx.inventory_file())
     rec = runs.load(root, run_id)
     checked = launch.stop_everywhere(
         ctx, run_id, launch.record_hosts(ctx, rec), int(rec.get("grace", 10)), rec.get("log_dir")

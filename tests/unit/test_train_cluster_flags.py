@@ -391,3 +391,14 @@ def test_without_the_flags_the_lab_still_describes_the_cluster(
     with pytest.raises(InputError, match="stop here"):
         run.start(ctx, TrainRequest(phase=2, file=PACKAGED, backend="slurm", output=tmp_path / "out"))
     assert asked == [["m5"]]
+
+
+@pytest.mark.parametrize("args", [["train", "status"], ["train", "stop", "p1-x"], ["ckpt", "list"]])
+def test_run_records_beside_a_missing_inventory_name_the_inventory_not_an_empty_list(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """Run records live beside the inventory, found without parsing it; a mistyped -i is still
+    named as such, never answered with "no runs"."""
+    rc, out = cli(tmp_path, "-i", str(tmp_path / "typo" / "lab.yaml"), *args)
+    assert rc == 2, out
+    assert f"No inventory at {tmp_path / 'typo' / 'lab.yaml'}" in out and "No run" not in out
