@@ -31,12 +31,14 @@ lint: install
 	$(BIN)/ruff format --check labctl tests bench
 	$(BIN)/mypy labctl
 
+# The unit half runs on two workers (pytest-xdist): its tests share nothing but the CPU. The
+# integration half shares one simulated lab, Docker, Slurm and cron, so it runs in order.
 test: install deps
-	$(BIN)/pytest -q -rs --durations=15 -m "not integration" tests
+	$(BIN)/pytest -q -rs --durations=15 -n 2 -m "not integration" tests
 	$(BIN)/pytest -q -rs --durations=40 -m integration tests
 
 test-unit: install
-	$(BIN)/pytest -q -rs -m "not integration" tests
+	$(BIN)/pytest -q -rs -n 2 -m "not integration" tests
 
 # A model small enough for two simulated hosts sharing this machine's CPUs.
 DEMO_TRAIN = --set steps=60 --set batch_size_per_gpu=8 --set seq_len=64 --set model.d_model=64 \
