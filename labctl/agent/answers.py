@@ -316,6 +316,7 @@ ANSWERS: Dict[str, Any] = {
         "absent?": ["str"],
     },
     "orch_commit": {"path?": "str", "updated?": "time"},
+    "orch_publish": {"path": "str", "updated": "time", "models": "int"},
     "net_begin": {"id?": "str", "keeper_pid?": "int?", "deadline_at?": "time"},
     "net_status": {"state?": "str?", "differences?": (["str"], "null")},
     "net_commit": {"committed": "bool", "state?": "str?"},

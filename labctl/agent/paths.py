@@ -37,6 +37,9 @@ WARM_STATE = ORCHESTRA_DIR + "/warm.json"  # the warm set the rotation loaded; p
 ORCHESTRA_HISTORY = ORCHESTRA_DIR + "/history.jsonl"  # one line per committed rotation, newest last
 ORCHESTRA_LOCK = ORCHESTRA_DIR + "/rotate.lock"  # host_lock's file while a rotation changes this host
 ORCHESTRA_LOGS = ORCHESTRA_DIR + "/logs"  # MODEL.log: each model server's output, appended per start
+# On the hosts that train: the models to ask now, rewritten by every rotation (the trainer's
+# client reads it per batch of calls). Addresses and variable names only, never a key.
+ORCHESTRA_ENDPOINTS = ORCHESTRA_DIR + "/endpoints.json"
 # labctl installed on the orchestrator for its scheduled jobs (lib/, bin/labctl) and its lab copy
 # (lab/: inventory, keys, playbooks), so a job runs with no laptop and no venv.
 CONTROLLER_DIR = HOME + "/controller"

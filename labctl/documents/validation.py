@@ -149,7 +149,11 @@ def friendly(err: Any, model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     got = err.get("input")
-    shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+    # A field that may hold a secret by mistake (a key pasted where its variable's name goes, a
+    # password in a URL) declares hide_input: the error must not carry it into a terminal or a log.
+    extra = field.json_schema_extra if field is not None else None
+    hidden = isinstance(extra, dict) and bool(extra.get("hide_input"))
+    shown = "" if hidden or isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
     return f"{msg}{shown}." + (f" Write {desc}." if desc else "")
 
 

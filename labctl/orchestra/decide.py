@@ -213,6 +213,7 @@ class PlacementView:
     capacity: list[CapacityRow]
     library: int
     notes: list[str] = field(default_factory=list)
+    remote: list[dict[str, Any]] = field(default_factory=list)  # RemoteTier.as_dict each
 
     def to_json(self) -> dict[str, Any]:
         where = self.placement.where
@@ -234,6 +235,7 @@ class PlacementView:
             ],
             "capacity": [c.as_dict() for c in self.capacity],
             "library": self.library,
+            "remote": self.remote,
         }
 
     def render(self, console: Console) -> None:
@@ -274,6 +276,38 @@ class PlacementView:
             "(overhead: KV cache and activations as a share of the weights), or each model's gpu_gb.",
             soft_wrap=True,
         )
+        if self.remote:
+            self._render_remote(console)
+
+    def _render_remote(self, console: Console) -> None:
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(
+            title="remote tiers (asked beside the warm set; never contacted by plan)",
+            title_justify="left",
+            show_edge=False,
+            pad_edge=False,
+        )
+        for col in ("name", "model", "API", "key", "at once", "$ / M tokens in, out"):
+            table.add_column(col)
+        for r in self.remote:
+            env = r["api_key_env"]
+            key = (
+                "none needed"
+                if env is None
+                else f"${env} " + ("set here" if r["key_set"] else "[red]not set here[/]")
+            )
+            price = r["price_per_mtok"]
+            table.add_row(
+                escape(r["name"]),
+                escape(r["model"]),
+                escape(r["base_url"]),
+                key,
+                str(r["concurrency"]),
+                f"{price['input']:g}, {price['output']:g}",
+            )
+        console.print(table)
 
 
 def plan_placement(
@@ -293,4 +327,13 @@ def plan_placement(
     names = list(choice.warm_after)
     keep = {m["name"]: (m["host"], int(m["gpu"])) for m in current if m.get("gpu") is not None}
     placement = place(orch.needs(names), gpus, keep=keep)
-    return PlacementView(placement, names, left_out, capacity(gpus, orch.overhead), len(orch.names))
+    import os
+
+    return PlacementView(
+        placement,
+        names,
+        left_out,
+        capacity(gpus, orch.overhead),
+        len(orch.names),
+        remote=[r.as_dict(os.environ) for r in orch.remote],
+    )

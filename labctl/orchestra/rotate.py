@@ -84,6 +84,8 @@ class RotationResult:
     # Servers on hosts that served the orchestra and are no longer in the inventory: labctl cannot
     # reach them, so they are named with the command that stops them.
     left_behind: list[dict[str, Any]] = field(default_factory=list)
+    # Each rewrite of the trainers' endpoints.json: {at, why, models, hosts: {host: "ok" | error}}.
+    published: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -111,6 +113,7 @@ class RotationResult:
             "waited_for_lock": round(self.waited_for_lock, 3),
             "warm": self.warm,
             "left_behind": self.left_behind,
+            "published": self.published,
         }
 
 
@@ -302,6 +305,9 @@ class _Executor:
         self.warm: dict[str, list[dict[str, Any]]] = {h: [] for h in [*hosts, *self.retired]}
         self.cursor = plan.cursor
         self.started = time.time()
+        from labctl.orchestra.endpoints import consumers
+
+        self.consumers = consumers(ctx.inventory)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -341,6 +347,35 @@ class _Executor:
             "cursor": self.cursor,
         }
         self._call(host, "orch_commit", {"warm": warm, "history": entry})
+
+    def _publish(self, why: str, without: dict[str, list[str]] | None = None) -> None:
+        """The trainers' endpoints.json rewritten on every host that trains, all at once. A
+        host that cannot be reached is noted, never fatal: its trainer keeps the last file, and
+        its client asks another model for any that has left."""
+        if not self.consumers:
+            return
+        from labctl.hosts.agent_ship import call_agent
+        from labctl.hosts.fanout import HostResult, fan_out
+        from labctl.orchestra.endpoints import endpoints_doc
+
+        doc = endpoints_doc(self.ctx.inventory.lab, self.hosts, self.warm, self.orch.remote, without)
+
+        def step(run: HostRun) -> HostResult:
+            answer = call_agent(run, "orch_publish", {"endpoints": doc}, read_only=False)
+            return HostResult(run.host.name, "ok", data=answer)
+
+        results = fan_out(self.ctx, self.consumers, step, label="publishing endpoints", progress=False)
+        for r in results:
+            if not r.ok:
+                self._say(f"{r.host}: the trainers' endpoints could not be rewritten: {r.error}")
+        self.result.published.append(
+            {
+                "at": round(time.time(), 3),
+                "why": why,
+                "models": [m["name"] for m in doc["models"]],
+                "hosts": {r.host: "ok" if r.ok else str(r.error) for r in results},
+            }
+        )
 
     # -- the stages ------------------------------------------------------------------------
 
@@ -387,6 +422,7 @@ class _Executor:
                 self._say(f"repaired {note}")
             self.warm[host] = []
             self._commit(host)
+        self._publish("stopped")
 
     def verify(self) -> None:
         """Plan again: read every host's state afresh and compare it with the plan's warm set;
@@ -445,14 +481,22 @@ class _Executor:
             i += len(batch)
             if s.action == "start":
                 self._start_batch(s.host, batch)
+                self._publish("joined")
             else:
-                timings = self._stop(s.host, [b.model for b in batch])
+                leaving = [b.model for b in batch]
+                if self.consumers:
+                    # The drain: trainers stop sending new requests first; what is in flight
+                    # finishes within stop_grace, as the server stops gracefully.
+                    self._publish("draining", {s.host: leaving})
+                    time.sleep(self.orch.server.drain_s)
+                timings = self._stop(s.host, leaving)
                 self.result.left += timings
                 self._commit(s.host)
         entry = self._history_entry()
         for host in sorted(self.hosts):
             self._commit(host, entry)
         self.result.warm = {h: list(ms) for h, ms in self.warm.items()}
+        self._publish("committed")
 
     def _history_entry(self) -> dict[str, Any]:
         return {

@@ -8,11 +8,15 @@
     models:
       - {name: Llama-3.1-8B-Instruct, size_gb: 16.1}
       - {name: Qwen2.5-Coder-7B-Instruct-Q8_0, size_gb: 8.1, params_b: 7.6, bits: 8}
+    remote:                        # tiers outside the lab that speak the same completions API
+      - {name: gpt-4o-mini, base_url: https://api.openai.com/v1, model: gpt-4o-mini,
+         api_key_env: OPENAI_API_KEY, concurrency: 4, price_per_mtok: {input: 0.15, output: 0.6}}
 
 A model's GPU memory need is its explicit `gpu_gb`, else its weights (params_b * bits / 8 when
 both are given, else size_gb) plus `overhead.fraction` of them for the KV cache and activations,
 plus `overhead.context_gb` for the CUDA context (seed 000 §2.7). Every error names the file,
-the line and the field, and exits 2.
+the line and the field, and exits 2. A remote tier names the environment variable that holds its
+key, never the key: the file is shared and shown, the key is not. No check contacts a remote tier.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import re
 import shlex
 import string
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -88,6 +93,12 @@ class Server(Strict):
     start_timeout: int = Field(default=300, ge=1, description="start_timeout: 300 (seconds until healthy)")
     stop_grace: int = Field(
         default=30, ge=1, description="stop_grace: 30 (seconds between SIGTERM and SIGKILL)"
+    )
+    drain_s: float = Field(
+        default=2.0,
+        ge=0,
+        le=600,
+        description="drain_s: 2 (seconds between taking a leaving model out of the trainers' endpoints and stopping it)",
     )
 
     @field_validator("command")
@@ -187,6 +198,104 @@ class ModelEntry(Strict):
         return self.size_gb
 
 
+# The name of an environment variable, as a shell can export it.
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class Price(Strict):
+    input: float = Field(default=0.0, ge=0, description="input: 0.15 (per million prompt tokens)")
+    output: float = Field(default=0.0, ge=0, description="output: 0.6 (per million completion tokens)")
+
+
+class RemoteTier(Strict):
+    """A model outside the lab behind the OpenAI-compatible completions API (a hosted API, a
+    vLLM elsewhere). Asked beside the warm set; never started, stopped or rotated."""
+
+    name: str = Field(description="name: gpt-4o-mini (its name in the orchestra and in metrics)")
+    base_url: str = Field(
+        description="base_url: https://api.openai.com/v1 (the API's root, before /completions)",
+        json_schema_extra={"hide_input": True},
+    )
+    model: str = Field(description="model: gpt-4o-mini (the provider's model id)")
+    api_key_env: Optional[str] = Field(
+        default=None,
+        description="api_key_env: OPENAI_API_KEY (the environment variable holding the key; null: no key)",
+        json_schema_extra={"hide_input": True},
+    )
+    concurrency: int = Field(
+        default=4, ge=1, le=256, description="concurrency: 4 (requests in flight at once)"
+    )
+    timeout_s: float = Field(default=60.0, gt=0, le=3600, description="timeout_s: 60 (seconds per request)")
+    price_per_mtok: Price = Field(
+        default_factory=lambda: Price(),
+        description="price_per_mtok: {input: 0.15, output: 0.6} (per million tokens)",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return ModelEntry._name(v)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if not v.strip() or any(c.isspace() or ord(c) < 32 for c in v):
+            raise ValueError("the provider's model id is empty or holds spaces; write it as the API lists it")
+        return v
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
+        try:
+            url = urlsplit(v)
+            url.port  # noqa: B018 - a port that is not a number raises here
+        except ValueError:
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError("not an http(s) URL; write the API's root, e.g. https://api.openai.com/v1")
+        if url.username or url.password:
+            # The file is shown and shared: a password in it would be printed by every plan.
+            raise ValueError(
+                "the URL holds a user or password; put the key in the environment variable api_key_env names"
+            )
+        if url.query or url.fragment:
+            raise ValueError("the URL has a ?query or #fragment; give the API's root, e.g. https://host/v1")
+        return v.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _key_env(cls, v: Optional[str]) -> Optional[str]:
+        # Never repeat the value in the message: a key pasted here must not reach a log.
+        if v is not None and not ENV_NAME_RE.match(v):
+            raise ValueError(
+                "api_key_env is the name of the environment variable that holds the key (OPENAI_API_KEY), "
+                "not the key itself; export the key in that variable where the trainer runs"
+            )
+        if v is not None and len(v) > 64:
+            raise ValueError(
+                "api_key_env is longer than a variable name: write the variable's name, not the key"
+            )
+        return v
+
+    def key_present(self, environ: Mapping[str, str]) -> bool:
+        return self.api_key_env is None or bool(environ.get(self.api_key_env))
+
+    def as_dict(self, environ: Mapping[str, str]) -> dict[str, Any]:
+        """What plan shows: never the key, only whether its variable is set in `environ`."""
+        return {
+            "name": self.name,
+            "base_url": self.base_url,
+            "model": self.model,
+            "api_key_env": self.api_key_env,
+            "key_set": self.key_present(environ),
+            "concurrency": self.concurrency,
+            "timeout_s": self.timeout_s,
+            "price_per_mtok": {"input": self.price_per_mtok.input, "output": self.price_per_mtok.output},
+        }
+
+
 class Orchestra(Strict):
     hosts: str = Field(default="role:inference", description="hosts: role:inference (the --limit syntax)")
     gpus: list[str] = Field(
@@ -201,6 +310,11 @@ class Orchestra(Strict):
     server: Server = Field(default_factory=lambda: Server())
     models: list[ModelEntry] = Field(
         min_length=1, description="models: [{name: Llama-3.1-8B-Instruct, size_gb: 16.1}, ...]"
+    )
+    remote: list[RemoteTier] = Field(
+        default_factory=list,
+        description="remote: [{name: gpt-4o-mini, base_url: https://api.openai.com/v1, model: gpt-4o-mini, "
+        "api_key_env: OPENAI_API_KEY}]",
     )
 
     @field_validator("every")
@@ -293,6 +407,17 @@ def cross_checks(orch: Orchestra, pos: PositionedYaml) -> list[Problem]:
             )
         first.setdefault(m.name, i)
     n = len(first)
+    for i, r in enumerate(orch.remote):
+        if r.name in first:
+            problem(
+                ("remote", i, "name"),
+                f"'{r.name}' is already models[{first[r.name]}]; a remote tier needs a name of its own.",
+            )
+    remote_first: dict[str, int] = {}
+    for i, r in enumerate(orch.remote):
+        if r.name in remote_first:
+            problem(("remote", i, "name"), f"'{r.name}' is already remote[{remote_first[r.name]}]; keep one.")
+        remote_first.setdefault(r.name, i)
     if orch.warm > n:
         problem(("warm",), f"warm is {orch.warm} but the library has {n} models; lower warm or add models.")
     if orch.rotate >= orch.warm:

@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from labctl.agent import paths
+from labctl.agent.orchestra.client import Endpoint, ask_all, load_endpoints
 from tests.conftest import REPO, labctl, m5_cache, run_json, sh
 
 pytestmark = pytest.mark.integration
@@ -153,7 +155,17 @@ def test_plan_places_the_warm_set_on_the_p40s_and_leaves_the_v100_to_training(
     assert all(p["host"] == "m5" for p in placed.values())
 
 
-def test_start_then_rotate_then_phase3_preflight(orch: tuple[Path, Path], lab: Any) -> None:
+def trainers_endpoints(inv: Path, tmp_path: Path) -> list[Endpoint]:
+    """What m5's trainer would ask now: its endpoints.json, read by the trainer's own client."""
+    text = sh(inv, "m5", f"stat -c %a {paths.ORCHESTRA_ENDPOINTS}; cat {paths.ORCHESTRA_ENDPOINTS}")
+    mode, doc = text.split("\n", 1)
+    assert mode == "644" and 'api_key"' not in doc
+    copy = tmp_path / "endpoints.json"
+    copy.write_text(doc)
+    return load_endpoints(str(copy), environ={})
+
+
+def test_start_then_rotate_then_phase3_preflight(orch: tuple[Path, Path], lab: Any, tmp_path: Path) -> None:
     inv, _ = orch
     m5 = lab.hosts["m5"]
     rc, doc = run_json(inv, "orchestra", "start", timeout=400)
@@ -167,6 +179,17 @@ def test_start_then_rotate_then_phase3_preflight(orch: tuple[Path, Path], lab: A
     assert sorted(servers().values()) == ["orch-a", "orch-b", "orch-c"]
     assert all(answers(m5, m["port"]) for m in loaded.values())
     assert {t["model"]: t["cache_hit"] for t in doc["joined"]} == dict.fromkeys(loaded, False)
+    # The host that trains (m5) was told where the warm set answers; the trainer's client reads
+    # that file and asks all three at once over the lab network, each answering as itself.
+    before = trainers_endpoints(inv, tmp_path)
+    assert [(e.name, e.base_url) for e in before] == [
+        (n, f"http://{m5}:{m['port']}/v1") for n, m in sorted(loaded.items())
+    ]
+    assert [p["why"] for p in doc["published"]] == ["joined", "committed"]
+    got = ask_all(before, "def f(x):", max_tokens=8)
+    assert [(a.name, a.answered_by, a.ok, a.completion_tokens) for a in got] == [
+        (n, n, True, 8) for n in sorted(loaded)
+    ], got
 
     # A second start changes nothing.
     rc, again = run_json(inv, "orchestra", "start", timeout=200)
@@ -182,6 +205,22 @@ def test_start_then_rotate_then_phase3_preflight(orch: tuple[Path, Path], lab: A
     assert sorted(servers().values()) == ["orch-a", "orch-c", "orch-d"]
     assert answers(m5, after["orch-d"]["port"]) and not answers(m5, loaded["orch-b"]["port"])
     assert doc["stages"]["load"] > 0 and doc["stages"]["warmup"] > 0
+    # orch-b left the trainers' file before its server stopped (the drain), orch-d joined it once healthy.
+    assert [(p["why"], sorted(p["models"])) for p in doc["published"]] == [
+        ("joined", ["orch-a", "orch-b", "orch-c", "orch-d"]),
+        ("draining", ["orch-a", "orch-c", "orch-d"]),
+        ("committed", ["orch-a", "orch-c", "orch-d"]),
+    ]
+    assert all(p["hosts"] == {"m5": "ok"} for p in doc["published"])
+    assert sorted(e.name for e in trainers_endpoints(inv, tmp_path)) == ["orch-a", "orch-c", "orch-d"]
+    # A client still holding the old warm set: orch-b's request goes to a model that answers.
+    got = ask_all(before, "def f(x):", max_tokens=8)
+    assert [(a.answered_by == a.name, a.retried) for a in got] == [
+        (True, False),
+        (False, True),
+        (True, False),
+    ]
+    assert all(a.ok for a in got) and got[1].answered_by in {"orch-a", "orch-c"}
 
     rc, st = run_json(inv, "orchestra", "status")
     assert rc == 0 and st["healthy"] == 3 and st["last_rotation"]["joined"] == ["orch-d"]

@@ -8,4 +8,5 @@ COMMANDS = {
     "orch_health": ".host:health_command",
     "orch_stop": ".host:stop_command",
     "orch_commit": ".host:commit_command",
+    "orch_publish": ".host:publish_command",
 }

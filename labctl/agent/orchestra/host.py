@@ -668,3 +668,27 @@ def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
         _append_history(entry)
         out["history"] = paths.ORCHESTRA_HISTORY
     return out
+
+
+@takes(lab=Opt(object, None), host=Opt(object, None), endpoints=object)
+def publish_command(args: Dict[str, Any]) -> Dict[str, Any]:
+    """orch_publish {endpoints: {lab, models: [{name, base_url, model, host}], remote: [...]}}
+    -> {path, updated, models}: on a host that trains, the models to ask now.
+
+    Replaced atomically (a trainer reads it per batch of calls, at any moment); world-readable,
+    as it holds addresses and the names of key variables, never a key.
+    """
+    doc = args["endpoints"]
+    if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
+        raise AgentError("endpoints must be an object with a models list", "bad_args")
+    for m in doc["models"] + list(doc.get("remote") or []):
+        if not isinstance(m, dict) or not all(
+            isinstance(m.get(k), str) for k in ("name", "base_url", "model")
+        ):
+            raise AgentError("each endpoint needs name, base_url and model as text", "bad_args")
+        if "api_key" in m:
+            raise AgentError("an endpoint carries the name of its key's variable, never the key", "bad_args")
+    updated = round(time.time(), 3)
+    os.makedirs(os.path.dirname(paths.ORCHESTRA_ENDPOINTS), exist_ok=True)
+    write_json(paths.ORCHESTRA_ENDPOINTS, dict(doc, updated=updated), mode=0o644, durable=True)
+    return {"path": paths.ORCHESTRA_ENDPOINTS, "updated": updated, "models": len(doc["models"])}

@@ -8,7 +8,8 @@ weights are loaded (labctl's loader, the RAM-cache path) and one forward pass ra
 POST /generate {"prompt", "max_tokens"} continues the prompt greedily; POST /score {"text"}
 gives the text's mean log-probability. Tokens are the text's UTF-8 bytes modulo the model's
 vocabulary: these models are random, so what matters is that the answers are real forward
-passes and deterministic. SIGTERM (or SIGINT) stops it gracefully, exit 0; a model that
+passes and deterministic. The same model answers the OpenAI-compatible GET /v1/models and POST
+/v1/completions (openai_api.py), which the trainer's client and any OpenAI SDK speak. SIGTERM (or SIGINT) stops it gracefully, exit 0; a model that
 cannot be loaded or a port that cannot be bound ends it with exit 1 and one line on stderr.
 Progress goes to stderr as JSON lines (the orchestra's log of this server).
 """
@@ -26,6 +27,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, Optional, Tuple, cast
 
 from .. import procs
+from . import openai_api
+from .openai_api import ApiError, CompletionRequest
 
 MAX_TOKENS = 256
 MAX_BODY = 1 << 20
@@ -61,6 +64,7 @@ class Model:
         self.warmup_s = 0.0
         self.params = 0
         self.memory_bytes = 0
+        self.created = int(time.time())
         self._tensors: Optional[Dict[str, Any]] = None
         self._model: Any = None
         # One forward pass at a time: concurrent requests would each hold activations.
@@ -150,24 +154,62 @@ class Model:
         n = body.get("max_tokens", DEFAULT_MAX_TOKENS)
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_TOKENS:
             raise BadRequest(f"max_tokens must be an integer from 0 to {MAX_TOKENS}, got {n!r}")
-        import torch
-
-        max_seq = int(self.config["max_seq"])
         start = time.perf_counter()
-        out: List[int] = []
-        with self._lock, torch.no_grad():
-            seq = torch.tensor([ids], dtype=torch.long, device=self.device)
-            for _ in range(n):
-                logits = self._model(seq[:, -max_seq:])[0, -1].float()
-                nxt = int(torch.argmax(logits))  # the first of equal maxima: deterministic
-                out.append(nxt)
-                seq = torch.cat([seq, torch.tensor([[nxt]], dtype=torch.long, device=self.device)], dim=1)
+        with self._lock:
+            out, _, _ = self._extend(ids, n)
         return {
             "name": self.name,
             "tokens": out,
-            "text": bytes(t % 256 for t in out).decode("utf-8", "replace"),
+            "text": _text(out),
             "seconds": round(time.perf_counter() - start, 4),
         }
+
+    def _extend(
+        self,
+        ids: List[int],
+        n: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        generator: Any = None,
+        stops: Optional[List[str]] = None,
+    ) -> Tuple[List[int], List[float], str]:
+        """`ids` continued by up to `n` tokens: (tokens, their log-probabilities, finish_reason).
+        Temperature 0 is greedy (the first of equal maxima: deterministic); above it, a sample
+        from `generator` among the smallest set of tokens whose probability reaches top_p. A
+        stop sequence ends it early, left out of the tokens returned. Hold self._lock."""
+        import torch
+
+        max_seq = int(self.config["max_seq"])
+        out: List[int] = []
+        logprobs: List[float] = []
+        with torch.no_grad():
+            seq = torch.tensor([ids], dtype=torch.long, device=self.device)
+            for _ in range(n):
+                logits = self._model(seq[:, -max_seq:])[0, -1].float()
+                logp = torch.log_softmax(logits, dim=-1)
+                if temperature == 0:
+                    nxt = int(torch.argmax(logits))
+                else:
+                    nxt = _sample(torch, logits, temperature, top_p, generator)
+                out.append(nxt)
+                logprobs.append(float(logp[nxt]))
+                if stops:
+                    kept = openai_api.cut_at_stop(_text(out), stops)
+                    if kept is not None:
+                        keep = len(kept.encode("utf-8"))
+                        return out[:keep], logprobs[:keep], "stop"
+                seq = torch.cat([seq, torch.tensor([[nxt]], dtype=torch.long, device=self.device)], dim=1)
+        return out, logprobs, "length"
+
+    def _prompt_logprobs(self, ids: List[int]) -> List[float]:
+        """Each token's log-probability given those before it (the first has none: len - 1)."""
+        import torch
+        from torch.nn import functional as F
+
+        with torch.no_grad():
+            seq = torch.tensor([ids], dtype=torch.long, device=self.device)
+            logp = F.log_softmax(self._model(seq)[0, :-1].float(), dim=-1)
+            return [float(x) for x in logp.gather(1, seq[0, 1:].unsqueeze(1)).squeeze(1)]
 
     def score(self, body: Dict[str, Any]) -> Dict[str, Any]:
         ids = self._encode(body.get("text"), "text")
@@ -175,21 +217,79 @@ class Model:
             raise BadRequest(
                 "text must be at least 2 tokens (bytes): each one is scored given those before it"
             )
-        import torch
-        from torch.nn import functional as F
-
         start = time.perf_counter()
-        with self._lock, torch.no_grad():
-            seq = torch.tensor([ids], dtype=torch.long, device=self.device)
-            logp = F.log_softmax(self._model(seq)[0, :-1].float(), dim=-1)
-            picked = logp.gather(1, seq[0, 1:].unsqueeze(1))
-            mean = float(picked.mean())
+        with self._lock:
+            picked = self._prompt_logprobs(ids)
         return {
             "name": self.name,
-            "mean_logprob": mean,
+            "mean_logprob": sum(picked) / len(picked),
             "tokens": len(ids) - 1,
             "seconds": round(time.perf_counter() - start, 4),
         }
+
+    def complete(self, req: CompletionRequest) -> Dict[str, Any]:
+        """/v1/completions: n choices per prompt, in the API's order (prompt by prompt)."""
+        import torch
+
+        try:
+            encoded = [self._encode(p, "prompt") for p in req.prompts]
+        except BadRequest as exc:
+            raise ApiError(400, str(exc), "prompt") from None
+        generator = None
+        if req.temperature > 0:
+            generator = torch.Generator()
+            if req.seed is not None:
+                generator.manual_seed(req.seed)
+            else:
+                generator.seed()
+        choices: List[Dict[str, Any]] = []
+        with self._lock:
+            for i, ids in enumerate(encoded):  # not zip(strict=): Python 3.8
+                prompt = req.prompts[i]
+                echoed = self._prompt_logprobs(ids) if req.echo and req.logprobs is not None and ids else []
+                for _ in range(req.n):
+                    out, logprobs, finish = self._extend(
+                        ids, req.max_tokens, req.temperature, req.top_p, generator, req.stop
+                    )
+                    choice: Dict[str, Any] = {
+                        "text": (prompt if req.echo else "") + _text(out),
+                        "finish_reason": finish,
+                        "tokens": len(out),
+                    }
+                    if req.logprobs is not None:
+                        shown = (ids if req.echo else []) + out
+                        values: List[Optional[float]] = (
+                            [None, *echoed, *logprobs] if req.echo else [*logprobs]
+                        )
+                        choice["logprobs"] = {
+                            "tokens": [chr(t % 256) for t in shown],
+                            "token_logprobs": values,
+                            "top_logprobs": None,
+                            "text_offset": list(range(len(shown))),
+                        }
+                    choices.append(choice)
+        return openai_api.completion_doc(self.name, choices, sum(len(i) for i in encoded))
+
+
+def _not_ready(model: Model) -> Tuple[int, Dict[str, Any]]:
+    message = f"{model.name} is {model.state}: poll /health until it answers 200"
+    return 503, openai_api.error_doc(message, "service_unavailable", code=model.state)
+
+
+def _text(tokens: List[int]) -> str:
+    return bytes(t % 256 for t in tokens).decode("utf-8", "replace")
+
+
+def _sample(torch: Any, logits: Any, temperature: float, top_p: float, generator: Any) -> int:
+    """One token from softmax(logits / temperature), kept to the top_p nucleus; drawn on the CPU
+    so that a seed gives the same tokens on every device."""
+    probs = torch.softmax(logits.cpu() / temperature, dim=-1)
+    if top_p < 1.0:
+        ordered, order = torch.sort(probs, descending=True)
+        # Keep each token whose predecessors sum below top_p: the first one always stays.
+        keep = torch.cumsum(ordered, dim=0) - ordered < top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], ordered[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def _pick_device(torch: Any, wanted: str) -> str:
@@ -220,14 +320,40 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] != "/health":
+        route = self.path.split("?", 1)[0]
+        model = self.model
+        if route == "/health":
+            self._send(*model.health())
+        elif route == "/v1/models":
+            if model.state != "ready":
+                self._send(*_not_ready(model))
+            else:
+                self._send(
+                    200, openai_api.models_doc(model.name, model.created, int(model.config["max_seq"]))
+                )
+        elif route.startswith("/v1/"):
+            self._send(404, ApiError(404, f"no such endpoint: GET {route}; try /v1/models").doc())
+        else:
             self._send(404, {"error": f"no such endpoint: GET {self.path}; try /health"})
-            return
-        code, doc = self.model.health()
-        self._send(code, doc)
+
+    def _body(self) -> Tuple[Optional[Any], Optional[Tuple[int, str]]]:
+        """(the JSON body, None) or (None, (status, why it cannot be read))."""
+        try:
+            length = int(self.headers.get("Content-Length") or "-1")
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            return None, (411 if length < 0 else 413, f"send a JSON body of at most {MAX_BODY} bytes")
+        try:
+            return json.loads(self.rfile.read(length).decode("utf-8") or "{}"), None
+        except ValueError as exc:
+            return None, (400, f"the body is not JSON: {exc}")
 
     def do_POST(self) -> None:
         route = self.path.split("?", 1)[0]
+        if route.startswith("/v1/"):
+            self._openai(route)
+            return
         model = self.model
         answer = {"/generate": model.generate, "/score": model.score}.get(route)
         if answer is None:
@@ -236,15 +362,11 @@ class Handler(BaseHTTPRequestHandler):
         if model.state != "ready":
             self._send(503, {"state": model.state, "name": model.name})
             return
-        try:
-            length = int(self.headers.get("Content-Length") or "-1")
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY:
-            self._send(411 if length < 0 else 413, {"error": f"send a JSON body of at most {MAX_BODY} bytes"})
+        body, unreadable = self._body()
+        if unreadable:
+            self._send(unreadable[0], {"error": unreadable[1]})
             return
         try:
-            body = json.loads(self.rfile.read(length).decode("utf-8") or "{}")
             if not isinstance(body, dict):
                 raise BadRequest("the body must be a JSON object")
             self._send(200, answer(body))
@@ -253,6 +375,28 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # the client gets an answer; the log gets the reason
             _event("error", route=route, error=f"{type(exc).__name__}: {exc}")
             self._send(500, {"error": f"{type(exc).__name__}: {exc}"})
+
+    def _openai(self, route: str) -> None:
+        """POST /v1/...: answers and errors in the API's shapes, so an SDK raises its own errors."""
+        model = self.model
+        if route != "/v1/completions":
+            self._send(404, ApiError(404, f"no such endpoint: POST {route}; try /v1/completions").doc())
+            return
+        if model.state != "ready":
+            self._send(*_not_ready(model))
+            return
+        body, unreadable = self._body()
+        if unreadable:
+            self._send(unreadable[0], ApiError(*unreadable).doc())
+            return
+        try:
+            request = openai_api.parse_completion(body, model.name, MAX_TOKENS)
+            self._send(200, model.complete(request))
+        except ApiError as exc:
+            self._send(exc.status, exc.doc())
+        except Exception as exc:
+            _event("error", route=route, error=f"{type(exc).__name__}: {exc}")
+            self._send(500, openai_api.error_doc(f"{type(exc).__name__}: {exc}", "server_error"))
 
     def log_message(self, format: str, *args: Any) -> None:
         # Health is polled many times a second during a rotation: the log keeps only events.
@@ -351,6 +495,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             while True:
                 time.sleep(3600)
     except Terminated as exc:
+        # Requests in flight finish (server_close below waits for them); /health and any new
+        # request say "draining" until the port closes.
+        model.state = "draining"
         _event(
             "stopping",
             name=args.name,
