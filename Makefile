@@ -93,6 +93,8 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) orchestra start -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
 	$(BIN)/labctl -i $(SIM_INV) rotate -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
 	$(BIN)/labctl -i $(SIM_INV) orchestra status -f $(DEMO_ORCH)
+	@echo "== phase 3's trainers ask the warm set at once over the OpenAI completions API (random tiny models: random bytes) =="
+	$(BIN)/labctl -i $(SIM_INV) orchestra ask -f $(DEMO_ORCH) --max-tokens 16 'def add(a, b):'
 	$(BIN)/labctl -i $(SIM_INV) train --phase 3 --dry-run --limit m5 --device cpu --python $(CURDIR)/$(BIN)/python
 	$(BIN)/labctl -i $(SIM_INV) bench rotation -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
 	@echo "== the lab at a glance (warm models, alerts), its checks before training and against the dev tier (the sim has no GPU: failures expected), its metrics for Prometheus =="

@@ -275,6 +275,7 @@ ANSWERS: Dict[str, Any] = {
         "gpu_error?": "str",
         "rendezvous?": {"port?": "int", "free?": "bool", "error?": "str"},
         "orchestra?": {"present?": "bool", "path?": "str", "error?": "str", "state?": {"models?": [{}]}},
+        "endpoints?": {"present": "bool", "path": "str", "error?": "str", "models?": "int"},
     },
     "train_spawn": {"pid": "int", "pgid?": "int", "started?": "time"},
     "train_ps": {"processes": [{"pid": "int"}], "remaining": [{"pid": "int"}], "killed?": "bool"},

@@ -105,6 +105,49 @@ def plan_cmd(
     run_command(ctx, work, inventory, json_out, verbose)
 
 
+@app.command("ask")
+def ask_cmd(
+    ctx: typer.Context,
+    prompt: Annotated[str, typer.Argument(help="The text every model continues.", show_default=False)],
+    file: FileOpt = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", min=1, max=4096, help="Tokens each model may add.")
+    ] = 32,
+    temperature: Annotated[
+        float, typer.Option("--temperature", min=0, max=2, callback=finite, help="0: greedy (the default).")
+    ] = 0.0,
+    remote: Annotated[
+        bool,
+        typer.Option(
+            "--remote/--no-remote", help="Ask the remote tiers whose key is set here too (default)."
+        ),
+    ] = True,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Ask every warm model at once, as phase 3's trainer does; one answer each, with its latency.
+
+    Every model speaks the OpenAI-compatible completions API; the warm set is read from the
+    serving hosts, and each remote tier is asked when its key's variable is set in this shell.
+    A model that cannot take the request (stopped, loading) is answered by another, and the
+    table says by whom. Exit 1 when a model gives no answer even so.
+
+    Examples:
+
+        labctl orchestra ask 'def add(a, b):'
+
+        labctl orchestra ask --no-remote --json 'x =' | jq '.answers[] | {name, latency_s}'
+    """
+    from labctl.orchestra.ask import ask
+
+    def work(c: Context) -> Outcome:
+        result = ask(c, load(c, file), prompt, max_tokens, temperature, remote)
+        return Outcome(result.to_json(), lambda: result.render(c.console), 0 if result.ok else 1)
+
+    run_command(ctx, work, inventory, json_out, verbose)
+
+
 @app.command("status")
 def status_cmd(
     ctx: typer.Context,

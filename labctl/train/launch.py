@@ -100,6 +100,8 @@ def preflight(
             "address": host.address,
             "checkpoint_dir": settings.checkpoint_path(phase),
             "orchestra": host.name in orchestra_names,
+            # Where phase 3's trainers learn which models to ask (the rotation keeps it current).
+            "endpoints": bool(settings.requires_orchestra) and host.name in train_names,
         }
         if host.name == hosts[0].name:
             args["port"] = settings.port

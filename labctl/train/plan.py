@@ -264,7 +264,9 @@ def plan_run(
                 )
             )
     if settings.requires_orchestra:
-        problems += orchestra_problems(orchestra_probes or {})
+        problems += orchestra_problems(orchestra_probes or {}) or endpoints_problems(
+            {h.name: probes[h.name] for h in hosts}
+        )
     if problems:
         return None, problems
     nodes = tuple(
@@ -326,6 +328,32 @@ def _cross_host_checks(hosts: list[Host], probes: dict[str, dict[str, Any]], dev
                     "install the same torch CUDA build on every training host.",
                 )
             )
+    return out
+
+
+def endpoints_problems(probes: dict[str, dict[str, Any]]) -> list[Problem]:
+    """Each training host holds the endpoints file its trainers read (a probe that did not look,
+    as from an older agent, is not judged)."""
+    out = []
+    for name, p in probes.items():
+        e = p.get("endpoints")
+        if e is None or (e.get("present") and e.get("models")):
+            continue
+        why = (
+            f"it is unreadable ({e['error']})"
+            if e.get("error")
+            else "it lists no model"
+            if e.get("present")
+            else "there is none"
+        )
+        out.append(
+            Problem(
+                name,
+                f"this phase's trainers ask the models listed in {e.get('path', 'the endpoints file')}, and {why}.",
+                "Run `labctl orchestra start`: it writes the file on every host with the `train` role (give this "
+                "host that role if it has not), and every rotation keeps it current.",
+            )
+        )
     return out
 
 
@@ -394,6 +422,9 @@ def node_env(
     }
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    if settings.requires_orchestra:
+        # A --script finds the models to ask as the reference trainer does (client.load_endpoints).
+        env["LABCTL_ORCHESTRA_ENDPOINTS"] = paths.ORCHESTRA_ENDPOINTS
     iface = (probe.get("iface") or {}).get("name")
     if iface:
         env["GLOO_SOCKET_IFNAME"] = iface

@@ -380,6 +380,13 @@ def test_phase3_without_the_warm_set_starts_it_by_the_command_named(
         run_fix(lab_dir, fix(proc, "labctl", "orchestra", "start"))
         done = here(lab_dir, *phase3)
         assert done.returncode == 0, done.stderr
+        # The warm set up, but the trainers' endpoints file gone (a host given the train role
+        # since): the same command writes it again, changing no server.
+        sh(inv, "m5", "rm /var/lib/labctl/orchestra/endpoints.json")
+        proc = here(lab_dir, *phase3)
+        assert proc.returncode == 1 and "endpoints.json, and there is none" in proc.stderr, proc.stderr
+        run_fix(lab_dir, fix(proc, "labctl", "orchestra", "start"))
+        assert here(lab_dir, *phase3).returncode == 0
     finally:
         here(lab_dir, "orchestra", "stop")
         sh(inv, "m5", "rm -rf /var/lib/labctl/orchestra")

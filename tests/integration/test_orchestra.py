@@ -190,6 +190,11 @@ def test_start_then_rotate_then_phase3_preflight(orch: tuple[Path, Path], lab: A
     assert [(a.name, a.answered_by, a.ok, a.completion_tokens) for a in got] == [
         (n, n, True, 8) for n in sorted(loaded)
     ], got
+    # `orchestra ask` from the controller asks the same servers, and gets the same answers.
+    rc, asked = run_json(inv, "orchestra", "ask", "--max-tokens", "8", "def f(x):")
+    assert rc == 0, asked
+    assert {a["name"]: a["text"] for a in asked["answers"]} == {a.name: a.text for a in got}
+    assert asked["cycle_s"] > 0 and asked["sum_s"] >= max(a["latency_s"] for a in asked["answers"])
 
     # A second start changes nothing.
     rc, again = run_json(inv, "orchestra", "start", timeout=200)

@@ -229,8 +229,16 @@ def test_phase3_waits_for_the_orchestra_warm_set(lab: Any) -> None:
     )
     state = json.dumps({"models": [{"name": "llama-3.1-8b", "gpu": 1, "state": "loaded"}], "updated": 0})
     put = f"mkdir -p /var/lib/labctl/orchestra && echo '{state}' > /var/lib/labctl/orchestra/warm.json"
+    endpoints = json.dumps(
+        {"models": [{"name": "llama-3.1-8b", "model": "llama-3.1-8b", "base_url": "http://m5:8101/v1"}]}
+    )
+    told = f"echo '{endpoints}' > /var/lib/labctl/orchestra/endpoints.json"
     try:
         labctl("-i", inv, "exec", "-l", "m5", "--", put, check=True)
+        # The warm set is up, but m5's trainers were never told where it answers.
+        untold = labctl(*args)
+        assert untold.returncode == 1 and "endpoints.json, and there is none" in untold.stderr, untold.stderr
+        labctl("-i", inv, "exec", "-l", "m5", "--", told, check=True)
         ok = labctl(*args, "--json")
         assert ok.returncode == 0, ok.stderr
         assert json.loads(ok.stdout)["settings"]["phase"] == 3

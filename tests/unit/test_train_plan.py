@@ -259,6 +259,31 @@ def test_phase3_needs_the_orchestra_warm_set() -> None:
     assert problems == [] and spec is not None
 
 
+def test_phase3_needs_the_endpoints_file_on_each_training_host() -> None:
+    warm = {
+        "m5": {"orchestra": {"present": True, "state": {"models": [{"name": "llama-8b", "state": "loaded"}]}}}
+    }
+    path = "/var/lib/labctl/orchestra/endpoints.json"
+    for endpoints, says in (
+        ({"present": False, "path": path}, "and there is none"),
+        ({"present": True, "path": path, "models": 0}, "it lists no model"),
+        ({"present": False, "path": path, "error": "Permission denied"}, "unreadable (Permission denied)"),
+    ):
+        spec, problems = plan(
+            [m5()], {"m5": probe(gpus=m5_smi(), endpoints=endpoints)}, 3, orchestra_probes=warm
+        )
+        assert spec is None and len(problems) == 1, problems
+        assert path in problems[0].message and says in problems[0].message
+        assert "labctl orchestra start" in problems[0].fix and "`train` role" in problems[0].fix
+    ready = {"present": True, "path": path, "models": 3}
+    spec, problems = plan([m5()], {"m5": probe(gpus=m5_smi(), endpoints=ready)}, 3, orchestra_probes=warm)
+    assert problems == [] and spec is not None
+    # A --script finds the file as the reference trainer does.
+    assert all(n.env["LABCTL_ORCHESTRA_ENDPOINTS"] == path for n in spec.nodes)
+    spec, _ = plan([m5()], {"m5": probe(gpus=m5_smi())}, 1)
+    assert spec is not None and all("LABCTL_ORCHESTRA_ENDPOINTS" not in n.env for n in spec.nodes)
+
+
 def test_run_records_live_beside_the_inventory_link_and_list_newest_first(tmp_path: Path) -> None:
     from labctl.train import runs
 

@@ -119,23 +119,28 @@ class Answer:
 def load_endpoints(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> List[Endpoint]:
     """The models to ask now, from the endpoints.json every rotation rewrites on the hosts that
     train (default /var/lib/labctl/orchestra/endpoints.json, or $LABCTL_ORCHESTRA_ENDPOINTS):
-    the warm set, then each remote tier whose key variable is set in `environ` (default this
-    process's environment). Read it again per batch of calls to follow the rotation. OSError
-    when the file cannot be read, ValueError when it is not an endpoints document."""
+    see `from_doc`. Read it again per batch of calls to follow the rotation. OSError when the
+    file cannot be read, ValueError when it is not an endpoints document."""
     env = os.environ if environ is None else environ
     path = path or env.get("LABCTL_ORCHESTRA_ENDPOINTS") or ORCHESTRA_ENDPOINTS
     with open(path, "rb") as f:
         doc = json.loads(f.read().decode("utf-8"))
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
         raise ValueError(f"{path} is not an orchestra endpoints file (no models list)")
+    return from_doc(doc, env)
+
+
+def from_doc(doc: Mapping[str, Any], environ: Mapping[str, str]) -> List[Endpoint]:
+    """An endpoints document's warm set, then each remote tier whose key variable is set in
+    `environ` (a tier without its key would only collect 401s)."""
     out = [
         Endpoint(str(m["name"]), str(m["base_url"]), str(m.get("model") or m["name"])) for m in doc["models"]
     ]
     for r in doc.get("remote") or []:
         key_env = r.get("api_key_env")
-        key = env.get(key_env) if key_env else None
+        key = environ.get(key_env) if key_env else None
         if key_env and not key:
-            continue  # no key here: asking would only collect 401s
+            continue
         out.append(
             Endpoint(
                 str(r["name"]), str(r["base_url"]), str(r["model"]), key, float(r.get("timeout_s") or 60)

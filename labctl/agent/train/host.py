@@ -170,6 +170,22 @@ def orchestra_state() -> Dict[str, Any]:
     return {"present": True, "path": paths.WARM_STATE, "state": state}
 
 
+def endpoints_state() -> Dict[str, Any]:
+    """The orchestra's endpoints.json here (what this host's trainers ask): present, how many models."""
+    path = paths.ORCHESTRA_ENDPOINTS
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return {"present": False, "path": path}
+    except (OSError, ValueError) as exc:
+        return {"present": False, "path": path, "error": str(exc)}
+    models = doc.get("models") if isinstance(doc, dict) else None
+    if not isinstance(models, list):
+        return {"present": False, "path": path, "error": "not an endpoints file (no models list)"}
+    return {"present": True, "path": path, "models": len(models), "updated": doc.get("updated")}
+
+
 def torch_python(given: Optional[str]) -> Tuple[str, str]:
     """(interpreter, source) for torch work here: the one given, else the torch_env that
     `labctl provision` built, else the python this agent runs with (the inventory's)."""
@@ -187,6 +203,7 @@ def torch_python(given: Optional[str]) -> Tuple[str, str]:
     checkpoint_dir=Or(str, ""),
     port=Opt((int, None), None),
     orchestra=Opt(bool, False),
+    endpoints=Opt(bool, False),
 )
 def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Everything the controller's preflight checks, in one round trip."""
@@ -207,6 +224,8 @@ def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
         out["rendezvous"] = port_state(args["port"])
     if args["orchestra"]:
         out["orchestra"] = orchestra_state()
+    if args["endpoints"]:
+        out["endpoints"] = endpoints_state()
     return out
 
 

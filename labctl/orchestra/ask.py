@@ -1,0 +1,102 @@
+"""`labctl orchestra ask PROMPT`: every warm model, and each remote tier whose key is set here,
+asked at once through the trainer's own client; one answer per model with its latency.
+
+The warm set is read from the serving hosts (what answers now, as `rotate` would see it), not
+from a trainer's endpoints file, so it works from any controller. The cycle's wall time is shown
+beside the sum of the latencies: what asking them one after another would have cost.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from labctl.output.errors import InputError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from labctl.agent.orchestra.client import Answer
+    from labctl.hosts.context import Context
+    from labctl.orchestra.spec import Orchestra
+
+SHOWN_CHARS = 48
+
+
+@dataclass
+class AskResult:
+    prompt: str
+    answers: list[Answer]
+    cycle_s: float
+    skipped: list[str] = field(default_factory=list)  # remote tiers whose key is not set here
+
+    @property
+    def ok(self) -> bool:
+        return all(a.ok for a in self.answers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt": self.prompt,
+            "cycle_s": round(self.cycle_s, 4),
+            "sum_s": round(sum(a.latency_s for a in self.answers), 4),
+            "answers": [{**a.as_dict(), "latency_s": round(a.latency_s, 4)} for a in self.answers],
+            "skipped": self.skipped,
+        }
+
+    def render(self, console: Console) -> None:
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(title="orchestra answers", title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("model", "latency", "tokens", "answer"):
+            table.add_column(col, justify="right" if col in ("latency", "tokens") else "left")
+        for a in self.answers:
+            if a.ok:
+                text = _printable(a.text or "")
+                what = escape(text[:SHOWN_CHARS] + ("…" if len(text) > SHOWN_CHARS else ""))
+                if a.retried:
+                    what = f"[yellow](answered by {escape(a.answered_by)})[/] {what}"
+            else:
+                what = f"[red]{escape(a.error or '')}[/]"
+            table.add_row(escape(a.name), f"{a.latency_s:.3f} s", str(a.completion_tokens), what)
+        console.print(table)
+        for name in self.skipped:
+            console.print(f"[dim]{escape(name)}: not asked, its key's variable is not set here[/]")
+        console.print(
+            f"{len(self.answers)} models asked at once in {self.cycle_s:.3f} s "
+            f"(one after another: {sum(a.latency_s for a in self.answers):.3f} s).",
+            soft_wrap=True,
+        )
+
+
+def _printable(text: str) -> str:
+    # These answers are raw model output: keep a terminal's control sequences out of the table.
+    return "".join(c if c.isprintable() else "·" for c in text)
+
+
+def ask(
+    ctx: Context, orch: Orchestra, prompt: str, max_tokens: int, temperature: float, remote: bool
+) -> AskResult:
+    from labctl.agent.orchestra.client import ask_all, from_doc
+    from labctl.orchestra.endpoints import endpoints_doc
+    from labctl.orchestra.hoststate import find_repair, read_views
+    from labctl.orchestra.rotate import serving_hosts
+
+    hosts = serving_hosts(ctx, orch)
+    views = read_views(ctx, hosts, orch.server.health, gpus=False)
+    warm = {name: find_repair(v).current for name, v in views.items()}
+    doc = endpoints_doc(ctx.inventory.lab, {h.name: h for h in hosts}, warm, orch.remote if remote else [])
+    endpoints = from_doc(doc, os.environ)
+    asked = {e.name for e in endpoints}
+    skipped = [r["name"] for r in doc["remote"] if r["name"] not in asked]
+    if not endpoints:
+        raise InputError(
+            "No model is warm on the orchestra's hosts"
+            + (f", and no remote tier has its key set here ({', '.join(skipped)})." if skipped else "."),
+            "Load the warm set with `labctl orchestra start`, then ask again.",
+        )
+    start = time.perf_counter()
+    answers = ask_all(endpoints, prompt, max_tokens=max_tokens, temperature=temperature)
+    return AskResult(prompt, answers, time.perf_counter() - start, skipped)
