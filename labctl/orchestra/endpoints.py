@@ -1,6 +1,6 @@
 """What the hosts that train are told to ask: the warm set's addresses and the remote tiers.
 
-Every rotation (and `orchestra start`/`stop`) rewrites /var/lib/labctl/orchestra/endpoints.json
+Every rotation (and `orchestra start`/`stop`) rewrites the endpoints file (paths.ORCHESTRA_ENDPOINTS)
 on each host with the `train` role; the trainer's client reads it per batch of calls
 (`labctl.agent.orchestra.client.load_endpoints`), so discovery follows the rotation. A model
 that leaves is taken out of the file before its server is stopped (the drain), and a joiner is

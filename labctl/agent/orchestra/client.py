@@ -118,7 +118,7 @@ class Answer:
 
 def load_endpoints(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> List[Endpoint]:
     """The models to ask now, from the endpoints.json every rotation rewrites on the hosts that
-    train (default /var/lib/labctl/orchestra/endpoints.json, or $LABCTL_ORCHESTRA_ENDPOINTS):
+    train (default paths.ORCHESTRA_ENDPOINTS, or $LABCTL_ORCHESTRA_ENDPOINTS):
     see `from_doc`. Read it again per batch of calls to follow the rotation. OSError when the
     file cannot be read, ValueError when it is not an endpoints document."""
     env = os.environ if environ is None else environ
