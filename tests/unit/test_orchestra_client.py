@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -25,7 +24,7 @@ from labctl.agent.orchestra.client import Endpoint, ask_all, complete, models, s
 from labctl.agent.orchestra.server import Model, Server
 from labctl.agent.tinylm import make_config
 from labctl.hosts.agent_ship import agent_zip
-from tests.unit.test_orchestra_server import call, free_port, server_argv, wait_ready
+from tests.unit.test_orchestra_server import call, free_port, in_flight, slow_server
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = make_config(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq=64)
@@ -166,40 +165,17 @@ def test_a_refusal_or_a_timeout_is_the_models_own_answer_and_is_not_retried(
 def test_a_server_sigkilled_mid_request_is_answered_by_another_model(
     warm: dict[str, int], tmp_path: Path
 ) -> None:
-    """A real server process killed while it generates: its thread for the request is seen in
-    /proc first, so the kill lands mid-request, never before or after."""
-    big = make_config(vocab=256, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_seq=256)
-    make_model(str(tmp_path / "big"), 0, seed=3, config=big)
-    port = free_port()
-    proc = subprocess.Popen(
-        server_argv(tmp_path / "big", port, "big", "--device", "cpu"),
-        cwd=REPO,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_ready(port)
-        threads = len(os.listdir(f"/proc/{proc.pid}/task"))
-        result: list[Any] = []
-        asking = threading.Thread(
-            target=lambda: result.append(
-                ask_all([Endpoint("big", url(port)), Endpoint("m-c", url(warm["m-c"]))], "y", max_tokens=64)
-            )
-        )
-        asking.start()
-        deadline = time.monotonic() + 30
-        while len(os.listdir(f"/proc/{proc.pid}/task")) <= threads:  # the request's thread
-            assert time.monotonic() < deadline and asking.is_alive(), "the request never reached the server"
-            time.sleep(0.002)
+    """A real server process killed while it generates (never before or after)."""
+    result: list[Any] = []
+    with slow_server(tmp_path, 3, stderr=subprocess.DEVNULL) as (proc, port):
+        endpoints = [Endpoint("slow", url(port)), Endpoint("m-c", url(warm["m-c"]))]
+        asking = in_flight(proc, lambda: result.append(ask_all(endpoints, "y", max_tokens=64)))
         os.kill(proc.pid, signal.SIGKILL)
         asking.join(60)
-        big_answer, other = result[0]
-        assert other.ok and big_answer.ok, big_answer
-        assert big_answer.name == "big" and big_answer.answered_by == "m-c" and big_answer.retried
-        assert big_answer.text == other.text  # m-c's greedy answer to the same prompt
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    slow_answer, other = result[0]
+    assert other.ok and slow_answer.ok, slow_answer
+    assert slow_answer.name == "slow" and slow_answer.answered_by == "m-c" and slow_answer.retried
+    assert slow_answer.text == other.text  # m-c's greedy answer to the same prompt
 
 
 def test_scores_match_the_servers_own_and_models_are_listed(warm: dict[str, int]) -> None:

@@ -5,12 +5,9 @@ client (load_endpoints), and a server that stops gracefully finishing what is in
 from __future__ import annotations
 
 import json
-import os
 import signal
 import stat
 import subprocess
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +15,12 @@ import pytest
 
 from labctl.agent import paths
 from labctl.agent.errors import AgentError
-from labctl.agent.modelload.modelgen import make_model
 from labctl.agent.orchestra.client import load_endpoints
 from labctl.agent.orchestra.host import publish_command
-from labctl.agent.tinylm import make_config
 from labctl.inventory.load import load_inventory
 from labctl.orchestra.endpoints import consumers, endpoints_doc
 from labctl.orchestra.spec import RemoteTier
-from tests.unit.test_orchestra_server import REPO, call, free_port, server_argv, wait_ready
+from tests.unit.test_orchestra_server import call, in_flight, slow_server
 
 LAB = """\
 lab: two
@@ -137,35 +132,15 @@ def test_the_client_reads_the_warm_set_and_the_tiers_whose_key_it_has(
 
 def test_a_server_told_to_stop_finishes_the_request_in_flight_then_exits_0(tmp_path: Path) -> None:
     """The drain on the server's side: SIGTERM mid-request, the answer still comes whole."""
-    big = make_config(vocab=256, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_seq=256)
-    make_model(str(tmp_path / "big"), 0, seed=5, config=big)
-    port = free_port()
-    proc = subprocess.Popen(
-        server_argv(tmp_path / "big", port, "big", "--device", "cpu"),
-        cwd=REPO,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_ready(port)
-        threads = len(os.listdir(f"/proc/{proc.pid}/task"))
-        got: list[tuple[int, Any]] = []
-        body = {"model": "big", "prompt": "q", "max_tokens": 64, "temperature": 0}
-        asking = threading.Thread(target=lambda: got.append(call(port, "POST", "/v1/completions", body)))
-        asking.start()
-        deadline = time.monotonic() + 30
-        while len(os.listdir(f"/proc/{proc.pid}/task")) <= threads:
-            assert time.monotonic() < deadline and asking.is_alive(), "the request never reached the server"
-            time.sleep(0.002)
+    got: list[tuple[int, Any]] = []
+    body = {"model": "slow", "prompt": "q", "max_tokens": 64, "temperature": 0}
+    with slow_server(tmp_path, 5, stderr=subprocess.PIPE, text=True) as (proc, port):
+        asking = in_flight(proc, lambda: got.append(call(port, "POST", "/v1/completions", body)))
         proc.send_signal(signal.SIGTERM)
         asking.join(120)
-        ((code, doc),) = got
-        assert code == 200 and doc["usage"]["completion_tokens"] == 64
         _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0
-        events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
-        assert events[-2:] == ["stopping", "stopped"]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    ((code, doc),) = got
+    assert code == 200 and doc["usage"]["completion_tokens"] == 64
+    assert proc.returncode == 0
+    events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
+    assert events[-2:] == ["stopping", "stopped"]

@@ -16,26 +16,10 @@ import pytest
 from labctl.documents.validation import DocumentError
 from labctl.orchestra.spec import load_orchestra
 from tests.conftest import labctl
+from tests.unit.test_orchestra_plan import GOOD as LIBRARY
+from tests.unit.test_playbook_roles import SERVE_ONLY as LAB
 
 SECRET = "sk-proj-Zq9SECRETvalue0123456789"
-LIBRARY = """\
-warm: 2
-rotate: 1
-models:
-  - {name: a, size_gb: 4}
-  - {name: b, size_gb: 4}
-  - {name: c, size_gb: 4}
-"""
-LAB = """\
-lab: serve
-defaults: {connection: local}
-hosts:
-  serve:
-    address: 127.0.0.1
-    roles: [inference, cache]
-    gpus: [{model: Tesla P40, memory_gb: 24, count: 4}]
-    model_cache: {path: /mnt/model-cache, size_gb: 64}
-"""
 
 
 def orchestra(tmp_path: Path, remote: str) -> Path:

@@ -13,7 +13,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,38 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# Big enough that 64 tokens take seconds on the CPU (no KV cache): a signal lands mid-request.
+SLOW = make_config(vocab=256, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_seq=256)
+
+
+@contextmanager
+def slow_server(folder: Path, seed: int, **popen: Any) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A ready server process holding a SLOW model: (the process, its port); killed after."""
+    make_model(str(folder / "slow"), 0, seed=seed, config=SLOW)
+    port = free_port()
+    proc = subprocess.Popen(server_argv(folder / "slow", port, "slow", "--device", "cpu"), cwd=REPO, **popen)
+    try:
+        wait_ready(port)
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def in_flight(proc: subprocess.Popen[str], request: Callable[[], None]) -> threading.Thread:
+    """`request` started in a thread; returns once the server runs a thread for it (seen in
+    /proc), so a signal sent next lands mid-request, never before it or after."""
+    threads = len(os.listdir(f"/proc/{proc.pid}/task"))
+    asking = threading.Thread(target=request)
+    asking.start()
+    deadline = time.monotonic() + 30
+    while len(os.listdir(f"/proc/{proc.pid}/task")) <= threads:
+        assert time.monotonic() < deadline and asking.is_alive(), "the request never reached the server"
+        time.sleep(0.002)
+    return asking
 
 
 @pytest.fixture(scope="module")
