@@ -209,6 +209,7 @@ class Recording(BaseHTTPRequestHandler):
 
 
 def test_a_remote_tier_gets_its_key_as_a_bearer_token_its_model_id_and_never_shows_the_key() -> None:
+    Recording.seen.clear()
     httpd = HTTPServer(("127.0.0.1", 0), Recording)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:

@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
+from http.server import HTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from labctl.documents.validation import DocumentError
 from labctl.orchestra.spec import load_orchestra
 from tests.conftest import labctl
+from tests.unit.test_orchestra_client import Recording
 from tests.unit.test_orchestra_plan import GOOD as LIBRARY
 from tests.unit.test_playbook_roles import SERVE_ONLY as LAB
 
@@ -143,3 +145,50 @@ def test_plan_shows_the_remote_tiers_and_whether_their_key_is_set_never_the_key_
     for out in (proc.stdout, proc.stderr, human.stdout, human.stderr):
         assert SECRET not in out
     assert seen == []  # plan never contacts a remote tier
+
+
+def test_orchestra_ask_asks_a_tier_whose_key_is_set_with_that_key_and_names_the_one_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No model is warm on this lab's one host (this machine, read only): the keyed tier, a
+    local stand-in for a hosted API, is the one asked."""
+    Recording.seen.clear()
+    fake = HTTPServer(("127.0.0.1", 0), Recording)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "lab.yaml").write_text(LAB)
+        base = f"http://127.0.0.1:{fake.server_address[1]}/v1"
+        path = orchestra(
+            tmp_path,
+            f"  - {{name: hosted, base_url: '{base}', model: big, api_key_env: LABCTL_TEST_KEY}}\n"
+            f"  - {{name: missing, base_url: '{base}', model: m, api_key_env: LABCTL_TEST_NONE}}\n",
+        )
+        monkeypatch.setenv("LABCTL_TEST_KEY", SECRET)
+        monkeypatch.delenv("LABCTL_TEST_NONE", raising=False)
+        args = (
+            "-i",
+            str(tmp_path / "lab.yaml"),
+            "orchestra",
+            "ask",
+            "-f",
+            str(path),
+            "--max-tokens",
+            "5",
+            "print(",
+        )
+        proc = labctl("--json", *args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        doc = json.loads(proc.stdout)
+        assert [(a["name"], a["text"], a["ok"]) for a in doc["answers"]] == [("hosted", "ok", True)]
+        assert doc["skipped"] == ["missing"]
+        (seen,) = Recording.seen
+        assert seen["auth"] == f"Bearer {SECRET}" and seen["body"]["model"] == "big"
+        assert seen["body"]["max_tokens"] == 5 and seen["path"] == "/v1/completions"
+        refused = labctl(*args, "--no-remote")
+        assert refused.returncode == 2 and "No model is warm" in refused.stderr
+        assert "labctl orchestra start" in refused.stderr
+        for out in (proc.stdout, proc.stderr, refused.stdout, refused.stderr):
+            assert SECRET not in out
+    finally:
+        fake.shutdown()
+        fake.server_close()

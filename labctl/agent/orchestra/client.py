@@ -109,7 +109,7 @@ class Answer:
         return self.error is None
 
     def as_dict(self) -> Dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        return dict(vars(self), ok=self.ok)
 
     def __repr__(self) -> str:
         what = f"text={self.text!r}" if self.ok else f"error={self.error!r}"
