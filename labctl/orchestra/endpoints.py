@@ -56,6 +56,7 @@ def endpoints_doc(
                 "api_key_env": r.api_key_env,
                 "concurrency": r.concurrency,
                 "timeout_s": r.timeout_s,
+                "price_per_mtok": {"input": r.price_per_mtok.input, "output": r.price_per_mtok.output},
             }
             for r in remote
         ],

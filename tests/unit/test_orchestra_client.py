@@ -12,8 +12,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -256,3 +257,60 @@ def test_a_worker_without_labctl_installed_imports_the_client_from_the_agent_zip
     out = json.loads(proc.stdout)
     native = call(warm["m-a"], "POST", "/generate", {"prompt": "def f():", "max_tokens": 6})[1]
     assert out["text"] == native["text"] and out["from"].startswith(str(zipapp))
+
+
+class Held(BaseHTTPRequestHandler):
+    """Holds each request a moment and counts how many are in flight at once; answers with usage."""
+
+    lock = threading.Lock()
+    now: ClassVar[list[int]] = [0]
+    most: ClassVar[list[int]] = [0]
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        with Held.lock:
+            Held.now[0] += 1
+            Held.most[0] = max(Held.most[0], Held.now[0])
+        time.sleep(0.3)
+        with Held.lock:
+            Held.now[0] -= 1
+        usage = {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
+        data = json.dumps({"choices": [{"text": "x", "finish_reason": "length"}], "usage": usage}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_tiers_concurrency_holds_across_threads_and_each_answer_carries_its_cost() -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Held)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        price = {"input": 0.15, "output": 0.6}
+        ep = Endpoint("hosted", base, model="m-limited", concurrency=2, price_per_mtok=price)
+        # Six trainer threads at once, each with its own Endpoint for the same API and model.
+        answers: list[Any] = []
+        threads = [
+            threading.Thread(
+                target=lambda: answers.extend(ask_all([Endpoint("hosted", base, "m-limited")], "q"))
+            )
+            for _ in range(6)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(answers) == 6 and all(a.ok for a in answers)
+        assert Held.most[0] == 2  # never more than the tier allows, and not one at a time either
+        (priced,) = ask_all([ep], "q")
+        assert math.isclose(priced.cost_usd, (1000 * 0.15 + 500 * 0.6) / 1e6)
+        assert answers[0].cost_usd == 0.0  # an endpoint without a price costs nothing
+        with pytest.raises(ValueError, match="concurrency"):
+            Endpoint("bad", base, concurrency=0)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -73,6 +73,7 @@ def test_the_file_goes_to_every_host_that_trains_and_lists_each_warm_model_at_it
             "api_key_env": "LABCTL_TEST_KEY",
             "concurrency": 4,
             "timeout_s": 60.0,
+            "price_per_mtok": {"input": 0.0, "output": 0.0},
         }
     ]
     draining = endpoints_doc("two", inventory.hosts, warm, [], without={"gpu1": ["b"], "gpu2": ["a"]})

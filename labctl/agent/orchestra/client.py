@@ -36,9 +36,26 @@ from ..paths import ORCHESTRA_ENDPOINTS
 RETRYABLE = ("refused", "reset", "unavailable", "moved")
 
 
+# One gate per (API, model) in this process: every thread's requests together stay within the
+# endpoint's concurrency (a hosted tier's rate limit, a small server's memory).
+_GATES: Dict[Tuple[str, str], threading.BoundedSemaphore] = {}
+_GATES_LOCK = threading.Lock()
+
+
+def _gate(base_url: str, model: str, concurrency: int) -> threading.BoundedSemaphore:
+    with _GATES_LOCK:
+        gate = _GATES.get((base_url, model))
+        if gate is None:
+            gate = _GATES[(base_url, model)] = threading.BoundedSemaphore(concurrency)
+        return gate
+
+
 class Endpoint:
     """One model behind the completions API. `model` defaults to `name` (labctl's servers hold
-    one model under the orchestra's name); `api_key` goes out as a bearer token."""
+    one model under the orchestra's name); `api_key` goes out as a bearer token. At most
+    `concurrency` requests to one API and model are in flight from this process (the first
+    Endpoint made for them sets it); `price_per_mtok` ({input, output} dollars per million
+    tokens) gives each answer its cost."""
 
     def __init__(
         self,
@@ -47,15 +64,21 @@ class Endpoint:
         model: Optional[str] = None,
         api_key: Optional[str] = None,
         timeout_s: float = 60.0,
+        concurrency: int = 4,
+        price_per_mtok: Optional[Mapping[str, float]] = None,
     ) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"{name}: {base_url!r} is not an http(s) URL such as http://10.0.0.5:8101/v1")
+        if concurrency < 1:
+            raise ValueError(f"{name}: concurrency must be 1 or more, got {concurrency}")
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.model = model or name
         self.api_key = api_key
         self.timeout_s = float(timeout_s)
+        self.price_per_mtok = dict(price_per_mtok or {})
+        self.gate = _gate(self.base_url, self.model, int(concurrency))
         self._https = url.scheme == "https"
         self._host = url.hostname
         self._port = url.port
@@ -102,6 +125,7 @@ class Answer:
         self.latency_s = 0.0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cost_usd = 0.0  # from the answering endpoint's price_per_mtok and the usage it reported
         self.retried = False
 
     @property
@@ -143,7 +167,13 @@ def from_doc(doc: Mapping[str, Any], environ: Mapping[str, str]) -> List[Endpoin
             continue
         out.append(
             Endpoint(
-                str(r["name"]), str(r["base_url"]), str(r["model"]), key, float(r.get("timeout_s") or 60)
+                str(r["name"]),
+                str(r["base_url"]),
+                str(r["model"]),
+                key,
+                float(r.get("timeout_s") or 60),
+                int(r.get("concurrency") or 4),
+                r.get("price_per_mtok"),
             )
         )
     return out
@@ -186,13 +216,14 @@ def complete(
         body["seed"] = seed
     if stop:
         body["stop"] = list(stop)
-    start = time.perf_counter()
-    try:
-        status, doc = endpoint.post("/completions", body)
-    except (OSError, http.client.HTTPException) as exc:
+    with endpoint.gate:  # the wait for a free slot is not the model's latency
+        start = time.perf_counter()
+        try:
+            status, doc = endpoint.post("/completions", body)
+        except (OSError, http.client.HTTPException) as exc:
+            answer.latency_s = time.perf_counter() - start
+            return _fail(answer, *_transport_kind(exc))
         answer.latency_s = time.perf_counter() - start
-        return _fail(answer, *_transport_kind(exc))
-    answer.latency_s = time.perf_counter() - start
     if status != 200:
         err = doc.get("error")
         message = err.get("message") if isinstance(err, dict) else err
@@ -206,6 +237,11 @@ def complete(
         usage = doc.get("usage") or {}
         answer.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         answer.completion_tokens = int(usage.get("completion_tokens") or 0)
+        price = endpoint.price_per_mtok
+        answer.cost_usd = (
+            answer.prompt_tokens * float(price.get("input") or 0)
+            + answer.completion_tokens * float(price.get("output") or 0)
+        ) / 1e6
     except (KeyError, IndexError, TypeError, ValueError):
         return _fail(answer, "bad_answer", "the answer is not a completion (no choices[0].text)")
     return answer
