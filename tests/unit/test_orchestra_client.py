@@ -193,13 +193,11 @@ def test_scores_match_the_servers_own_and_models_are_listed(warm: dict[str, int]
     assert not down.ok and "connection refused" in (down.error or "")
 
 
-class Recording(BaseHTTPRequestHandler):
-    seen: ClassVar[list[dict[str, Any]]] = []
+class FakeApi(BaseHTTPRequestHandler):
+    """A stand-in for a completions API: subclasses say what each request gets."""
 
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        Recording.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-        data = json.dumps({"choices": [{"text": "ok", "finish_reason": "stop"}]}).encode()
+    def answer(self, doc: dict[str, Any]) -> None:
+        data = json.dumps(doc).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -207,6 +205,15 @@ class Recording(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+class Recording(FakeApi):
+    seen: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Recording.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+        self.answer({"choices": [{"text": "ok", "finish_reason": "stop"}]})
 
 
 def test_a_remote_tier_gets_its_key_as_a_bearer_token_its_model_id_and_never_shows_the_key() -> None:
@@ -259,7 +266,7 @@ def test_a_worker_without_labctl_installed_imports_the_client_from_the_agent_zip
     assert out["text"] == native["text"] and out["from"].startswith(str(zipapp))
 
 
-class Held(BaseHTTPRequestHandler):
+class Held(FakeApi):
     """Holds each request a moment and counts how many are in flight at once; answers with usage."""
 
     lock = threading.Lock()
@@ -275,14 +282,7 @@ class Held(BaseHTTPRequestHandler):
         with Held.lock:
             Held.now[0] -= 1
         usage = {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
-        data = json.dumps({"choices": [{"text": "x", "finish_reason": "length"}], "usage": usage}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.answer({"choices": [{"text": "x", "finish_reason": "length"}], "usage": usage})
 
 
 def test_a_tiers_concurrency_holds_across_threads_and_each_answer_carries_its_cost() -> None:

@@ -14,6 +14,7 @@ per-token log-probabilities (the first token has none).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 MAX_N = 8  # choices per prompt
@@ -49,30 +50,19 @@ def error_doc(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+@dataclass
 class CompletionRequest:
     """A /v1/completions body, checked: every prompt a non-empty string, numbers in range."""
 
-    def __init__(
-        self,
-        prompts: List[str],
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
-        n: int,
-        seed: Optional[int],
-        stop: List[str],
-        echo: bool,
-        logprobs: Optional[int],
-    ) -> None:
-        self.prompts = prompts
-        self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.top_p = top_p
-        self.n = n
-        self.seed = seed
-        self.stop = stop
-        self.echo = echo
-        self.logprobs = logprobs
+    prompts: List[str]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    n: int
+    seed: Optional[int]
+    stop: List[str]
+    echo: bool
+    logprobs: Optional[int]
 
 
 def _bad(message: str, param: str) -> ApiError:
