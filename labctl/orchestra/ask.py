@@ -3,7 +3,9 @@ asked at once through the trainer's own client; one answer per model with its la
 
 The warm set is read from the serving hosts (what answers now, as `rotate` would see it), not
 from a trainer's endpoints file, so it works from any controller. The cycle's wall time is shown
-beside the sum of the latencies: what asking them one after another would have cost.
+beside the sum of the latencies. That sum is not what asking them one after another would cost:
+models sharing a machine slow each other down when asked at once (bench/orchestra_cycle.py
+measures both ways).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class AskResult:
             console.print(f"[dim]{escape(name)}: not asked, its key's variable is not set here[/]")
         console.print(
             f"{len(self.answers)} models asked at once in {self.cycle_s:.3f} s "
-            f"(one after another: {sum(a.latency_s for a in self.answers):.3f} s).",
+            f"(the latencies add up to {sum(a.latency_s for a in self.answers):.3f} s).",
             soft_wrap=True,
         )
 
