@@ -164,6 +164,14 @@ CKPT_ENTRY: Dict[str, Any] = {
 }
 PUBLISHED_FILES = {"*": {"size": "int", "sha256": "str"}}
 STAGE = {"bytes?": "int", "seconds?": "num", "skipped?": "str"}
+SANDBOX_SERVICE = {
+    "state": "str",
+    "pid": "int",
+    "port": "int",
+    "bind": "str",
+    "langs": {"*": "str"},
+    "token_made": "bool",
+}
 
 ANSWERS: Dict[str, Any] = {
     "ping": {"agent_version?": "any", "python_version?": "str", "pid?": "int", "time": "time"},
@@ -337,6 +345,12 @@ ANSWERS: Dict[str, Any] = {
     },
     "sandbox_bench": {"rows": [{}]},
     "sandbox_hostcheck": {},
+    "sandbox_serve": SANDBOX_SERVICE,
+    "sandbox_serve_stop": {"stopped": ["int"]},
+    "sandbox_serve_state": {"state": "str", "pid?": "int", "port?": "int", "bind?": "str"},
+    "sandbox_token": {"token": "str"},
+    "sandbox_client": {"service": "str", "token_file": "str"},
+    "sandbox_client_remove": {"removed": ["str"]},
     "net_sink": {"bytes?": "int", "streams?": "int", "port?": "int"},
     "net_send": {
         "runs": [

@@ -45,6 +45,14 @@ ORCHESTRA_ENDPOINTS = ORCHESTRA_DIR + "/endpoints.json"
 CONTROLLER_DIR = HOME + "/controller"
 # Sandbox image builds: temp root filesystems (build/), debootstrap's .deb cache (debs/), locks.
 SANDBOX_DIR = HOME + "/sandbox"
+# `labctl sandbox serve`: on the sandbox host, the service's token (0600, made once), the
+# config it runs with, its log; on each training host, where the service is (client.json,
+# 0644) and the same token (client-token, 0600), which the trainer's client reads.
+SANDBOX_TOKEN = SANDBOX_DIR + "/service-token"
+SANDBOX_SERVICE_CONFIG = SANDBOX_DIR + "/service.json"
+SANDBOX_SERVICE_LOG = SANDBOX_DIR + "/service.log"
+SANDBOX_CLIENT = SANDBOX_DIR + "/client.json"
+SANDBOX_CLIENT_TOKEN = SANDBOX_DIR + "/client-token"
 DOCKERD_LOG = LOG_DIR + "/dockerd.log"  # dockerd started by labctl where systemd does not run
 
 # The sandbox pool's claim lock and its record of which agent process holds each claimed

@@ -225,6 +225,85 @@ def _render_bench(c: Context, doc: dict[str, Any]) -> None:
     c.console.print(table)
 
 
+@app.command("serve")
+def serve_cmd(
+    ctx: typer.Context,
+    port: Annotated[
+        int, typer.Option("--port", min=1, max=65535, help="TCP port on the host's lab address.")
+    ] = 8790,
+    concurrency: Annotated[
+        Optional[int],
+        typer.Option(
+            "--concurrency", min=1, max=256, help="Programs run at once (default 8).", show_default=False
+        ),
+    ] = None,
+    stop: Annotated[
+        bool, typer.Option("--stop", help="Stop the service and take its address off the trainers.")
+    ] = False,
+    status: Annotated[
+        bool, typer.Option("--status", help="Say whether it runs and what it served; change nothing.")
+    ] = False,
+    host: HostOpt = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Serve the sandbox to the training hosts: programs in batches over HTTP, with a token.
+
+    Starts a service on the sandbox host's inventory address that keeps the warm pools open
+    and runs `POST /v1/batch` requests (each program against all its tests, in a container of
+    its own; results in order). Then it writes the service's address and token onto every
+    host with the role `train` (client.json, and client-token with mode 0600, in labctl's
+    sandbox folder there), which the trainer's client (`labctl.agent.sandbox.client`)
+    reads. A request without the token is refused. Run it again after a change: an
+    unchanged service is left running.
+
+    Examples:
+
+        labctl sandbox serve
+        labctl sandbox serve --status --json
+        labctl sandbox serve --stop
+    """
+    from labctl.output.errors import InputError
+    from labctl.sandbox import service
+
+    if stop and status:
+        raise InputError("--stop and --status ask for two things.", "Pass one of them.")
+
+    def work(c: Context) -> Outcome:
+        if stop:
+            doc = service.stop(c, host)
+            return Outcome(doc, lambda: _render_served(c, doc, "stopped"))
+        if status:
+            doc = service.state(c, host)
+            return Outcome(
+                doc, lambda: _render_served(c, doc, doc["state"]), 0 if doc["state"] == "running" else 1
+            )
+        doc = service.serve(c, host, port, concurrency)
+        failed = any(v != "ok" for v in doc["trainers"].values())
+        return Outcome(doc, lambda: _render_served(c, doc, doc["state"]), 1 if failed else 0)
+
+    run_command(ctx, work, inventory, json_out, verbose)
+
+
+def _render_served(c: Context, doc: dict[str, Any], state: str) -> None:
+    where = f" at {doc['url']}" if doc.get("url") else ""
+    c.console.print(f"sandbox service on {doc['host']}: {state}{where}")
+    langs = doc.get("langs") or {}
+    if langs:
+        c.console.print("  languages: " + ", ".join(f"{k} ({v})" for k, v in sorted(langs.items())))
+    served = doc.get("served") or {}
+    if served:
+        c.console.print(
+            f"  served: {served.get('batches', 0)} batches, {served.get('programs', 0)} programs, "
+            f"{served.get('tests', 0)} tests"
+        )
+    for name, how in sorted((doc.get("trainers") or {}).items()):
+        c.console.print(
+            f"  {name}: {'address and token written' if how == 'ok' and state != 'stopped' else how}"
+        )
+
+
 @app.command("selftest")
 def selftest_cmd(
     ctx: typer.Context,

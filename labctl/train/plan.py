@@ -425,6 +425,8 @@ def node_env(
     if settings.requires_orchestra:
         # A --script finds the models to ask as the reference trainer does (client.load_endpoints).
         env["LABCTL_ORCHESTRA_ENDPOINTS"] = paths.ORCHESTRA_ENDPOINTS
+        # ...and runs their code as it does (labctl.agent.sandbox.client.load_service).
+        env["LABCTL_SANDBOX_SERVICE"] = paths.SANDBOX_CLIENT
     iface = (probe.get("iface") or {}).get("name")
     if iface:
         env["GLOO_SOCKET_IFNAME"] = iface

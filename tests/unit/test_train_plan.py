@@ -280,8 +280,15 @@ def test_phase3_needs_the_endpoints_file_on_each_training_host() -> None:
     assert problems == [] and spec is not None
     # A --script finds the file as the reference trainer does.
     assert all(n.env["LABCTL_ORCHESTRA_ENDPOINTS"] == path for n in spec.nodes)
+    # ...and the sandbox service as its client does (client.json, which `sandbox serve` writes).
+    service = "/var/lib/labctl/sandbox/client.json"
+    assert all(n.env["LABCTL_SANDBOX_SERVICE"] == service for n in spec.nodes)
     spec, _ = plan([m5()], {"m5": probe(gpus=m5_smi())}, 1)
-    assert spec is not None and all("LABCTL_ORCHESTRA_ENDPOINTS" not in n.env for n in spec.nodes)
+    assert spec is not None
+    assert all(
+        "LABCTL_ORCHESTRA_ENDPOINTS" not in n.env and "LABCTL_SANDBOX_SERVICE" not in n.env
+        for n in spec.nodes
+    )
 
 
 def test_run_records_live_beside_the_inventory_link_and_list_newest_first(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Host side of `labctl sandbox` (standard library only, Python 3.8): the image builder
 (`image`), a Docker Engine client over its unix socket (`docker`), the warm pool (`pool`),
-running programs (`runner`), the host check (`hostcheck`), the daemon's settings (`daemon`) and
+running programs (`runner`; all of a program's tests in one container: `batch`), the
+service that keeps the pools open for the training hosts (`service`, started by `serve`), the host check (`hostcheck`), the daemon's settings (`daemon`) and
 the docker command line (`dockercli`), and each language's recipe (`languages`: data the
 controller's provision resource reads too).
 
@@ -24,4 +25,10 @@ COMMANDS = {
     "sandbox_run": ".runner:run_command",
     "sandbox_bench": ".runner:bench_command",
     "sandbox_hostcheck": ".hostcheck:hostcheck_command",
+    "sandbox_serve": ".serve:start_command",
+    "sandbox_serve_stop": ".serve:stop_command",
+    "sandbox_serve_state": ".serve:state_command",
+    "sandbox_token": ".serve:token_command",
+    "sandbox_client": ".serve:client_command",
+    "sandbox_client_remove": ".serve:client_remove_command",
 }
