@@ -114,6 +114,7 @@ bench: install deps
 	$(BIN)/python bench/train_launch.py --out docs/benchmarks.md
 	$(BIN)/python bench/network.py --out docs/benchmarks.md
 	$(BIN)/python bench/orchestra_cycle.py --out docs/benchmarks.md
+	$(BIN)/python bench/sandbox_service.py --out docs/benchmarks.md
 	$(BIN)/python bench/network_txn.py --out docs/benchmarks.md
 	$(BIN)/python bench/slurm_launch.py
 	$(BIN)/python bench/test_call_costs.py --out docs/benchmarks.md

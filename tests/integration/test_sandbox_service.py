@@ -171,6 +171,7 @@ def test_a_test_that_kills_the_runner_fails_the_rest_and_never_passes_them(
 
 
 SNOOP = """
+import os
 mine = set(os.listdir('/tmp')) | set(os.listdir('/work'))
 procs = [open(f'/proc/{p}/cmdline', 'rb').read() for p in os.listdir('/proc') if p.isdigit()]
 print('seen' if 'secret' in mine or any(b'plant-' in c for c in procs) else 'alone')
@@ -178,7 +179,7 @@ print('seen' if 'secret' in mine or any(b'plant-' in c for c in procs) else 'alo
 PLANT = """
 import subprocess, time
 open('/tmp/secret', 'w').write('x'); open('/work/secret', 'w').write('x')
-subprocess.Popen(['sh', '-c', 'exec -a plant-proc sleep 30'], start_new_session=True)
+subprocess.Popen(['sh', '-c', 'sleep 30; :', 'plant-proc'], start_new_session=True)
 time.sleep(1.5)
 print('planted')
 """

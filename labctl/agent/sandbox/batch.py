@@ -69,22 +69,23 @@ sweep() {
     [ $hit = 0 ] && break
     r=$((r+1))
   done
-  rm -rf /tmp/* /tmp/.[!.]* /tmp/..?* 2>/dev/null
+  for f in /tmp/* /tmp/.[!.]* /tmp/..?*; do
+    [ -e "$f" ] || [ -L "$f" ] || continue
+    rm -rf /tmp/* /tmp/.[!.]* /tmp/..?* 2>/dev/null
+    break
+  done
 }
 i=0
 while [ $i -lt $n ]; do
-  rm -f $d/out $d/err
-  s=$(date +%s%N)
+  read s _ < /proc/uptime
   timeout -s KILL "$t" "$@" < $d/in.$i > $d/out 2> $d/err
   c=$?
-  e=$(date +%s%N)
+  read e _ < /proc/uptime
   sweep
-  [ -f $d/out ] && [ ! -L $d/out ] || : > $d/out
-  [ -f $d/err ] && [ ! -L $d/err ] || : > $d/err
-  o=$(wc -c < $d/out) x=$(wc -c < $d/err)
-  printf 'LABCTL-TEST %s %s %s %s %s\n' $i $c $(( (e - s) / 1000000 )) $o $x
-  head -c $cap $d/out
-  head -c $cap $d/err
+  [ -f $d/out ] && [ ! -L $d/out ] || { rm -rf $d/out; : > $d/out; }
+  [ -f $d/err ] && [ ! -L $d/err ] || { rm -rf $d/err; : > $d/err; }
+  printf 'LABCTL-TEST %s %s %s %s %s\n' $i $c $(( (${e%.*}${e#*.} - ${s%.*}${s#*.}) * 10 )) $(stat -c %s $d/out $d/err)
+  head -q -c $cap $d/out $d/err
   i=$((i+1))
 done
 """
