@@ -77,7 +77,9 @@ def main() -> None:
     def pool_per_exec(n: int) -> tuple[float, int]:
         run_programs([hello], {"python": spec}, limits.as_dict(), 1, conc)  # the pool fills first
         t0 = time.perf_counter()
-        res = run_programs([hello] * n, {"python": spec}, limits.as_dict(), conc, conc)  # waits for the refill
+        res = run_programs(
+            [hello] * n, {"python": spec}, limits.as_dict(), conc, conc
+        )  # waits for the refill
         took = time.perf_counter() - t0
         return took, sum(1 for r in res if r["exit_code"] != 0 or r["stdout"].strip() != "hello")
 
@@ -100,14 +102,22 @@ def main() -> None:
 
     rows: list[dict[str, Any]] = []
     took, bad = docker_run(args.baseline_runs)
-    base = {"method": "docker run --rm", "tests": 1, "executions": args.baseline_runs, "seconds": took, "failed": bad}
+    base = {
+        "method": "docker run --rm",
+        "tests": 1,
+        "executions": args.baseline_runs,
+        "seconds": took,
+        "failed": bad,
+    }
     took, bad = pool_per_exec(args.baseline_runs)
     pool = {"method": "warm pool, a container per execution", "tests": 1, "executions": args.baseline_runs,
             "seconds": took, "failed": bad}  # fmt: skip
     rows += [base, pool]
     for t in [int(x) for x in args.tests.split(",")]:
         took, bad, n = service(t)
-        rows.append({"method": "sandbox service", "tests": t, "executions": n, "seconds": took, "failed": bad})
+        rows.append(
+            {"method": "sandbox service", "tests": t, "executions": n, "seconds": took, "failed": bad}
+        )
     took, bad = docker_run(args.baseline_runs)  # again at the end: the machine's load drifts
     rows.append({"method": "docker run --rm (again)", "tests": 1, "executions": args.baseline_runs,
                  "seconds": took, "failed": bad})  # fmt: skip
