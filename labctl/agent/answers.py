@@ -284,6 +284,7 @@ ANSWERS: Dict[str, Any] = {
         "rendezvous?": {"port?": "int", "free?": "bool", "error?": "str"},
         "orchestra?": {"present?": "bool", "path?": "str", "error?": "str", "state?": {"models?": [{}]}},
         "endpoints?": {"present": "bool", "path": "str", "error?": "str", "models?": "int"},
+        "sandbox?": {"present": "bool", "path": "str", "error?": "str", "url?": "str", "token?": "str"},
     },
     "train_spawn": {"pid": "int", "pgid?": "int", "started?": "time"},
     "train_ps": {"processes": [{"pid": "int"}], "remaining": [{"pid": "int"}], "killed?": "bool"},

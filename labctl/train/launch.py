@@ -102,6 +102,8 @@ def preflight(
             "orchestra": host.name in orchestra_names,
             # Where phase 3's trainers learn which models to ask (the rotation keeps it current).
             "endpoints": bool(settings.requires_orchestra) and host.name in train_names,
+            # ...and where the sandbox service runs their code (`labctl sandbox serve` writes it).
+            "sandbox": bool(settings.requires_sandbox) and host.name in train_names,
         }
         if host.name == hosts[0].name:
             args["port"] = settings.port

@@ -93,6 +93,46 @@ class ModelShape(_Strict):
         return self
 
 
+class Phase3Loop(_Strict):
+    """Phase 3's loop in the reference trainer (labctl/agent/train/phase3.py), when the phase
+    has requires_orchestra: the CET writes contexts, the warm models write code from them, the
+    sandbox service runs it, and the pass rate is the reward."""
+
+    tasks_per_step: int = Field(
+        default=1, ge=1, le=64, description="tasks_per_step: 2 (tasks each process tries per step)"
+    )
+    context_tokens: int = Field(
+        default=16, ge=1, le=512, description="context_tokens: 16 (bytes of context the CET writes per task)"
+    )
+    answer_tokens: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="answer_tokens: 256 (the most tokens a model's program may take)",
+    )
+    temperature: float = Field(
+        default=1.0, ge=0, description="temperature: 1.0 (the CET's sampling of its context)"
+    )
+    answer_temperature: float = Field(
+        default=0.7, ge=0, description="answer_temperature: 0.7 (the models' sampling)"
+    )
+    weight: float = Field(
+        default=1.0, ge=0, description="weight: 1.0 (the policy-gradient term beside the LM loss)"
+    )
+    baseline_decay: float = Field(
+        default=0.9, ge=0, lt=1, description="baseline_decay: 0.9 (the reward baseline's moving average)"
+    )
+    timeout_s: float = Field(
+        default=5.0, gt=0, le=60, description="timeout_s: 5 (each program's limit per test)"
+    )
+    wait_s: float = Field(
+        default=120.0, ge=0, description="wait_s: 120 (how long a step waits while a rotation lists no model)"
+    )
+    sandbox_tries: int = Field(
+        default=3, ge=1, le=10, description="sandbox_tries: 3 (batches tried before the run fails)"
+    )
+
+
 class K8sSettings(_Strict):
     """How a phase runs on Kubernetes (--backend k8s / trainjob); the flags of the same name win."""
 
@@ -210,6 +250,14 @@ class Settings(_Strict):
         False,
         description="requires_orchestra: true (the orchestra's warm set must be loaded first, as phase 3 needs)",
     )
+    requires_sandbox: bool = Field(
+        False,
+        description="requires_sandbox: true (the sandbox service must run for the trainers, as phase 3's loop needs)",
+    )
+    rl: Phase3Loop = Field(
+        default_factory=lambda: Phase3Loop(),
+        description="rl: {tasks_per_step: 2} (phase 3's loop: taken by a phase with requires_orchestra)",
+    )
     nccl_debug: EnvValue = Field(
         default="WARN", description="nccl_debug: WARN (NCCL_DEBUG on every host: INFO tells more)"
     )
@@ -264,6 +312,8 @@ class Settings(_Strict):
             "log_every": self.log_every,
             "seed": self.seed,
         }
+        if self.requires_orchestra:
+            out["rl"] = self.rl.model_dump()
         if time_limit_s is not None:
             out["time_limit"] = time_limit_s
         return out

@@ -267,6 +267,8 @@ def plan_run(
         problems += orchestra_problems(orchestra_probes or {}) or endpoints_problems(
             {h.name: probes[h.name] for h in hosts}
         )
+    if settings.requires_sandbox:
+        problems += sandbox_problems({h.name: probes[h.name] for h in hosts})
     if problems:
         return None, problems
     nodes = tuple(
@@ -352,6 +354,29 @@ def endpoints_problems(probes: dict[str, dict[str, Any]]) -> list[Problem]:
                 f"this phase's trainers ask the models listed in {e.get('path', 'the endpoints file')}, and {why}.",
                 "Run `labctl orchestra start`: it writes the file on every host with the `train` role (give this "
                 "host that role if it has not), and every rotation keeps it current.",
+            )
+        )
+    return out
+
+
+def sandbox_problems(probes: dict[str, dict[str, Any]]) -> list[Problem]:
+    """Each training host knows where the sandbox service is and holds its private token."""
+    out = []
+    for name, p in probes.items():
+        sb = p.get("sandbox")
+        if sb is None or (sb.get("present") and sb.get("token") == "ok"):
+            continue
+        if not sb.get("present"):
+            why = f"it is unreadable ({sb['error']})" if sb.get("error") else "there is none"
+            what = f"this phase's trainers run the models' code in the sandbox service named in {sb.get('path')}, and {why}."
+        else:
+            what = f"the sandbox service's token on this host is {sb.get('token')}."
+        out.append(
+            Problem(
+                name,
+                what,
+                "Run `labctl sandbox serve`: it starts the service on the host with the `sandbox` role and writes its "
+                "address and token (mode 0600) on every host with the `train` role.",
             )
         )
     return out

@@ -123,6 +123,8 @@ def test_a_model_gone_or_cut_off_is_asked_of_another_that_answered(
         ("m-a", True),
     ]
     assert answers[1].text == answers[0].text  # m-a's answer, asked again
+    # The time lost on the model that could not answer is the rotation's cost, counted apart.
+    assert answers[0].waited_s == 0.0 and all(0 < a.waited_s < a.latency_s for a in answers[1:])
     first = ask_all(endpoints, "x = ", max_tokens=4, retry=False)
     assert [a.kind for a in first] == [None, "refused", "reset", "moved"]
     assert "connection refused" in (first[1].error or "") and "cut mid-request" in (first[2].error or "")

@@ -291,6 +291,47 @@ def test_phase3_needs_the_endpoints_file_on_each_training_host() -> None:
     )
 
 
+def test_phase3_needs_the_sandbox_service_and_its_private_token_on_each_training_host() -> None:
+    warm = {
+        "m5": {"orchestra": {"present": True, "state": {"models": [{"name": "llama-8b", "state": "loaded"}]}}}
+    }
+    endpoints = {"present": True, "path": "/var/lib/labctl/orchestra/endpoints.json", "models": 3}
+    path = "/var/lib/labctl/sandbox/client.json"
+    for sandbox, says in (
+        ({"present": False, "path": path}, f"named in {path}, and there is none"),
+        ({"present": False, "path": path, "error": "Permission denied"}, "unreadable (Permission denied)"),
+        (
+            {"present": True, "path": path, "url": "http://irina:8790", "token": "missing (No such file)"},
+            "token",
+        ),
+        (
+            {
+                "present": True,
+                "path": path,
+                "url": "http://irina:8790",
+                "token": "readable by others (mode 644)",
+            },
+            "mode 644",
+        ),
+    ):
+        spec, problems = plan(
+            [m5()],
+            {"m5": probe(gpus=m5_smi(), endpoints=endpoints, sandbox=sandbox)},
+            3,
+            orchestra_probes=warm,
+        )
+        assert spec is None and len(problems) == 1, problems
+        assert says in problems[0].message and "labctl sandbox serve" in problems[0].fix
+    ok = {"present": True, "path": path, "url": "http://irina:8790", "token": "ok"}
+    spec, problems = plan(
+        [m5()], {"m5": probe(gpus=m5_smi(), endpoints=endpoints, sandbox=ok)}, 3, orchestra_probes=warm
+    )
+    assert problems == [] and spec is not None
+    # The shipped phase 3 runs the loop: the trainer's settings carry rl; phase 1's do not.
+    assert settings(3).trainer_settings(3, "r", "m.jsonl")["rl"]["tasks_per_step"] == 2
+    assert "rl" not in settings(1).trainer_settings(1, "r", "m.jsonl")
+
+
 def test_run_records_live_beside_the_inventory_link_and_list_newest_first(tmp_path: Path) -> None:
     from labctl.train import runs
 

@@ -127,6 +127,7 @@ class Answer:
         self.completion_tokens = 0
         self.cost_usd = 0.0  # from the answering endpoint's price_per_mtok and the usage it reported
         self.retried = False
+        self.waited_s = 0.0  # retried: the time lost on the model that could not take it (a rotation)
 
     @property
     def ok(self) -> bool:
@@ -281,6 +282,7 @@ def ask_all(
         if second.ok:
             second.name, second.answered_by, second.retried = first.name, stand_in.name, True
             second.latency_s += first.latency_s
+            second.waited_s = first.latency_s
             answers[i] = second
         else:
             first.error = f"{first.error}; asked {stand_in.name} instead: {second.error}"

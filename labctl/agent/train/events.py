@@ -18,6 +18,10 @@ SCALARS = (
     ("lr", "train/lr"),
     ("tokens_per_s", "train/tokens_per_s"),
     ("grad_norm", "train/grad_norm"),
+    ("reward", "phase3/reward"),
+    ("exec_success_rate", "phase3/exec_success_rate"),
+    ("rotation_wait_s", "phase3/rotation_wait_s"),
+    ("policy_loss", "phase3/policy_loss"),
 )
 TENSORBOARD_DIR = "tensorboard"  # beside metrics.jsonl, so one `tensorboard --logdir RUNS` sees every run
 FLUSH_SECONDS = 10  # a watching TensorBoard lags the run by at most this
@@ -76,6 +80,11 @@ class EventLog:
                 value = event.get(key)
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self.tensorboard.add_scalar(tag, value, global_step=event["step"])
+            for model, ms in (event.get("orchestra_ms") or {}).items():
+                for q in ("p50", "p95"):
+                    self.tensorboard.add_scalar(
+                        f"phase3/latency_{q}_ms/{model}", ms[q], global_step=event["step"]
+                    )
 
     def close(self) -> None:
         if self.tensorboard is not None:

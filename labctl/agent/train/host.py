@@ -186,6 +186,29 @@ def endpoints_state() -> Dict[str, Any]:
     return {"present": True, "path": path, "models": len(models), "updated": doc.get("updated")}
 
 
+def sandbox_client_state() -> Dict[str, Any]:
+    """Where this host's trainers find the sandbox service (client.json) and whether its token
+    is there and private: what `labctl sandbox serve` writes on every host that trains."""
+    path = paths.SANDBOX_CLIENT
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return {"present": False, "path": path}
+    except (OSError, ValueError) as exc:
+        return {"present": False, "path": path, "error": str(exc)}
+    if not isinstance(doc, dict) or not isinstance(doc.get("url"), str):
+        return {"present": False, "path": path, "error": "not a sandbox service file (no url)"}
+    out: Dict[str, Any] = {"present": True, "path": path, "url": doc["url"]}
+    token = str(doc.get("token_file") or "")
+    try:
+        mode = os.stat(token).st_mode & 0o777
+        out["token"] = "ok" if not mode & 0o077 else f"readable by others (mode {mode:o})"
+    except OSError as exc:
+        out["token"] = f"missing ({exc.strerror})"
+    return out
+
+
 def torch_python(given: Optional[str]) -> Tuple[str, str]:
     """(interpreter, source) for torch work here: the one given, else the torch_env that
     `labctl provision` built, else the python this agent runs with (the inventory's)."""
@@ -204,6 +227,7 @@ def torch_python(given: Optional[str]) -> Tuple[str, str]:
     port=Opt((int, None), None),
     orchestra=Opt(bool, False),
     endpoints=Opt(bool, False),
+    sandbox=Opt(bool, False),
 )
 def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Everything the controller's preflight checks, in one round trip."""
@@ -226,6 +250,8 @@ def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
         out["orchestra"] = orchestra_state()
     if args["endpoints"]:
         out["endpoints"] = endpoints_state()
+    if args["sandbox"]:
+        out["sandbox"] = sandbox_client_state()
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 
 from .ckpt import FORMAT
 from .limit import check_interval, checkpoint_estimate, should_stop
+from .phase3 import policy_loss, rl_batch, sample_context
 from .settings import MIN_LR_RATIO, TrainerError, lr_factor
 from .setup import TrainerSetup
 
@@ -43,15 +44,28 @@ class StepLoop(TrainerSetup):
         loss_sum = self._loss_sum
         loss_sum.zero_()
         ws, rank, vocab = self.env.world_size, self.env.rank, self._vocab
+        # Phase 3: this step's tries, judged, before any gradient (the models and the sandbox
+        # answer while nothing waits on the device).
+        rl = self._rl_rows(step) if self.phase3 is not None else None
         for micro in range(acc):
             x, y = self.corpus.batch(step, micro, rank, ws, self.batch_size, acc)
+            # The contexts ride in the last micro-batch's forward: one forward per backward, as DDP wants.
+            extra = rl if micro == acc - 1 else None
             # Gradients are all-reduced on the last micro-step only.
             sync = model.no_sync() if self.env.distributed and micro < acc - 1 else contextlib.nullcontext()
             with sync:
                 with self._autocast():
-                    logits = model(x)
+                    if extra is None:
+                        logits = model(x)
+                    else:
+                        both = model(torch.cat([x, extra[0]]))
+                        logits, rl_logits = both[: x.shape[0]], both[x.shape[0] :]
                 loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
                 scaled = loss / acc if acc > 1 else loss
+                if extra is not None:
+                    pg = policy_loss(rl_logits, extra[1], extra[2])
+                    scaled = scaled + self.s["rl"]["weight"] * pg
+                    self.phase3.window.policy_losses.append(float(pg.detach()))
                 if scaler is not None:
                     scaler.scale(scaled).backward()
                 else:
@@ -75,6 +89,18 @@ class StepLoop(TrainerSetup):
             with torch.no_grad():
                 torch._foreach_lerp_(self.ema, self._param_data, 1.0 - self.s["ema_decay"])
         return loss_sum
+
+    def _rl_rows(self, step: int) -> Any:
+        """Phase 3's tries for this step (phase3.py), as rows to add to the forward, or None."""
+        rl = self.s["rl"]
+
+        def sample(prompt: Any, n: int) -> Any:
+            return sample_context(
+                self.module, prompt, n, rl["temperature"], self._rl_gen, self.device, self._autocast
+            )
+
+        rolls = self.phase3.rollouts(step, sample, self.seq_len)
+        return rl_batch(rolls, self.seq_len, self.device)
 
     def _step_with_retry(self, step: int) -> Any:
         while True:
@@ -161,7 +187,8 @@ class StepLoop(TrainerSetup):
         loss = loss_sum.item() / (self.acc * self.env.world_size)
         if not math.isfinite(loss):
             raise TrainerError(f"loss is {loss} at step {step}: training diverged")
-        self.metrics.step(step, loss, self.lr_at(step), self._grad_norm, self._tokens_per_step)
+        extra = self.phase3.window.flush(self.phase3.baseline) if self.phase3 is not None else None
+        self.metrics.step(step, loss, self.lr_at(step), self._grad_norm, self._tokens_per_step, extra)
 
     # -- checkpoints ---------------------------------------------------------------------------
 

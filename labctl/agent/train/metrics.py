@@ -46,7 +46,15 @@ class Metrics:
         last_step, last_time = self._last_log
         self._last_log = (last_step, last_time + seconds)
 
-    def step(self, step: int, loss: float, lr: float, grad_norm: Any, tokens_per_step: int) -> None:
+    def step(
+        self,
+        step: int,
+        loss: float,
+        lr: float,
+        grad_norm: Any,
+        tokens_per_step: int,
+        extra: Optional[Dict[str, Any]] = None,
+    ) -> None:
         """The step event of `step`: its mean loss (already checked finite), the lr it used, the
         gradients' total norm (a device tensor, or None where it was not measured)."""
         loss = round(loss, 6)
@@ -60,16 +68,16 @@ class Metrics:
             norm = grad_norm.item()
             # An fp16 overflow step (skipped by the scaler) has an inf norm, which JSON cannot carry.
             norm_out = round(norm, 6) if math.isfinite(norm) else None
-        self.emit(
-            {
-                "event": "step",
-                "step": step,
-                "steps": self.steps,
-                "loss": loss,
-                "lr": lr,
-                "grad_norm": norm_out,
-                "tokens_per_s": round(rate, 1),
-                "seconds": round(now - self.t0, 3),
-                "restart": self.restart,
-            }
-        )
+        event = {
+            "event": "step",
+            "step": step,
+            "steps": self.steps,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": norm_out,
+            "tokens_per_s": round(rate, 1),
+            "seconds": round(now - self.t0, 3),
+            "restart": self.restart,
+        }
+        event.update(extra or {})  # phase 3's figures since the last step event (phase3.Window)
+        self.emit(event)

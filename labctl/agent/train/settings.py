@@ -51,6 +51,8 @@ DEFAULTS: Dict[str, Any] = {
     # Kubernetes claim): one process (rank 0) writes, prunes and scans it, where on the lab's
     # hosts every host's local rank 0 keeps its own copy. Two nodes writing one file would race.
     "shared_checkpoints": False,
+    # Phase 3's loop (phase3.py): null trains the language model alone.
+    "rl": None,
 }
 MIN_LR_RATIO = 0.1  # the cosine decays to 10% of lr
 EXIT_PAUSED = 75  # EX_TEMPFAIL: the time limit ended the run; the same command resumes it
@@ -58,6 +60,45 @@ EXIT_PAUSED = 75  # EX_TEMPFAIL: the time limit ended the run; the same command 
 
 class TrainerError(Exception):
     """A failure with a message that says it all: reported as one line, no traceback."""
+
+
+RL_DEFAULTS: Dict[str, Any] = {
+    "tasks_per_step": 1,
+    "context_tokens": 16,
+    "answer_tokens": 64,
+    "temperature": 1.0,  # the CET's sampling of its context: exploration
+    "answer_temperature": 0.7,
+    "weight": 1.0,  # the policy-gradient term beside the language-modelling loss
+    "baseline_decay": 0.9,
+    "timeout_s": 5.0,  # each program's limit per test in the sandbox
+    "wait_s": 120.0,  # how long a step waits for a warm model while a rotation has none listed
+    "sandbox_tries": 3,
+}
+
+
+def resolve_rl(raw: Any) -> Optional[Dict[str, Any]]:
+    """The "rl" setting with defaults filled in and checked; None (no loop) when it is null."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise TrainerError(f"settings: rl must be an object or null, got {raw!r}")
+    unknown = sorted(set(raw) - set(RL_DEFAULTS))
+    if unknown:
+        raise TrainerError(f"settings: rl has unknown keys {unknown}; known: {sorted(RL_DEFAULTS)}")
+    rl = dict(RL_DEFAULTS)
+    rl.update(raw)
+    for key in ("tasks_per_step", "context_tokens", "answer_tokens", "sandbox_tries"):
+        v = rl[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise TrainerError(f"settings: rl.{key} must be an integer >= 1, got {v!r}")
+    for key in ("temperature", "answer_temperature", "weight", "baseline_decay", "timeout_s", "wait_s"):
+        v = rl[key]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            raise TrainerError(f"settings: rl.{key} must be a number >= 0, got {v!r}")
+        rl[key] = float(v)
+    if rl["baseline_decay"] >= 1 or rl["timeout_s"] <= 0:
+        raise TrainerError("settings: rl.baseline_decay must be below 1 and rl.timeout_s above 0")
+    return rl
 
 
 def _fail(key: str, want: str, value: Any) -> TrainerError:
@@ -133,6 +174,12 @@ def resolve_settings(raw: Mapping[str, Any]) -> Dict[str, Any]:
     gs["growth_factor"] = _float(gs, "growth_factor", 1.0, "gradient_scaling.growth_factor")
     gs["backoff_factor"] = _float(gs, "backoff_factor", 0.0, "gradient_scaling.backoff_factor")
     _int(gs, "growth_interval", 1, "gradient_scaling.growth_interval")
+    s["rl"] = resolve_rl(s["rl"])
+    if s["rl"] is not None and s["seq_len"] <= s["rl"]["context_tokens"]:
+        raise TrainerError(
+            f"settings: seq_len ({s['seq_len']}) must be longer than rl.context_tokens "
+            f"({s['rl']['context_tokens']}): the task's statement comes before the context"
+        )
     m = s["model"]
     try:
         s["model_config"] = make_config(

@@ -231,6 +231,13 @@ class TrainerSetup:
             3 + (1 if self.ema is not None else 0)
         )
         self._stop_flag = torch.zeros(2, dtype=torch.int32)
+        self.phase3: Any = None
+        if self.s["rl"] is not None:
+            from .phase3 import Phase3
+
+            self.phase3 = Phase3(self.s["rl"], self.env.rank, self.env.world_size, self._vocab)
+            # The contexts' sampling: its own stream, so the corpus' batches stay what they were.
+            self._rl_gen = torch.Generator().manual_seed(self.s["seed"] * 1000003 + self.env.rank)
         self.metrics.start_clock(self.step)
 
     def _resume(self) -> None:

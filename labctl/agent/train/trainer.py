@@ -69,6 +69,8 @@ class Trainer(StepLoop):
             "seq_len": self.seq_len,
             "time_limit": self.time_limit,
         }
+        if self.phase3 is not None:
+            event["rl"] = dict(self.s["rl"], tasks=len(self.phase3.tasks))
         if self.metrics.events.tensorboard_dir is not None:
             event["tensorboard"] = self.metrics.events.tensorboard_dir
         if self.notes:
