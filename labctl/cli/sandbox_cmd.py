@@ -290,8 +290,16 @@ def _render_served(c: Context, doc: dict[str, Any], state: str) -> None:
     where = f" at {doc['url']}" if doc.get("url") else ""
     c.console.print(f"sandbox service on {doc['host']}: {state}{where}")
     langs = doc.get("langs") or {}
+    ready = [k for k, v in sorted(langs.items()) if v == "ready"]
     if langs:
-        c.console.print("  languages: " + ", ".join(f"{k} ({v})" for k, v in sorted(langs.items())))
+        c.console.print("  serving: " + (", ".join(ready) or "no language"))
+    missing = [k for k, v in sorted(langs.items()) if v.startswith("no image")]
+    if missing:
+        build = f" (build: {doc['build']})" if doc.get("build") else ""
+        c.console.print(f"  [yellow]not served, no image built: {', '.join(missing)}[/]{build}")
+    for k, v in sorted(langs.items()):
+        if k not in ready and k not in missing:
+            c.console.print(f"  [yellow]{k}: {v}[/]")
     served = doc.get("served") or {}
     if served:
         c.console.print(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from labctl.output.errors import HostError, InputError
 from labctl.sandbox.api import (
     DEFAULT_CONCURRENCY,
+    build_hint,
     declared,
     host_failure,
     lang_spec,
@@ -79,7 +80,9 @@ def serve(ctx: Context, host: str | None, port: int, concurrency: int | None = N
     except HostError as e:
         raise host_failure(ctx, target, langs, e) from None
     url = url_of(target, int(started["port"]))
-    trainers = hand_out(ctx, target, {"url": url, "host": target.name, "langs": langs})
+    served = [lang for lang, state in started["langs"].items() if state == "ready"]
+    trainers = hand_out(ctx, target, {"url": url, "host": target.name, "langs": served})
+    unbuilt = sorted(lang for lang, state in started["langs"].items() if state.startswith("no image"))
     return {
         "host": target.name,
         "url": url,
@@ -88,6 +91,8 @@ def serve(ctx: Context, host: str | None, port: int, concurrency: int | None = N
         "langs": started["langs"],
         "token_made": started["token_made"],
         "trainers": trainers,
+        # Languages the inventory gives the host whose images are not built: the command that builds them.
+        "build": build_hint(ctx, target, unbuilt) if unbuilt else None,
     }
 
 

@@ -189,6 +189,21 @@ def _num(value: Any, fmt: str) -> str:
     return "-" if value is None else format(float(value), fmt)
 
 
+def _phase3_part(event: dict[str, Any]) -> str:
+    """Phase 3's figures of a step event: reward, code that ran, the slowest model's p95."""
+    latency = event.get("orchestra_ms") or {}
+    slowest = max((m["p95"] for m in latency.values()), default=None)
+    part = (
+        f"  reward {_num(event.get('reward'), '.3f')}  code ran {_num(event.get('exec_success_rate'), '.0%')}"
+        f"  {len(latency)} models p95 {_num(slowest, ',.0f')} ms"
+    )
+    if event.get("rotation_wait_s"):
+        part += f"  rotation wait {event['rotation_wait_s']:.2f} s"
+    if event.get("answers_failed"):
+        part += f"  {event['answers_failed']} answers failed"
+    return part
+
+
 def format_event(event: dict[str, Any]) -> str:
     kind = event.get("event")
     if kind == "step":
@@ -196,6 +211,7 @@ def format_event(event: dict[str, Any]) -> str:
             f"step {event.get('step')}/{event.get('steps')}  loss {_num(event.get('loss'), '.4f')}  "
             f"lr {_num(event.get('lr'), '.2e')}  {_num(event.get('tokens_per_s'), ',.0f')} tok/s"
             + (f"  restart {event['restart']}" if event.get("restart") else "")
+            + (_phase3_part(event) if "reward" in event else "")
         )
     if kind == "start":
         resumed = event.get("resumed_from")

@@ -353,7 +353,7 @@ def test_an_orchestra_host_without_a_cache_gets_one_by_the_command_named(
 
 
 def test_phase3_without_the_warm_set_starts_it_by_the_command_named(
-    lab: Any, lab_dir: Path, fresh_cache: str
+    lab: Any, lab_dir: Path, fresh_cache: str, docker_images: dict[str, Any]
 ) -> None:
     models = [f"hint-{uuid.uuid4().hex[:6]}" for _ in range(2)]
     tiny_orchestra(lab_dir, *models)
@@ -378,6 +378,10 @@ def test_phase3_without_the_warm_set_starts_it_by_the_command_named(
         proc = here(lab_dir, *phase3)
         assert proc.returncode == 1 and "warm set" in proc.stderr, proc.stderr
         run_fix(lab_dir, fix(proc, "labctl", "orchestra", "start"))
+        # Warm, but no sandbox service for the trainers' code: its command, as written, starts it.
+        proc = here(lab_dir, *phase3)
+        assert proc.returncode == 1 and "labctl sandbox serve" in proc.stderr, proc.stderr
+        run_fix(lab_dir, fix(proc, "labctl", "sandbox", "serve"))
         done = here(lab_dir, *phase3)
         assert done.returncode == 0, done.stderr
         # The warm set up, but the trainers' endpoints file gone (a host given the train role
@@ -389,6 +393,7 @@ def test_phase3_without_the_warm_set_starts_it_by_the_command_named(
         assert here(lab_dir, *phase3).returncode == 0
     finally:
         here(lab_dir, "orchestra", "stop")
+        here(lab_dir, "sandbox", "serve", "--stop")
         sh(inv, "m5", "rm -rf /var/lib/labctl/orchestra")
         sh(inv, "irina", "rm -rf " + " ".join(f"/srv/models/{m}" for m in models))
 

@@ -199,3 +199,29 @@ def test_the_policy_gradient_raises_a_rewarded_context_and_lowers_a_punished_one
         assert (logp() > before) is rises
     roll.advantage = 0.0
     assert rl_batch([roll], 16, "cpu") is None  # nothing to learn from a try at the baseline
+
+
+def test_the_controller_shows_a_phase3_step_with_its_reward_and_slowest_model() -> None:
+    from labctl.train.launch import format_event
+
+    step = {
+        "event": "step",
+        "step": 3,
+        "steps": 8,
+        "loss": 5.5,
+        "lr": 1e-3,
+        "tokens_per_s": 200,
+        "restart": 0,
+    }
+    plain = format_event(step)
+    assert "reward" not in plain  # phases 1, 2 and 4 read as before
+    p3 = dict(step, reward=0.25, exec_success_rate=0.5, answers_failed=0, rotation_wait_s=0.0)
+    p3["orchestra_ms"] = {
+        "a": {"p50": 500.0, "p95": 900.0, "n": 2},
+        "b": {"p50": 600.0, "p95": 1100.0, "n": 2},
+    }
+    line = format_event(p3)
+    assert line.startswith(plain) and "reward 0.250" in line and "code ran 50%" in line
+    assert "2 models p95 1,100 ms" in line and "rotation wait" not in line
+    waited = format_event(dict(p3, rotation_wait_s=0.31, answers_failed=1))
+    assert "rotation wait 0.31 s" in waited and "1 answers failed" in waited
