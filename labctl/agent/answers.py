@@ -110,6 +110,10 @@ RUN = {
     "best_step?": "any",
     "nccl_errors?": "int",
     "last_nccl_error?": "str?",
+    "reward?": "any",
+    "exec_success_rate?": "any",
+    "rotation_wait_s?": "any",
+    "orchestra_ms?": "any",
     "gpus?": (["int"], "null"),
     "started?": "time?",
 }

@@ -71,6 +71,25 @@ def families(statuses: Iterable[HostStatus]) -> list[Metric]:
     loss = gauge("labctl_train_loss", "Last loss a running training run reported.", RUN_LABELS)
     tps = gauge("labctl_train_tokens_per_second", "Tokens per second of a running training run.", RUN_LABELS)
     alert = gauge("labctl_alert", "1 per alert firing now (rules in playbooks/alerts.yaml).", ALERT_LABELS)
+    # Phase 3's loop, over the run's newest step event: the seed's four phase-3 panels.
+    reward = gauge(
+        "labctl_phase3_reward",
+        "Pass rate of the code the warm set wrote from the CET's contexts.",
+        RUN_LABELS,
+    )
+    exec_ok = gauge(
+        "labctl_phase3_exec_success_ratio", "Share of test executions that ran to exit 0 in time.", RUN_LABELS
+    )
+    rot_wait = gauge(
+        "labctl_phase3_rotation_wait_seconds",
+        "Seconds the run's steps lost to a rotation, newest window.",
+        RUN_LABELS,
+    )
+    latency = gauge(
+        "labctl_phase3_orchestra_latency_seconds",
+        "Orchestra answer latency per model (percentile 50 or 95), newest window.",
+        (*RUN_LABELS, "model", "percentile"),
+    )
 
     for st in statuses:
         host = st.host
@@ -109,12 +128,24 @@ def families(statuses: Iterable[HostStatus]) -> list[Metric]:
                     fam.add_metric(labels, v)
         for r in sample.get("runs") or []:
             labels = [host, _text(r.get("run_id"))]
-            for fam, key in ((step, "step"), (loss, "loss"), (tps, "tokens_per_s")):
+            for fam, key in (
+                (step, "step"),
+                (loss, "loss"),
+                (tps, "tokens_per_s"),
+                (reward, "reward"),
+                (exec_ok, "exec_success_rate"),
+                (rot_wait, "rotation_wait_s"),
+            ):
                 if (v := reading(r.get(key))) is not None:
                     fam.add_metric(labels, v)
+            models = r.get("orchestra_ms")
+            for model, ms in sorted(models.items()) if isinstance(models, dict) else []:
+                for q, key in (("50", "p50"), ("95", "p95")):
+                    if isinstance(ms, dict) and (v := reading(ms.get(key))) is not None:
+                        latency.add_metric([*labels, _text(model), q], v / 1000.0)
     return [
         up, scrape, load1, mem_total, mem_avail, cache_size, cache_used, warm,
-        util, fb_used, fb_free, temp, power, step, loss, tps, alert,
+        util, fb_used, fb_free, temp, power, step, loss, tps, alert, reward, exec_ok, rot_wait, latency,
     ]  # fmt: skip
 
 

@@ -169,10 +169,31 @@ def _run_text(r: dict[str, Any]) -> Text:
         parts.append(f"loss {loss:.4g}")
     if speed is not None:
         parts.append(f"{_si(speed)} tok/s")
+    parts += _phase3_parts(r)
     text = Text("  ".join(parts))
     if r.get("nccl_errors"):
         text.append(f"  {r['nccl_errors']} NCCL errors", style="bold red")
     return text
+
+
+def _phase3_parts(r: dict[str, Any]) -> list[str]:
+    """A phase-3 run's reward, the share of its code that ran, and its slowest model's p95."""
+    out = []
+    reward, ran = reading(r.get("reward")), reading(r.get("exec_success_rate"))
+    if reward is not None:
+        out.append(f"reward {reward:.3f}")
+    if ran is not None:
+        out.append(f"code ran {ran:.0%}")
+    models = r.get("orchestra_ms")
+    p95s = (
+        [reading(m.get("p95")) for m in models.values() if isinstance(m, dict)]
+        if isinstance(models, dict)
+        else []
+    )
+    slowest = max((v for v in p95s if v is not None), default=None)
+    if slowest is not None:
+        out.append(f"orchestra p95 {slowest:,.0f} ms ({len(p95s)} models)")
+    return out
 
 
 def alert_lines(alerts: list[Any]) -> Text:

@@ -68,6 +68,14 @@ def gpu_sample() -> dict[str, Any]:
                 "best_step": 1100,
                 "nccl_errors": 1,
                 "last_nccl_error": "NCCL WARN timeout",
+                # a phase-3 run: its newest step window (labctl/agent/train/phase3.py)
+                "reward": 0.375,
+                "exec_success_rate": 0.8,
+                "rotation_wait_s": 1.25,
+                "orchestra_ms": {
+                    "qwen-7b": {"p50": 2100.0, "p95": 2900.5, "n": 4},
+                    "tiny": {"p50": 90.0, "p95": None},
+                },
             }
         ],
         "history": [],
@@ -133,6 +141,16 @@ def test_every_contract_series_comes_out_with_its_value_and_labels() -> None:
     assert value(s, "labctl_train_step", **run) == 1200
     assert value(s, "labctl_train_loss", **run) == 2.25
     assert value(s, "labctl_train_tokens_per_second", **run) == 51234.5
+    assert value(s, "labctl_phase3_reward", **run) == 0.375
+    assert value(s, "labctl_phase3_exec_success_ratio", **run) == 0.8
+    assert value(s, "labctl_phase3_rotation_wait_seconds", **run) == 1.25
+    assert (
+        value(s, "labctl_phase3_orchestra_latency_seconds", **run, model="qwen-7b", percentile="95") == 2.9005
+    )
+    assert value(s, "labctl_phase3_orchestra_latency_seconds", **run, model="tiny", percentile="50") == 0.09
+    # A percentile the run did not report is left out, not exported as zero.
+    rows = s["labctl_phase3_orchestra_latency_seconds"]
+    assert [q["percentile"] for q, _ in rows if q["model"] == "tiny"] == ["50"]
     assert (
         value(
             s,

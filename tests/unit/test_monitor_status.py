@@ -350,3 +350,18 @@ def test_history_writers_at_once_append_one_record_and_never_corrupt(tmp_path: P
     records = [json.loads(line) for line in path.read_text().splitlines()]  # every line whole
     assert [r["t"] for r in records].count(now) == 1
     assert len(records) == (1 if pruning else 20001)
+
+
+def test_a_phase3_runs_newest_window_reaches_status() -> None:
+    window = {
+        "reward": 0.25,
+        "exec_success_rate": 0.5,
+        "rotation_wait_s": 0.7,
+        "orchestra_ms": {"m": {"p50": 1.0}},
+    }
+    events = [json.loads(step(1, 3.0, **window)), json.loads(step(2, 2.5, reward=None, orchestra_ms={}))]
+    got = agent_status.progress(events)
+    # The newest step's figures, as they are (a window with nothing judged says None, not the old one).
+    assert (got["step"], got["reward"], got["orchestra_ms"]) == (2, None, {})
+    assert "rotation_wait_s" not in agent_status.progress([json.loads(step(1, 3.0))])
+    assert agent_status.progress(events[:1])["rotation_wait_s"] == 0.7

@@ -248,3 +248,24 @@ def test_a_clock_that_went_back_and_a_history_not_written_are_said_on_the_hosts_
     text = "\n".join(screen([HostStatus("pharaoh", True, sample)]))
     assert "clock went back 2 h" in text and "No space left on device" in text
     assert "history" in text
+
+
+def test_a_phase3_run_shows_its_reward_the_code_that_ran_and_its_slowest_model() -> None:
+    statuses = lab()
+    sample = statuses[0].sample
+    assert sample is not None
+    sample["runs"][0].update(
+        run_id="p3-xyz",
+        reward=0.4375,
+        exec_success_rate=0.62,
+        rotation_wait_s=0.0,
+        orchestra_ms={
+            "qwen": {"p50": 2100.0, "p95": 3400.0, "n": 4},
+            "tiny": {"p50": 80.0, "p95": 120.0, "n": 4},
+        },
+    )
+    text = " ".join(" ".join(screen(statuses)).split())
+    assert "reward 0.438" in text and "code ran 62%" in text and "orchestra p95 3,400 ms (2 models)" in text
+    assert all(len(line) <= 80 for line in screen(statuses))
+    # A phase-1 run says nothing of the sort.
+    assert "reward" not in " ".join(screen(lab()))

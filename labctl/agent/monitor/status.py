@@ -137,6 +137,9 @@ def warm_models(path: str = paths.WARM_STATE) -> List[Dict[str, Any]]:
     return out
 
 
+PHASE3_KEYS = ("reward", "exec_success_rate", "rotation_wait_s", "orchestra_ms")
+
+
 def progress(events: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The newest step's figures and the best loss so far (the first step that reached it)."""
     out: Dict[str, Any] = dict.fromkeys(
@@ -150,6 +153,10 @@ def progress(events: List[Dict[str, Any]]) -> Dict[str, Any]:
         last = events[-1]
         for key in ("step", "steps", "loss", "lr", "tokens_per_s", "grad_norm"):
             out[key] = last.get(key)
+        # A phase-3 run's figures since its previous step event (labctl/agent/train/phase3.py).
+        for key in PHASE3_KEYS:
+            if key in last:
+                out[key] = last[key]
     return out
 
 

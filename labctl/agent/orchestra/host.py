@@ -29,8 +29,8 @@ from ..argspec import Opt, Or, takes
 from ..errors import AgentError
 from ..fsutil import write_atomic, write_json
 from ..gpus import GpuQueryError, gather_gpus
+from ..launch import IMPORT_ROOT, port_state, torch_python
 from ..modelload.loader import model_files
-from ..train.host import IMPORT_ROOT, port_state, torch_python
 
 TAGS = (
     "LABCTL_LAB",

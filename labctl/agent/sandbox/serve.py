@@ -22,7 +22,7 @@ from .. import paths, procs
 from ..argspec import Opt, takes
 from ..errors import AgentError
 from ..fsutil import write_atomic, write_json
-from ..train.host import IMPORT_ROOT, port_state
+from ..launch import IMPORT_ROOT, port_state
 
 MODULE = "labctl.agent.sandbox.service"
 TAGS = ("LABCTL_LAB", "LABCTL_HOST", "LABCTL_SANDBOX_PORT", "LABCTL_SANDBOX_CONFIG")

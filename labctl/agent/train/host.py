@@ -7,27 +7,22 @@ are found by reading /proc/*/environ, whatever became of the process that starte
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shlex
-import socket
 import subprocess
-import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from .. import paths, procs, runlog
 from ..argspec import Opt, Or, takes
 from ..errors import AgentError
-from ..facts.collect import torch_env_facts
 from ..fsutil import write_json
 from ..gpus import GpuQueryError, gather_gpus
+from ..launch import IMPORT_ROOT, port_state, torch_python
 from ..nics import gather_nics
 
 TORCH_PROBE_TIMEOUT_S = 180.0
-# The agent's import root: the zipapp itself when shipped (…/agent-x.pyz/labctl/agent/train/host.py).
-IMPORT_ROOT = os.path.abspath(__file__).rsplit(os.sep, 4)[0]
 
 
 def _run_python(python: str, code: str, *args: str) -> "subprocess.CompletedProcess[str]":
@@ -126,20 +121,6 @@ def _iface_for(address: str) -> Dict[str, Any]:
     return {"name": None}
 
 
-def port_state(port: int) -> Dict[str, Any]:
-    """Whether a TCP port (the rendezvous, a model server's) is free here; port 0 asks for a free one."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    # TIME_WAIT from a previous run must not count as taken; a listener still does.
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("", port))
-        return {"port": s.getsockname()[1], "free": True}
-    except OSError as exc:
-        return {"port": port, "free": False, "error": os.strerror(exc.errno or errno.EADDRINUSE)}
-    finally:
-        s.close()
-
-
 def _disk(path: str) -> Dict[str, Any]:
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
@@ -207,17 +188,6 @@ def sandbox_client_state() -> Dict[str, Any]:
     except OSError as exc:
         out["token"] = f"missing ({exc.strerror})"
     return out
-
-
-def torch_python(given: Optional[str]) -> Tuple[str, str]:
-    """(interpreter, source) for torch work here: the one given, else the torch_env that
-    `labctl provision` built, else the python this agent runs with (the inventory's)."""
-    if given:
-        return given, "given"
-    env = torch_env_facts()
-    if env.get("provisioned"):
-        return str(env.get("python") or sys.executable), "torch_env"
-    return sys.executable, "inventory"
 
 
 @takes(

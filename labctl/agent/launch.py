@@ -1,0 +1,43 @@
+"""What every host command that starts one of labctl's own processes needs (a trainer, a model
+server, the sandbox service): where the agent's code is, whether a port is free, and which
+Python runs torch work. At the agent's root, as the host side of several features uses it.
+Standard library only, Python 3.8.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import sys
+from typing import Any, Dict, Optional, Tuple
+
+from .facts.collect import torch_env_facts
+
+# The agent's import root: the zipapp itself when shipped (…/agent-x.pyz/labctl/agent/launch.py).
+IMPORT_ROOT = os.path.abspath(__file__).rsplit(os.sep, 3)[0]
+
+
+def port_state(port: int) -> Dict[str, Any]:
+    """Whether a TCP port (the rendezvous, a model server's) is free here; port 0 asks for a free one."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # TIME_WAIT from a previous run must not count as taken; a listener still does.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("", port))
+        return {"port": s.getsockname()[1], "free": True}
+    except OSError as exc:
+        return {"port": port, "free": False, "error": os.strerror(exc.errno or errno.EADDRINUSE)}
+    finally:
+        s.close()
+
+
+def torch_python(given: Optional[str]) -> Tuple[str, str]:
+    """(interpreter, source) for torch work here: the one given, else the torch_env that
+    `labctl provision` built, else the python this agent runs with (the inventory's)."""
+    if given:
+        return given, "given"
+    env = torch_env_facts()
+    if env.get("provisioned"):
+        return str(env.get("python") or sys.executable), "torch_env"
+    return sys.executable, "inventory"
