@@ -3,22 +3,156 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, positive
-from labctl.cli.orchestra_cmd import bench_rotation
+from labctl.cli.orchestra_cmd import FileOpt, PythonOpt, bench_rotation
 from labctl.cli.runner import Outcome, run_command
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
 
 app = typer.Typer(
-    help="Measure model loading, the network between hosts and the orchestra's rotation (and make models to measure with).",
+    help="Measure model loading, the network between hosts, the orchestra's rotation and phase 3 (and make models to measure with).",
     no_args_is_help=True,
 )
 app.command("rotation")(bench_rotation)
+
+
+@app.command("phase3")
+def phase3(
+    ctx: typer.Context,
+    file: FileOpt = None,
+    python: PythonOpt = None,
+    train_set: Annotated[
+        Optional[list[str]],
+        typer.Option("--set", "-s", help="A phase-3 setting for the measured run (as `labctl train --set`)."),
+    ] = None,
+    limit: Annotated[
+        Optional[str], typer.Option("--limit", "-l", help="Train on these hosts (as `labctl train`).")
+    ] = None,
+    device: Annotated[
+        Optional[str], typer.Option("--device", help="cuda or cpu for the measured run.")
+    ] = None,
+    train_python: Annotated[
+        Optional[str], typer.Option("--train-python", help="The interpreter with torch for the measured run.")
+    ] = None,
+    rotate_at: Annotated[
+        int, typer.Option("--rotate-at", min=1, help="Rotate once the run logged this step.")
+    ] = 3,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Orchestra cycles per k.")] = 5,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=4096, help="Tokens per answer.")] = 32,
+    programs: Annotated[int, typer.Option("--programs", min=1, max=56, help="Tasks per sandbox batch.")] = 16,
+    batches: Annotated[int, typer.Option("--batches", min=1, max=100, help="Sandbox batches measured.")] = 3,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, max=64, help="For the sandbox's peers.")
+    ] = 4,
+    only: Annotated[
+        Optional[str],
+        typer.Option("--only", help="Comma list of cycle, sandbox, training (default all three)."),
+    ] = None,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Phase 3's three figures on the lab as it runs: the orchestra cycle for k warm models (asked at
+    once against one after another), sandbox executions per second through `labctl sandbox serve`
+    against `docker run --rm`, and training steps per second inside a rotation's window against
+    outside it, with the failed steps.
+
+    Needs the warm set (`labctl orchestra start`) and the sandbox service (`labctl sandbox serve`);
+    the training figure runs `labctl train --phase 3` with --set/--limit/--device and rotates once.
+
+    Example (the simulated lab):
+
+        labctl bench phase3 -f inventory/examples/orchestra-sim.yaml --limit m5 --device cpu --set steps=10
+    """
+    from labctl.output.errors import InputError
+    from labctl.train import phase3_bench as pb
+
+    parts = [p.strip() for p in (only or "cycle,sandbox,training").split(",") if p.strip()]
+    unknown = sorted(set(parts) - {"cycle", "sandbox", "training"})
+    if unknown or not parts:
+        raise InputError(
+            f"--only {only!r} names {unknown or 'nothing'}.", "Use a comma list of cycle, sandbox, training."
+        )
+    args: list[str] = []
+    for item in train_set or []:
+        args += ["--set", item]
+    if limit:
+        args += ["--limit", limit]
+    if device:
+        args += ["--device", device]
+    if train_python:
+        args += ["--python", train_python]
+
+    def work(c: Context) -> Outcome:
+        from labctl.cli.orchestra_cmd import load
+
+        say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{text}[/]"))
+        orch = load(c, file)
+        doc: dict[str, Any] = {}
+        if "cycle" in parts:
+            say and say("the orchestra cycle, k = 1 .. warm models")
+            doc["cycle"] = pb.cycle_figure(c, orch, rounds, max_tokens)
+        if "sandbox" in parts:
+            say and say("sandbox executions through the service, then docker run --rm and the pool")
+            doc["sandbox"] = pb.sandbox_figure(c, programs, batches, concurrency)
+        if "training" in parts:
+            say and say("a phase-3 run with a rotation in its middle")
+            doc["training"] = pb.training_figure(c, orch, args, python, rotate_at, say)
+        failed = bool(doc.get("training", {}).get("failed_steps"))
+        return Outcome(doc, lambda: _render_phase3(c, doc), 1 if failed else 0)
+
+    run_command(ctx, work, inventory, json_out, verbose)
+
+
+def _render_phase3(c: Context, doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    if "cycle" in doc:
+        t = Table(title="orchestra cycle (s, median)", title_justify="left")
+        for col in ("k models", "one after another", "at once", "slowest alone", "speed-up"):
+            t.add_column(col, justify="right")
+        for r in doc["cycle"]:
+            t.add_row(
+                str(r["k"]),
+                f"{r['one_after_another_s']:.3f}",
+                f"{r['at_once_s']:.3f}",
+                f"{r['slowest_alone_s']:.3f}",
+                f"{r['one_after_another_s'] / r['at_once_s']:.2f}x",
+            )
+        c.console.print(t)
+    if "sandbox" in doc:
+        sb = doc["sandbox"]
+        t = Table(
+            title=f"sandbox executions on {sb['host']} ({sb['tests_per_program']} tests per program)",
+            title_justify="left",
+        )
+        for col in ("method", "exec/s", "against docker run --rm"):
+            t.add_column(col, justify="right" if col != "method" else "left")
+        base = sb["docker_run"]["exec_per_s"] or 0.0
+        for name, rate in (
+            ("sandbox service", sb["service"]["exec_per_s"]),
+            ("warm pool, a container per execution", sb["pool"]["exec_per_s"]),
+            ("docker run --rm", base),
+        ):
+            t.add_row(name, f"{rate:.1f}", f"{rate / base:.1f}x" if base else "-")
+        c.console.print(t)
+        if sb["service"]["failed"]:
+            c.console.print(f"[red]{sb['service']['failed']} reference tests failed in the service[/]")
+    if "training" in doc:
+        tr = doc["training"]
+        ratio = tr["inside_over_outside"]
+        c.console.print(
+            f"training: {tr['steps']} steps, {tr['steps_inside']} inside the rotation's {tr['window_s']:.1f} s window; "
+            f"steps/s inside {tr['steps_per_s_inside']} vs outside {tr['steps_per_s_outside']}"
+            + (f" ({ratio:.0%})" if ratio is not None else "")
+            + f"; failed steps {tr['failed_steps']}, answers retried {tr['answers_retried']}, "
+            f"rotation wait {tr['rotation_wait_s']:.2f} s"
+        )
 
 
 @app.command("make-model")

@@ -225,3 +225,20 @@ def test_the_controller_shows_a_phase3_step_with_its_reward_and_slowest_model() 
     assert "2 models p95 1,100 ms" in line and "rotation wait" not in line
     waited = format_event(dict(p3, rotation_wait_s=0.31, answers_failed=1))
     assert "rotation wait 0.31 s" in waited and "1 answers failed" in waited
+
+
+def test_steps_inside_a_rotations_window_are_timed_against_the_others() -> None:
+    from labctl.train.phase3_bench import window_rates
+
+    # steps every 1 s, but the two that overlap the window [10.5, 12.5] took 2 s
+    times = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 15, 16]
+    steps = [{"step": i + 1, "time": float(t), "answers_failed": 0, "reward": 0.0} for i, t in enumerate(times)]
+    r = window_rates(steps, 10.5, 12.5)
+    assert (r["steps_inside"], r["steps_outside"]) == (2, 11)
+    assert r["steps_per_s_inside"] == 0.5 and r["steps_per_s_outside"] == 1.0 and r["inside_over_outside"] == 0.5
+    assert r["failed_steps"] == 0 and r["window_s"] == 2.0
+    # A step that lost an answer, or judged none, is a failed step.
+    steps[5]["answers_failed"], steps[6]["reward"] = 1, None
+    assert window_rates(steps, 10.5, 12.5)["failed_steps"] == 2
+    # No step inside the window: no ratio, not a made-up one.
+    assert window_rates(steps, 100.0, 101.0)["inside_over_outside"] is None

@@ -77,6 +77,7 @@ class Metrics:
             "grad_norm": norm_out,
             "tokens_per_s": round(rate, 1),
             "seconds": round(now - self.t0, 3),
+            "time": round(time.time(), 3),  # wall clock: what else happened then (a rotation) lines up
             "restart": self.restart,
         }
         event.update(extra or {})  # phase 3's figures since the last step event (phase3.Window)

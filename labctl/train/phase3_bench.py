@@ -1,0 +1,227 @@
+"""`labctl bench phase3`: the three figures phase 3 lives by, measured on the lab as it runs.
+
+1. The orchestra cycle for k warm models: every model asked at once (the trainer's client)
+   against one after another, the floor being the slowest model alone.
+2. Sandbox executions per second through the sandbox service (the tasks' reference programs,
+   every test checked) against `docker run --rm` and the warm pool, one container per
+   execution, on the sandbox host.
+3. Training steps per second inside a rotation's window against outside it: a short phase-3 run
+   of the reference trainer, with one `labctl rotate` in its middle; and its failed steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from itertools import pairwise
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from labctl.output.errors import HostError, InputError
+
+if TYPE_CHECKING:
+    from labctl.hosts.context import Context
+    from labctl.orchestra.spec import Orchestra
+
+Say = Optional[Callable[[str], None]]
+
+
+def _warm_endpoints(ctx: Context, orch: Orchestra) -> list[Any]:
+    from labctl.agent.orchestra.client import from_doc
+    from labctl.orchestra.endpoints import endpoints_doc
+    from labctl.orchestra.hoststate import find_repair, read_views
+    from labctl.orchestra.rotate import serving_hosts
+
+    hosts = serving_hosts(ctx, orch)
+    views = read_views(ctx, hosts, orch.server.health, gpus=False)
+    warm = {name: find_repair(v).current for name, v in views.items()}
+    endpoints = from_doc(endpoints_doc(ctx.inventory.lab, {h.name: h for h in hosts}, warm, []), {})
+    if not endpoints:
+        raise InputError(
+            "No model is warm on the orchestra's hosts.", "Load the warm set with `labctl orchestra start`."
+        )
+    return endpoints
+
+
+def cycle_figure(ctx: Context, orch: Orchestra, rounds: int, max_tokens: int) -> list[dict[str, Any]]:
+    """Per k (1..warm models): median cycle asked at once, one after another, slowest alone."""
+    from labctl.agent.orchestra.client import ask_all, complete
+    from labctl.agent.train.tasks import TASKS, prompt_text
+
+    endpoints = _warm_endpoints(ctx, orch)
+    prompt = prompt_text(TASKS[0])
+    rows = []
+    for k in range(1, len(endpoints) + 1):
+        eps = endpoints[:k]
+        seq: list[tuple[float, float]] = []
+        par: list[float] = []
+        for r in range(rounds + 1):  # the first round warms up and is not counted
+            t0 = time.perf_counter()
+            answers = [complete(e, prompt, max_tokens) for e in eps]
+            one_by_one = (time.perf_counter() - t0, max(a.latency_s for a in answers))
+            t0 = time.perf_counter()
+            at_once = ask_all(eps, prompt, max_tokens=max_tokens)
+            took = time.perf_counter() - t0
+            failed = [a for a in answers + at_once if not a.ok]
+            if failed:
+                raise HostError(
+                    f"{failed[0].name} gave no answer: {failed[0].error}", "Check `labctl orchestra status`."
+                )
+            if r:
+                seq.append(one_by_one)
+                par.append(took)
+        rows.append(
+            {
+                "k": k,
+                "one_after_another_s": round(statistics.median(s for s, _ in seq), 4),
+                "at_once_s": round(statistics.median(par), 4),
+                "slowest_alone_s": round(statistics.median(m for _, m in seq), 4),
+            }
+        )
+    return rows
+
+
+def sandbox_figure(ctx: Context, programs: int, batches: int, concurrency: int) -> dict[str, Any]:
+    """Executions per second through the running service, then the host's own bench of
+    `docker run --rm` and the pool at the same concurrency."""
+    from labctl.agent.sandbox.client import Sandbox, SandboxError
+    from labctl.agent.train.tasks import TASKS
+    from labctl.hosts.agent_ship import ask_agent
+    from labctl.sandbox import service
+    from labctl.sandbox.api import sandbox_hosts
+    from labctl.sandbox.bench import bench
+
+    st = service.state(ctx, None)
+    if st["state"] != "running":
+        raise InputError(
+            f"The sandbox service does not run on {st['host']}.",
+            "Start it with `labctl sandbox serve`, then measure.",
+        )
+    target = sandbox_hosts(ctx, st["host"])[0]
+    token = ask_agent(ctx, target, "sandbox_token", {})["token"]  # held in memory, never shown
+    client = Sandbox(st["url"], token)
+    batch: list[dict[str, Any]] = [t.as_program(t.solution) for t in TASKS[:programs]]
+    executions = sum(len(t.tests) for t in TASKS[:programs])
+    try:
+        client.run(batch)  # warm-up
+        failed = 0
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            failed += sum(r["total"] - r["passed"] for r in client.run(batch))
+        took = time.perf_counter() - t0
+    except SandboxError as e:
+        raise HostError(
+            f"The sandbox service at {st['url']} failed: {e}", "Check `labctl sandbox serve --status`."
+        ) from None
+    peers = bench(ctx, "python", [concurrency], max(8, executions // 2), st["host"])["rows"][0]
+    return {
+        "host": st["host"],
+        "programs": programs,
+        "tests_per_program": round(executions / programs, 2),
+        "service": {
+            "executions": executions * batches,
+            "seconds": round(took, 3),
+            "exec_per_s": round(executions * batches / took, 2),
+            "failed": failed,
+        },
+        "docker_run": peers["docker_run"],
+        "pool": peers["pool"],
+        "concurrency": concurrency,
+    }
+
+
+def _newest_metrics(inv: Path, since: float) -> list[dict[str, Any]]:
+    runs = (inv.absolute().parent / ".labctl" / "runs").glob("*/metrics.jsonl")
+    files = sorted((p for p in runs if p.stat().st_mtime >= since), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return []
+    out = []
+    for line in files[-1].read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def training_figure(
+    ctx: Context, orch: Orchestra, train_args: list[str], python: Optional[str], rotate_at: int, say: Say
+) -> dict[str, Any]:
+    """A phase-3 run (`labctl train --phase 3 TRAIN_ARGS`), a rotation once it logged step
+    `rotate_at`, then steps/s inside the rotation's window against outside it."""
+    from labctl.orchestra.rotate import Options, rotate
+
+    inv = ctx.inventory_path
+    started = time.time()
+    argv = [sys.executable, "-m", "labctl", "--json", "-i", str(inv), "train", "--phase", "3", *train_args]
+    run = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    window = None
+    try:
+        while window is None:
+            if run.poll() is not None:
+                break
+            events = _newest_metrics(inv, started)
+            if any(e.get("event") == "step" and e.get("step", 0) >= rotate_at for e in events):
+                if say:
+                    say(f"step {rotate_at} logged: rotating now")
+                t0 = time.time()
+                result = rotate(ctx, orch, Options(python=python))
+                doc = result.to_json()
+                summary = {
+                    "joined": [t["model"] for t in doc["joined"]],
+                    "left": [t["model"] for t in doc["left"]],
+                    "seconds": doc["seconds"],
+                }
+                window = (t0, time.time(), summary)
+            time.sleep(0.5)
+        out, err = run.communicate(timeout=3600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    if run.returncode != 0:
+        raise HostError(
+            f"The phase-3 run failed (exit {run.returncode}): {err.strip()[-600:] or out.strip()[-600:]}",
+            "Run it alone with `labctl train --phase 3 ...` to see why.",
+        )
+    if window is None:
+        raise InputError(
+            f"The run ended before step {rotate_at}: no rotation happened inside it.",
+            "Give it more steps (--set steps=N).",
+        )
+    steps = [e for e in _newest_metrics(inv, started) if e.get("event") == "step" and "time" in e]
+    return {**window_rates(steps, window[0], window[1]), "rotation": window[2]}
+
+
+def window_rates(steps: list[dict[str, Any]], w0: float, w1: float) -> dict[str, Any]:
+    """Steps/s of the steps whose span [previous step's time, this step's time] overlaps the
+    window [w0, w1] against the others; failed steps are those that lost an answer."""
+    inside: list[float] = []
+    outside: list[float] = []
+    for prev, cur in pairwise(steps):
+        span = cur["time"] - prev["time"]
+        (inside if prev["time"] < w1 and cur["time"] > w0 else outside).append(span)
+    rate = {
+        k: (len(v) / sum(v) if v and sum(v) > 0 else None)
+        for k, v in (("inside", inside), ("outside", outside))
+    }
+    ratio = rate["inside"] / rate["outside"] if rate["inside"] and rate["outside"] else None
+    return {
+        "steps": len(steps),
+        "steps_inside": len(inside),
+        "steps_outside": len(outside),
+        "window_s": round(w1 - w0, 3),
+        "steps_per_s_inside": None if rate["inside"] is None else round(rate["inside"], 4),
+        "steps_per_s_outside": None if rate["outside"] is None else round(rate["outside"], 4),
+        "inside_over_outside": None if ratio is None else round(ratio, 4),
+        "failed_steps": sum(1 for s in steps if s.get("answers_failed") or s.get("reward", 0) is None),
+        "answers_retried": sum(int(s.get("answers_retried") or 0) for s in steps),
+        "rotation_wait_s": round(sum(float(s.get("rotation_wait_s") or 0) for s in steps), 3),
+    }
