@@ -46,10 +46,10 @@ DEMO_TRAIN = --set steps=60 --set batch_size_per_gpu=8 --set seq_len=64 --set mo
 	--set log_every=10 --set checkpoint_every=20 --set checkpoint_dir=/var/lib/labctl/train/demo-phase1
 
 DEMO_ORCH = inventory/examples/orchestra-sim.yaml
-# Phase 3's loop, short: 4 steps, one task each, the warm set's answers cut at 32 tokens.
-DEMO_P3 = --set steps=4 --set batch_size_per_gpu=8 --set seq_len=128 --set model.d_model=64 \
+# Phase 3's loop, short: 3 steps, one task each, the warm set's answers cut at 8 tokens (CPU servers).
+DEMO_P3 = --set steps=3 --set batch_size_per_gpu=8 --set seq_len=128 --set model.d_model=64 \
 	--set model.n_layers=2 --set model.n_heads=4 --set model.d_ff=256 --set log_every=1 --set checkpoint_every=100 \
-	--set checkpoint_dir=/var/lib/labctl/train/demo-phase3 --set rl.tasks_per_step=1 --set rl.answer_tokens=32
+	--set checkpoint_dir=/var/lib/labctl/train/demo-phase3 --set rl.tasks_per_step=1 --set rl.answer_tokens=8
 
 demo: install deps
 	$(BIN)/labctl sim up
@@ -100,7 +100,8 @@ demo: install deps
 	@echo "== phase 3's trainers ask the warm set at once over the OpenAI completions API (random tiny models: random bytes) =="
 	$(BIN)/labctl -i $(SIM_INV) orchestra ask -f $(DEMO_ORCH) --max-tokens 16 'def add(a, b):'
 	@echo "== phase 3 for real: m5 trains the CET, the warm set writes code from its contexts, irina's sandbox service runs it =="
-	$(BIN)/labctl -i $(SIM_INV) provision -p inventory/examples/sandbox-python.yaml
+	@# The sim's hosts share this machine's dockerd but cannot reach Debian's mirror: the image is built here.
+	$(BIN)/labctl -i inventory/examples/local-sandbox.yaml provision -p inventory/examples/sandbox-python.yaml
 	$(BIN)/labctl -i $(SIM_INV) sandbox serve
 	$(BIN)/labctl -i $(SIM_INV) exec -l m5 -- rm -rf /var/lib/labctl/train/demo-phase3
 	$(BIN)/labctl -i $(SIM_INV) train --phase 3 --limit m5 --device cpu --python $(CURDIR)/$(BIN)/python $(DEMO_P3)

@@ -291,3 +291,21 @@ def test_sigterm_while_loading_still_stops_it_with_rc_0(model_dir: Path) -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_completion_whose_client_hung_up_stops_and_frees_the_model(tmp_path: Path) -> None:
+    """A trainer that gave up on an answer (its timeout) must not leave the model computing it
+    while live requests queue behind: the server sees the closed connection and stops."""
+    with slow_server(tmp_path, 7, stderr=subprocess.PIPE, text=True) as (proc, port):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=0.5)
+        body = json.dumps({"model": "slow", "prompt": "x", "max_tokens": 250}).encode()
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        with pytest.raises(TimeoutError):
+            conn.getresponse()  # 250 tokens of this model take seconds
+        conn.close()
+        status, doc = call(port, "POST", "/v1/completions", {"model": "slow", "prompt": "y", "max_tokens": 1})
+        assert status == 200 and doc["choices"][0]["finish_reason"] == "length"
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert [e["route"] for e in events if e["event"] == "abandoned"] == ["/v1/completions"], err

@@ -232,10 +232,14 @@ def test_steps_inside_a_rotations_window_are_timed_against_the_others() -> None:
 
     # steps every 1 s, but the two that overlap the window [10.5, 12.5] took 2 s
     times = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 15, 16]
-    steps = [{"step": i + 1, "time": float(t), "answers_failed": 0, "reward": 0.0} for i, t in enumerate(times)]
+    steps = [
+        {"step": i + 1, "time": float(t), "answers_failed": 0, "reward": 0.0} for i, t in enumerate(times)
+    ]
     r = window_rates(steps, 10.5, 12.5)
     assert (r["steps_inside"], r["steps_outside"]) == (2, 11)
-    assert r["steps_per_s_inside"] == 0.5 and r["steps_per_s_outside"] == 1.0 and r["inside_over_outside"] == 0.5
+    assert (
+        r["steps_per_s_inside"] == 0.5 and r["steps_per_s_outside"] == 1.0 and r["inside_over_outside"] == 0.5
+    )
     assert r["failed_steps"] == 0 and r["window_s"] == 2.0
     # A step that lost an answer, or judged none, is a failed step.
     steps[5]["answers_failed"], steps[6]["reward"] = 1, None

@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
+import socket
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 from .. import procs
 from . import openai_api
@@ -172,6 +174,7 @@ class Model:
         top_p: float = 1.0,
         generator: Any = None,
         stops: Optional[List[str]] = None,
+        gone: Optional[Callable[[], bool]] = None,
     ) -> Tuple[List[int], List[float], str]:
         """`ids` continued by up to `n` tokens: (tokens, their log-probabilities, finish_reason).
         Temperature 0 is greedy (the first of equal maxima: deterministic); above it, a sample
@@ -185,6 +188,8 @@ class Model:
         with torch.no_grad():
             seq = torch.tensor([ids], dtype=torch.long, device=self.device)
             for _ in range(n):
+                if gone is not None and gone():
+                    raise ClientGone()
                 logits = self._model(seq[:, -max_seq:])[0, -1].float()
                 logp = torch.log_softmax(logits, dim=-1)
                 if temperature == 0:
@@ -227,8 +232,10 @@ class Model:
             "seconds": round(time.perf_counter() - start, 4),
         }
 
-    def complete(self, req: CompletionRequest) -> Dict[str, Any]:
-        """/v1/completions: n choices per prompt, in the API's order (prompt by prompt)."""
+    def complete(self, req: CompletionRequest, gone: Optional[Callable[[], bool]] = None) -> Dict[str, Any]:
+        """/v1/completions: n choices per prompt, in the API's order (prompt by prompt). `gone`
+        says the client hung up (it timed out): the work stops there, ClientGone, instead of
+        holding the model for an answer nobody reads while live requests queue behind it."""
         import torch
 
         try:
@@ -249,7 +256,7 @@ class Model:
                 echoed = self._prompt_logprobs(ids) if req.echo and req.logprobs is not None and ids else []
                 for _ in range(req.n):
                     out, logprobs, finish = self._extend(
-                        ids, req.max_tokens, req.temperature, req.top_p, generator, req.stop
+                        ids, req.max_tokens, req.temperature, req.top_p, generator, req.stop, gone
                     )
                     choice: Dict[str, Any] = {
                         "text": (prompt if req.echo else "") + _text(out),
@@ -269,6 +276,20 @@ class Model:
                         }
                     choices.append(choice)
         return openai_api.completion_doc(self.name, choices, sum(len(i) for i in encoded))
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+def peer_closed(sock: socket.socket) -> bool:
+    """Whether the other end closed `sock` (readable with nothing to read). A client that sent
+    more (a pipelined request) is still there."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def _not_ready(model: Model) -> Tuple[int, Dict[str, Any]]:
@@ -391,7 +412,10 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             request = openai_api.parse_completion(body, model.name, MAX_TOKENS)
-            self._send(200, model.complete(request))
+            self._send(200, model.complete(request, lambda: peer_closed(self.connection)))
+        except ClientGone:
+            _event("abandoned", route=route, note="the client hung up before the answer; work stopped")
+            self.close_connection = True
         except ApiError as exc:
             self._send(exc.status, exc.doc())
         except Exception as exc:
