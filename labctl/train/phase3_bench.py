@@ -154,11 +154,28 @@ def training_figure(
 ) -> dict[str, Any]:
     """A phase-3 run (`labctl train --phase 3 TRAIN_ARGS`), a rotation once it logged step
     `rotate_at`, then steps/s inside the rotation's window against outside it."""
+    from labctl.agent import paths
     from labctl.orchestra.rotate import Options, rotate
 
     inv = ctx.inventory_path
     started = time.time()
-    argv = [sys.executable, "-m", "labctl", "--json", "-i", str(inv), "train", "--phase", "3", *train_args]
+    # A folder of its own, so the measured run neither resumes nor touches the lab's phase-3
+    # checkpoints; removed afterwards from the hosts that trained.
+    folder = f"{paths.TRAIN_DIR}/bench-phase3-{time.strftime('%Y%m%d-%H%M%S')}"
+    own = ["--set", f"checkpoint_dir={folder}", "--set", "keep_checkpoints=1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "labctl",
+        "--json",
+        "-i",
+        str(inv),
+        "train",
+        "--phase",
+        "3",
+        *train_args,
+        *own,
+    ]
     run = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
     )
@@ -186,6 +203,7 @@ def training_figure(
         if run.poll() is None:
             run.kill()
             run.wait()
+        _remove(ctx, folder, train_args)
     if run.returncode != 0:
         raise HostError(
             f"The phase-3 run failed (exit {run.returncode}): {err.strip()[-600:] or out.strip()[-600:]}",
@@ -198,6 +216,26 @@ def training_figure(
         )
     steps = [e for e in _newest_metrics(inv, started) if e.get("event") == "step" and "time" in e]
     return {**window_rates(steps, window[0], window[1]), "rotation": window[2]}
+
+
+def _remove(ctx: Context, folder: str, train_args: list[str]) -> None:
+    """The measured run's checkpoint folder off the hosts that trained (--limit's, else role train)."""
+    limit = train_args[train_args.index("--limit") + 1] if "--limit" in train_args else "role:train"
+    argv = [
+        sys.executable,
+        "-m",
+        "labctl",
+        "-i",
+        str(ctx.inventory_path),
+        "exec",
+        "-l",
+        limit,
+        "--",
+        "rm",
+        "-rf",
+        folder,
+    ]
+    subprocess.run(argv, capture_output=True, timeout=300)
 
 
 def window_rates(steps: list[dict[str, Any]], w0: float, w1: float) -> dict[str, Any]:

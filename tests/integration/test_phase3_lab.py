@@ -156,3 +156,30 @@ def test_phase3_waits_for_the_sandbox_then_trains_through_a_rotation(p3: Path) -
     joined, left = rotated["joined"][0]["model"], rotated["left"][0]["model"]
     assert joined in steps[-1]["orchestra_ms"] and left not in steps[-1]["orchestra_ms"], steps[-1]
     assert len(steps[0]["orchestra_ms"]) == 3 and left in steps[0]["orchestra_ms"]
+
+
+def test_bench_phase3_measures_the_cycle_and_the_sandbox_service(p3: Path) -> None:
+    """Runs after the test above (the warm set and the service are up): two of the three figures
+    (the third, a run through a rotation, is what the test above checks step by step)."""
+    argv = [
+        "bench",
+        "phase3",
+        "--only",
+        "cycle,sandbox",
+        "--rounds",
+        "1",
+        "--programs",
+        "4",
+        "--batches",
+        "1",
+    ]
+    rc, doc = run_json(p3, *argv, timeout=900)
+    assert rc == 0, doc
+    assert [r["k"] for r in doc["cycle"]] == [1, 2, 3] and "training" not in doc
+    assert all(r["at_once_s"] > 0 and r["one_after_another_s"] >= r["slowest_alone_s"] for r in doc["cycle"])
+    sb = doc["sandbox"]
+    # The tasks' reference programs pass every test through the service; the peers ran without error.
+    assert sb["host"] == "irina" and sb["service"]["failed"] == 0 and sb["service"]["exec_per_s"] > 0
+    assert (
+        sb["docker_run"]["errors"] == 0 and sb["pool"]["errors"] == 0 and sb["docker_run"]["exec_per_s"] > 0
+    )
