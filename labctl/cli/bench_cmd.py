@@ -70,7 +70,7 @@ def phase3(
         labctl bench phase3 -f inventory/examples/orchestra-sim.yaml --limit m5 --device cpu --set steps=10
     """
     from labctl.output.errors import InputError
-    from labctl.train import phase3_bench as pb
+    from labctl.phase3 import bench as pb
 
     parts = [p.strip() for p in (only or "cycle,sandbox,training").split(",") if p.strip()]
     unknown = sorted(set(parts) - {"cycle", "sandbox", "training"})

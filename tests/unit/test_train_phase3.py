@@ -228,7 +228,7 @@ def test_the_controller_shows_a_phase3_step_with_its_reward_and_slowest_model() 
 
 
 def test_steps_inside_a_rotations_window_are_timed_against_the_others() -> None:
-    from labctl.train.phase3_bench import window_rates
+    from labctl.phase3.bench import window_rates
 
     # steps every 1 s, but the two that overlap the window [10.5, 12.5] took 2 s
     times = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 15, 16]

@@ -25,10 +25,11 @@ import socket
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 from .. import procs
+from ..httpjson import JsonHandler
 from . import openai_api
 from .openai_api import ApiError, CompletionRequest
 
@@ -324,21 +325,13 @@ def _pick_device(torch: Any, wanted: str) -> str:
     return wanted
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     server_version = "labctl-orchestra/1"
-    timeout = 30  # a client that connects and says nothing must not hold a thread for ever
+    max_body = MAX_BODY
 
     @property
     def model(self) -> Model:
         return cast(Server, self.server).model
-
-    def _send(self, code: int, doc: Dict[str, Any]) -> None:
-        data = json.dumps(doc, sort_keys=True).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self) -> None:
         route = self.path.split("?", 1)[0]
@@ -356,19 +349,6 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, ApiError(404, f"no such endpoint: GET {route}; try /v1/models").doc())
         else:
             self._send(404, {"error": f"no such endpoint: GET {self.path}; try /health"})
-
-    def _body(self) -> Tuple[Optional[Any], Optional[Tuple[int, str]]]:
-        """(the JSON body, None) or (None, (status, why it cannot be read))."""
-        try:
-            length = int(self.headers.get("Content-Length") or "-1")
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY:
-            return None, (411 if length < 0 else 413, f"send a JSON body of at most {MAX_BODY} bytes")
-        try:
-            return json.loads(self.rfile.read(length).decode("utf-8") or "{}"), None
-        except ValueError as exc:
-            return None, (400, f"the body is not JSON: {exc}")
 
     def do_POST(self) -> None:
         route = self.path.split("?", 1)[0]
@@ -421,10 +401,6 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as exc:
             _event("error", route=route, error=f"{type(exc).__name__}: {exc}")
             self._send(500, openai_api.error_doc(f"{type(exc).__name__}: {exc}", "server_error"))
-
-    def log_message(self, format: str, *args: Any) -> None:
-        # Health is polled many times a second during a rotation: the log keeps only events.
-        pass
 
 
 class Server(ThreadingHTTPServer):

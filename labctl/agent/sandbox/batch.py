@@ -21,7 +21,6 @@ from ..errors import AgentError
 from .docker import Client, DockerError
 from .pool import Pool
 from .runner import (
-    CLAIM_TRIES,
     GONE_STATUSES,
     INLINE_MAX,
     INLINE_SCRIPT,
@@ -34,6 +33,7 @@ from .runner import (
     _output,
     _payload,
     _text,
+    run_one,
 )
 
 MAX_TESTS = 64
@@ -151,19 +151,7 @@ def run_tests(
     """{lang, stage, compile, tests: [{ok, exit_code, stdout, stderr, timed_out, truncated,
     wall_ms}], passed, total, oom_killed, latency_ms} for `prog` = {lang, source, tests:
     [{stdin, expect}], timeout}: one claimed container, every test in it."""
-    started = time.monotonic()
-    for attempt in range(CLAIM_TRIES):
-        try:
-            result = _run_claimed(client, pool, spec, prog, limits)
-        except _Gone as e:
-            if attempt == CLAIM_TRIES - 1:
-                raise AgentError(
-                    f"{CLAIM_TRIES} sandbox containers in a row died before the program ran: {e}", "docker"
-                ) from None
-            continue
-        result["latency_ms"] = round((time.monotonic() - started) * 1000, 2)
-        return result
-    raise AssertionError("unreachable")
+    return run_one(client, pool, spec, prog, limits, _run_claimed)
 
 
 def _put(client: Client, name: str, path: str, data: bytes, env: List[str]) -> None:

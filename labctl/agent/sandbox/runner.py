@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import paths
 from ..argspec import Opt, Or, takes
@@ -142,12 +142,19 @@ def _oom_killed(client: Client, name: str) -> bool:
 
 
 def run_one(
-    client: Client, pool: Pool, spec: Dict[str, Any], prog: Dict[str, Any], limits: Dict[str, Any]
+    client: Client,
+    pool: Pool,
+    spec: Dict[str, Any],
+    prog: Dict[str, Any],
+    limits: Dict[str, Any],
+    claimed: Optional[Callable[..., Dict[str, Any]]] = None,
 ) -> Dict[str, Any]:
+    """`claimed(client, pool, spec, prog, limits)` (default: one run of the program) in a
+    container of the pool, on another container when the claimed one died before it ran."""
     started = time.monotonic()
     for attempt in range(CLAIM_TRIES):
         try:
-            result = _run_claimed(client, pool, spec, prog, limits)
+            result = (claimed or _run_claimed)(client, pool, spec, prog, limits)
         except _Gone as e:
             if attempt == CLAIM_TRIES - 1:
                 raise AgentError(

@@ -28,10 +28,11 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional, Tuple, cast
+from http.server import ThreadingHTTPServer
+from typing import Any, Dict, List, Optional, cast
 
 from ..errors import AgentError
+from ..httpjson import JsonHandler
 from .batch import MAX_TESTS, run_tests
 from .docker import Client, DockerError
 from .runner import _Pools
@@ -171,23 +172,13 @@ def _reason(e: BaseException) -> str:
     return getattr(e, "message", None) or str(e) or type(e).__name__
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     server_version = "labctl-sandbox/1"
-    timeout = 30  # a client that connects and says nothing must not hold a thread for ever
+    max_body = MAX_BODY
 
     @property
     def service(self) -> Service:
         return cast(Server, self.server).service
-
-    def _send(self, code: int, doc: Dict[str, Any]) -> None:
-        data = json.dumps(doc, sort_keys=True).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if code == 401:
-            self.send_header("WWW-Authenticate", 'Bearer realm="labctl-sandbox"')
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self) -> None:
         if self.path.split("?", 1)[0] == "/health":
@@ -195,30 +186,14 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, {"error": f"no such endpoint: GET {self.path}; try /health"})
 
-    def _body(self) -> Tuple[Any, Optional[Tuple[int, str]]]:
-        try:
-            length = int(self.headers.get("Content-Length") or "-1")
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY:
-            return None, (411 if length < 0 else 413, f"send a JSON body of at most {MAX_BODY} bytes")
-        try:
-            return json.loads(self.rfile.read(length).decode("utf-8")), None
-        except ValueError as exc:
-            return None, (400, f"the body is not JSON: {exc}")
-
     def do_POST(self) -> None:
         service = self.service
         route = self.path.split("?", 1)[0]
         # The token before anything else: a caller without it learns nothing, not even the routes.
         if not service.authorized(self.headers.get("Authorization")):
             self.close_connection = True
-            self._send(
-                401,
-                {
-                    "error": "send Authorization: Bearer TOKEN, the token file labctl put on this lab's training hosts"
-                },
-            )
+            why = "send Authorization: Bearer TOKEN, the token file labctl put on this lab's training hosts"
+            self._send(401, {"error": why}, {"WWW-Authenticate": 'Bearer realm="labctl-sandbox"'})
             return
         if route != "/v1/batch":
             self._send(404, {"error": f"no such endpoint: POST {route}; try /v1/batch"})
@@ -240,9 +215,6 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # the client gets an answer; the log gets the reason
             _event("error", error=f"{type(exc).__name__}: {exc}")
             self._send(500, {"error": f"{type(exc).__name__}: {exc}"})
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # the log keeps events; a request line could carry nothing useful but noise
 
 
 class Server(ThreadingHTTPServer):

@@ -12,7 +12,7 @@ import os
 import shlex
 import subprocess
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import paths, procs, runlog
 from ..argspec import Opt, Or, takes
@@ -140,27 +140,30 @@ def _disk(path: str) -> Dict[str, Any]:
     }
 
 
-def orchestra_state() -> Dict[str, Any]:
+def _json_file(path: str) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    """(the file's JSON, None), or (None, {present: false, path[, error]}) when it cannot be read."""
     try:
-        with open(paths.WARM_STATE) as f:
-            state = json.load(f)
+        with open(path) as f:
+            return json.load(f), None
     except FileNotFoundError:
-        return {"present": False, "path": paths.WARM_STATE}
+        return None, {"present": False, "path": path}
     except (OSError, ValueError) as exc:
-        return {"present": False, "path": paths.WARM_STATE, "error": str(exc)}
+        return None, {"present": False, "path": path, "error": str(exc)}
+
+
+def orchestra_state() -> Dict[str, Any]:
+    state, missing = _json_file(paths.WARM_STATE)
+    if missing is not None:
+        return missing
     return {"present": True, "path": paths.WARM_STATE, "state": state}
 
 
 def endpoints_state() -> Dict[str, Any]:
     """The orchestra's endpoints.json here (what this host's trainers ask): present, how many models."""
     path = paths.ORCHESTRA_ENDPOINTS
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        return {"present": False, "path": path}
-    except (OSError, ValueError) as exc:
-        return {"present": False, "path": path, "error": str(exc)}
+    doc, missing = _json_file(path)
+    if missing is not None:
+        return missing
     models = doc.get("models") if isinstance(doc, dict) else None
     if not isinstance(models, list):
         return {"present": False, "path": path, "error": "not an endpoints file (no models list)"}
@@ -171,13 +174,9 @@ def sandbox_client_state() -> Dict[str, Any]:
     """Where this host's trainers find the sandbox service (client.json) and whether its token
     is there and private: what `labctl sandbox serve` writes on every host that trains."""
     path = paths.SANDBOX_CLIENT
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        return {"present": False, "path": path}
-    except (OSError, ValueError) as exc:
-        return {"present": False, "path": path, "error": str(exc)}
+    doc, missing = _json_file(path)
+    if missing is not None:
+        return missing
     if not isinstance(doc, dict) or not isinstance(doc.get("url"), str):
         return {"present": False, "path": path, "error": "not a sandbox service file (no url)"}
     out: Dict[str, Any] = {"present": True, "path": path, "url": doc["url"]}
