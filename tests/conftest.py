@@ -228,6 +228,25 @@ def sh(inv: Any, host: str, line: str) -> str:
     return str(r["stdout"])
 
 
+def orchestra_lab(inv: Path, folder: Path, orchestra: dict[str, Any], edit: Any = None) -> Path:
+    """A copy of the simulated lab's inventory in `folder` (key paths made absolute; `edit(doc)`
+    changes it first) with playbooks/train.yaml and `orchestra` as playbooks/orchestra.yaml
+    beside it, where the commands find them by default. Returns the copy's path."""
+    import yaml
+
+    copy = folder / "lab.yaml"
+    doc = yaml.safe_load(inv.read_text())
+    for key in ("ssh_key", "known_hosts"):
+        doc["defaults"][key] = str((inv.parent / doc["defaults"][key]).resolve())
+    if edit is not None:
+        edit(doc)
+    copy.write_text(yaml.safe_dump(doc))
+    (folder / "playbooks").mkdir()
+    (folder / "playbooks" / "train.yaml").write_text((REPO / "playbooks" / "train.yaml").read_text())
+    (folder / "playbooks" / "orchestra.yaml").write_text(yaml.safe_dump(orchestra))
+    return copy
+
+
 @contextmanager
 def m5_cache(lab: object) -> Iterator[None]:
     """m5's RAM cache mounted by `labctl provision` for the block, and m5 put back as it was.

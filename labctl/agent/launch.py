@@ -9,8 +9,9 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import subprocess
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .facts.collect import torch_env_facts
 
@@ -41,3 +42,27 @@ def torch_python(given: Optional[str]) -> Tuple[str, str]:
     if env.get("provisioned"):
         return str(env.get("python") or sys.executable), "torch_env"
     return sys.executable, "inventory"
+
+
+def start_detached(argv: List[str], env: Dict[str, str], log: str, header: str) -> "subprocess.Popen[bytes]":
+    """`argv` in a session of its own (closing the SSH channel that started it does not reach
+    it), its output appended to `log` after `header`. OSError when it cannot be run: the reason
+    is in the log too."""
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    with open(log, "ab") as out:
+        out.write(header.encode())
+        out.flush()
+        try:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            out.write(f"cannot run {argv[0]}: {exc.strerror or exc}\n".encode())
+            raise

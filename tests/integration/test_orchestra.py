@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from labctl.agent import paths
 from labctl.agent.orchestra.client import Endpoint, ask_all, load_endpoints
-from tests.conftest import REPO, labctl, m5_cache, run_json, sh
+from tests.conftest import REPO, labctl, m5_cache, orchestra_lab, run_json, sh
 
 pytestmark = pytest.mark.integration
 LIBRARY = ["orch-a", "orch-b", "orch-c", "orch-d", "orch-e"]
@@ -116,25 +115,18 @@ def orch(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[P
                 check=True,
             )
         folder = tmp_path_factory.mktemp("orch")
-        copy = folder / "lab.yaml"
-        doc = yaml.safe_load(inv.read_text())
-        for key in ("ssh_key", "known_hosts"):
-            doc["defaults"][key] = str((inv.parent / doc["defaults"][key]).resolve())
-        copy.write_text(yaml.safe_dump(doc))
-        (folder / "playbooks").mkdir()
-        (folder / "playbooks" / "train.yaml").write_text((REPO / "playbooks" / "train.yaml").read_text())
-        (folder / "playbooks" / "orchestra.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "hosts": "m5",
-                    "warm": 3,
-                    "rotate": 1,
-                    "every": "4h",
-                    "pinned": ["orch-a"],
-                    "server": {"python": sys.executable, "start_timeout": 180, "stop_grace": 10},
-                    "models": [{"name": n, "size_gb": 0.004} for n in LIBRARY],
-                }
-            )
+        copy = orchestra_lab(
+            inv,
+            folder,
+            {
+                "hosts": "m5",
+                "warm": 3,
+                "rotate": 1,
+                "every": "4h",
+                "pinned": ["orch-a"],
+                "server": {"python": sys.executable, "start_timeout": 180, "stop_grace": 10},
+                "models": [{"name": n, "size_gb": 0.004} for n in LIBRARY],
+            },
         )
         try:
             yield copy, folder

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.conftest import REPO, labctl, m5_cache, run_json, sh
+from tests.conftest import REPO, labctl, m5_cache, orchestra_lab, run_json, sh
 
 pytestmark = pytest.mark.integration
 LIBRARY = ["p3-a", "p3-b", "p3-c", "p3-d"]
@@ -69,31 +68,27 @@ def p3(lab: Any, docker_images: dict[str, Any], tmp_path_factory: pytest.TempPat
                 "irina",
             ]
             labctl(*argv, check=True)
-        folder = tmp_path_factory.mktemp("p3")
-        copy = folder / "lab.yaml"
-        doc = yaml.safe_load(inv.read_text())
-        for key in ("ssh_key", "known_hosts"):
-            doc["defaults"][key] = str((inv.parent / doc["defaults"][key]).resolve())
-        doc["hosts"]["irina"]["sandbox"] = {"languages": ["python"], "pool": 2}
-        copy.write_text(yaml.safe_dump(doc))
-        (folder / "playbooks").mkdir()
-        (folder / "playbooks" / "train.yaml").write_text((REPO / "playbooks" / "train.yaml").read_text())
-        (folder / "playbooks" / "orchestra.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "hosts": "m5",
-                    "warm": 3,
-                    "rotate": 1,
-                    "every": "4h",
-                    "server": {
-                        "python": sys.executable,
-                        "start_timeout": 180,
-                        "stop_grace": 10,
-                        "drain_s": 1,
-                    },
-                    "models": [{"name": n, "size_gb": 0.006} for n in LIBRARY],
-                }
-            )
+
+        def python_sandbox(doc: dict[str, Any]) -> None:
+            doc["hosts"]["irina"]["sandbox"] = {"languages": ["python"], "pool": 2}
+
+        copy = orchestra_lab(
+            inv,
+            tmp_path_factory.mktemp("p3"),
+            {
+                "hosts": "m5",
+                "warm": 3,
+                "rotate": 1,
+                "every": "4h",
+                "server": {
+                    "python": sys.executable,
+                    "start_timeout": 180,
+                    "stop_grace": 10,
+                    "drain_s": 1,
+                },
+                "models": [{"name": n, "size_gb": 0.006} for n in LIBRARY],
+            },
+            python_sandbox,
         )
         try:
             yield copy

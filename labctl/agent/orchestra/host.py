@@ -18,7 +18,6 @@ import os
 import re
 import shlex
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -29,7 +28,7 @@ from ..argspec import Opt, Or, takes
 from ..errors import AgentError
 from ..fsutil import write_atomic, write_json
 from ..gpus import GpuQueryError, gather_gpus
-from ..launch import IMPORT_ROOT, port_state, torch_python
+from ..launch import IMPORT_ROOT, port_state, start_detached, torch_python
 from ..modelload.loader import model_files
 
 TAGS = (
@@ -465,24 +464,11 @@ def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
     header = (
         f"{LOG_HEADER}{stamp} host={host} model={model} port={port} gpu={shown_gpu}: {shlex.join(argv)}\n"
     )
-    with open(log, "ab") as out:
-        out.write(header.encode())
-        out.flush()
-        try:
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd="/",
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own session: closing the SSH channel does not reach it
-                close_fds=True,
-            )
-        except OSError as exc:
-            reason = f"cannot run {argv[0]}: {exc.strerror or exc}"
-            out.write((reason + "\n").encode())
-            raise AgentError(f"{model} on {host}: {reason}", "start_failed") from None
+    try:
+        proc = start_detached(argv, env, log, header)
+    except OSError as exc:
+        reason = f"cannot run {argv[0]}: {exc.strerror or exc}"
+        raise AgentError(f"{model} on {host}: {reason}", "start_failed") from None
     return {
         "model": model,
         "pid": proc.pid,

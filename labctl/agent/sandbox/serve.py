@@ -13,7 +13,6 @@ import http.client
 import json
 import os
 import secrets
-import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -22,7 +21,7 @@ from .. import paths, procs
 from ..argspec import Opt, takes
 from ..errors import AgentError
 from ..fsutil import write_atomic, write_json
-from ..launch import IMPORT_ROOT, port_state
+from ..launch import IMPORT_ROOT, port_state, start_detached
 
 MODULE = "labctl.agent.sandbox.service"
 TAGS = ("LABCTL_LAB", "LABCTL_HOST", "LABCTL_SANDBOX_PORT", "LABCTL_SANDBOX_CONFIG")
@@ -147,20 +146,11 @@ def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
         PYTHONPATH=os.pathsep.join(p for p in (IMPORT_ROOT, env.get("PYTHONPATH")) if p),
     )
     argv = [sys.executable, "-m", MODULE, "--config", paths.SANDBOX_SERVICE_CONFIG]
-    os.makedirs(os.path.dirname(paths.SANDBOX_SERVICE_LOG), exist_ok=True)
-    with open(paths.SANDBOX_SERVICE_LOG, "ab") as out:
-        out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {lab}/{host}\n".encode())
-        out.flush()
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # the SSH channel closing does not reach it
-            close_fds=True,
-        )
+    header = f"--- {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {lab}/{host}\n"
+    try:
+        proc = start_detached(argv, env, paths.SANDBOX_SERVICE_LOG, header)
+    except OSError as exc:
+        raise AgentError(f"cannot run {argv[0]} on {host}: {exc.strerror or exc}", "start_failed") from None
     deadline = time.monotonic() + START_WAIT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
