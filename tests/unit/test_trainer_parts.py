@@ -56,6 +56,7 @@ def test_step_events_count_tokens_since_the_last_one_without_checkpoint_time(
 
     clock = Clock(100.0)
     monkeypatch.setattr(metrics.time, "perf_counter", clock)
+    monkeypatch.setattr(metrics.time, "time", lambda: 1_790_000_000.0 + clock.now)
     out = io.StringIO()
     m = metrics.Metrics(out, active=True, steps=20, restart=1)
     m.start_clock(0)
@@ -75,6 +76,7 @@ def test_step_events_count_tokens_since_the_last_one_without_checkpoint_time(
         "grad_norm": None,  # inf (an fp16 overflow step) is no JSON number
         "tokens_per_s": 100.0,  # 10 steps of 50 tokens in the 5 s that were training
         "seconds": 7.0,
+        "time": 1_790_000_107.0,  # the wall clock: a rotation's window lines up with the steps
         "restart": 1,
     }
     assert (second["tokens_per_s"], second["grad_norm"], second["seconds"]) == (100.0, 2.5, 12.0)
