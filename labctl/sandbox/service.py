@@ -4,7 +4,8 @@ on every host that trains.
 The service (labctl/agent/sandbox/service.py) runs each language the inventory gives the host,
 with the limits this controller decides (limits.py), on the host's inventory address: the lab
 network the trainers reach it on. Its token is made on the sandbox host; this module reads it
-from that host's agent and writes it over SFTP into a 0600 file on each training host, then
+from that host's agent and writes it into a 0600 file on each training host (the bytes on the
+SSH channel's stdin, the file created 0600: never a command line), then
 tells those hosts' agents where the service is (client.json). The token is never printed,
 logged or put in a command line.
 """
@@ -97,7 +98,7 @@ def serve(ctx: Context, host: str | None, port: int, concurrency: int | None = N
 
 
 def hand_out(ctx: Context, sandbox_host: Host, service: dict[str, Any]) -> dict[str, str]:
-    """The token (SFTP, 0600) and client.json on every training host: {host: "ok" | why not}.
+    """The token (a file created 0600, its bytes on stdin) and client.json on every training host: {host: "ok" | why not}.
     A host that cannot be reached is named, not fatal: the service runs either way."""
     from labctl.agent import paths
     from labctl.hosts.agent_ship import ask_agent, call_agent

@@ -3,7 +3,7 @@
 The service runs detached (its own session, so the SSH channel that started it can close)
 and is found again by the tags in its environment, LABCTL_LAB, LABCTL_HOST and
 LABCTL_SANDBOX_PORT, as the orchestra's model servers are. Its token is made here, once, in a
-0600 file; the controller reads it from this host's agent and writes it over SFTP into a 0600
+0600 file; the controller reads it from this host's agent and writes it (on the SSH channel's stdin) into a 0600
 file on each training host, never into a command line, a log or its output. Standard library only, Python 3.8.
 """
 
@@ -209,8 +209,9 @@ def token_command(args: Dict[str, Any]) -> Dict[str, Any]:
 def client_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """sandbox_client {service: {url, host, langs}} -> {service, token_file}: on a training
     host, the service's address (0644) where the trainer's client reads it. The token itself
-    arrived before, written by the controller straight into its 0600 file (over SFTP, never
-    in a command line that `ps` would show); this checks it is there and private."""
+    arrived before, written by the controller straight into its 0600 file (its bytes on the SSH
+    channel's stdin, never in a command line that `ps` would show); this checks it is there and
+    private."""
     service = args["service"]
     if not isinstance(service.get("url"), str) or "token" in service:
         raise AgentError("service needs its url, and carries the token's file, never the token", "bad_args")
