@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from labctl.doctor.checks import check_clocks, check_network
+from labctl.doctor.checks import LATENCY_WARN_MS, check_clocks, check_network
 from labctl.doctor.gather import Clock, HostFound, NetworkProbe
 from labctl.inventory.model import Host
 from labctl.netbench.plan import HostLink, build_report
@@ -51,4 +51,6 @@ def test_net_send_reports_its_connect_time_and_the_report_carries_it_to_a_latenc
     report = build_report(a, b, 0.2, sent, [HostLink("a", 1000), HostLink("b", 1000)])
     assert report["runs"][0]["connect_ms"] == run["connect_ms"]
     lat = check_network(NetworkProbe("a", "b", report=report), None)[1]
-    assert lat.check == "latency" and lat.status == "pass" and f"{run['connect_ms']:.2f} ms" in lat.found
+    # The line judges the measured figure: loopback on a loaded machine may pass the warning mark.
+    judged = "pass" if run["connect_ms"] <= LATENCY_WARN_MS else "warn"
+    assert lat.check == "latency" and lat.status == judged and f"{run['connect_ms']:.2f} ms" in lat.found
