@@ -1,4 +1,4 @@
-"""Phase 3's programming tasks (labctl/agent/train/tasks.py): their shape, and that each
+"""Phase 3's programming tasks (labctl/agent/train/tasks/): their shape, and that each
 reference solution, really run, passes its task's tests, under this Python and under 3.8."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ it, the sandbox service runs the programs against the task's tests, and the pass
 reward that teaches the CET (REINFORCE with a moving-average baseline, over the context's
 tokens; the language-modelling loss keeps training beside it).
 
-One step: `tasks_per_step` tasks (tasks.py, taken in turn; each rank its own); per task the
+One step: `tasks_per_step` tasks (tasks/, taken in turn; each rank its own); per task the
 CET samples `context_tokens` bytes after the task's statement; the warm set (re-read from the
 orchestra's endpoints file every step, so it follows a rotation) answers each task's prompt
 plus context at once (client.ask_all, which asks another model for a request a rotation cut
