@@ -31,11 +31,15 @@ lint: install
 	$(BIN)/ruff format --check labctl tests bench
 	$(BIN)/mypy labctl
 
-# The unit half runs on two workers (pytest-xdist): its tests share nothing but the CPU. The
-# integration half shares one simulated lab, Docker, Slurm and cron, so it runs in order.
+# Both halves run on two workers (pytest-xdist). The unit tests share nothing but the CPU. In the
+# integration half each worker brings up a simulated lab of its own; what the labs do not separate
+# (this machine's Docker, Slurm and `connection: local` state) is one group, on one worker
+# (tests/conftest.py, ON_THIS_MACHINE), and every other module is a group of its own. The groups go
+# out in file order (--no-loadscope-reorder), so each lab sees its modules in the order of a run
+# without workers.
 test: install deps
 	$(BIN)/pytest -q -rs --durations=15 -n 2 -m "not integration" tests
-	$(BIN)/pytest -q -rs --durations=40 -m integration tests
+	$(BIN)/pytest -q -rs --durations=40 -n 2 --dist loadgroup --no-loadscope-reorder -m integration tests
 
 test-unit: install
 	$(BIN)/pytest -q -rs -n 2 -m "not integration" tests

@@ -40,6 +40,50 @@ TRAIN_TINY = [
 ]  # fmt: skip
 
 
+# The integration half runs on pytest-xdist workers (`--dist loadgroup`), each with a simulated lab
+# of its own (`sim_slot`). What those labs do not separate is this machine: its dockerd (images,
+# daemon.json), its one-node Slurm, and what a `connection: local` host changes here (/var/lib/labctl,
+# its provision lock). A test that uses any of these says so with this mark, and all of them run one
+# after another on one worker. A test that asks for `docker_images` gets the mark by itself.
+ON_THIS_MACHINE = pytest.mark.xdist_group("this-machine")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the integration tests for `--dist loadgroup`: this machine's tests in one group, every
+    other module in a group of its own, so that a module's fixtures are built once, on one worker,
+    as in a run without workers."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers under --dist loadgroup
+        return
+    for item in items:
+        if item.get_closest_marker("integration") is None:
+            continue
+        group = _group(item)
+        if group is None:
+            group = "this-machine" if "docker_images" in getattr(item, "fixturenames", ()) else item.path.stem
+        _name_group(item, group)
+
+
+def _group(item: pytest.Item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0]) if mark and mark.args else None
+
+
+def _name_group(item: pytest.Item, group: str) -> None:
+    """Append "@group" to the test's id, which is how xdist's scheduler reads the group. xdist 3.8
+    does this itself by setting `item._nodeid`, which pytest 9.2 no longer reads (the id is
+    `item._id`), so every test would go out alone and two workers would share this machine's
+    Docker at once; this does it the way pytest 9.2 keeps the id, and fails loudly if that changes."""
+    from _pytest.nodeid import coerce_node_id
+
+    if not item.nodeid.endswith(f"@{group}"):
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
+    if not item.nodeid.endswith(f"@{group}"):
+        raise pytest.UsageError(
+            f"cannot name xdist group {group!r} in test id {item.nodeid!r}: pytest changed"
+        )
+
+
 def can_run_sim() -> str | None:
     """Why the simulated lab cannot run here, or None when it can."""
     if os.geteuid() != 0:
@@ -59,9 +103,7 @@ def lab() -> Iterator[object]:
         pytest.skip(f"simulated lab unavailable: {reason}")
     from labctl.sim import down, up
 
-    # LABCTL_TEST_SIM_SLOT gives each concurrent test session its own bridge, namespaces and subnet,
-    # so two sessions on one machine (a CI run beside a developer's) do not tear down each other's lab.
-    slot = int(os.environ.get("LABCTL_TEST_SIM_SLOT", "0"))
+    slot = sim_slot()
     sim_dir = _claim_sim_slot(slot)
     sim = up(
         sim_dir, hosts=SIM_HOSTS, bridge=f"lctest{slot}", prefix="lct-" if slot == 0 else f"lct{slot}-",
@@ -74,27 +116,47 @@ def lab() -> Iterator[object]:
         (sim_dir.parent / f"{sim_dir.name}.owner").unlink(missing_ok=True)
 
 
+def sim_slot() -> int:
+    """This process's simulated-lab slot: its own bridge, namespaces and subnet.
+
+    LABCTL_TEST_SIM_SLOT sets the first slot, so that two sessions on one machine (a CI run beside a
+    developer's) do not tear down each other's lab; each pytest-xdist worker (gw0, gw1, ...) takes
+    the next one up, so the integration half's workers each have a lab of their own.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(os.environ.get("LABCTL_TEST_SIM_SLOT", "0")) + int(worker.removeprefix("gw") or 0)
+
+
+def _started(pid: int) -> str:
+    """The process's start time in clock ticks since boot ("" when it is gone): with the pid it
+    names one process, so a reused pid is never taken for a live session."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
 def _claim_sim_slot(slot: int) -> Path:
     """The slot's sim folder, at a fixed path so that a session killed before its teardown (its
     bridge, namespaces and iptables rule outlive it) is found and taken down by the next session
     instead of making every integration test error with "the bridge already exists"."""
     import tempfile
 
-    from labctl.agent.procs import alive, cmdline
     from labctl.sim import down
 
     sim_dir = Path(tempfile.gettempdir()) / f"labctl-test-sim{slot}"
     owner = sim_dir.parent / f"{sim_dir.name}.owner"
     if owner.exists():
-        pid = int(owner.read_text().split()[0])
-        if pid != os.getpid() and alive(pid) and "pytest" in cmdline(pid):
+        # An xdist worker's command line does not say pytest: the pid and its start time say who.
+        pid, _, started = owner.read_text().strip().partition(" ")
+        if int(pid) != os.getpid() and started and _started(int(pid)) == started:
             pytest.fail(
                 f"test session {pid} is using the simulated lab in slot {slot}: wait for it, or give this "
-                "session another slot (LABCTL_TEST_SIM_SLOT=1..9)"
+                "session other slots (LABCTL_TEST_SIM_SLOT=3..8; each xdist worker takes the next one)"
             )
     if (sim_dir / "state.json").exists():
         down(sim_dir)
-    owner.write_text(f"{os.getpid()}\n")
+    owner.write_text(f"{os.getpid()} {_started(os.getpid())}\n")
     return sim_dir
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +21,9 @@ from labctl.output.errors import InputError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from labctl.agent.orchestra.client import Answer
+    from labctl.agent.orchestra.client import Answer, Endpoint
     from labctl.hosts.context import Context
-    from labctl.orchestra.spec import Orchestra
+    from labctl.orchestra.spec import Orchestra, RemoteTier
 
 SHOWN_CHARS = 48
 
@@ -78,10 +79,12 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else "·" for c in text)
 
 
-def ask(
-    ctx: Context, orch: Orchestra, prompt: str, max_tokens: int, temperature: float, remote: bool
-) -> AskResult:
-    from labctl.agent.orchestra.client import ask_all, from_doc
+def warm_endpoints(
+    ctx: Context, orch: Orchestra, remote: Sequence[RemoteTier] = (), environ: Mapping[str, str] | None = None
+) -> tuple[list[Endpoint], dict[str, Any]]:
+    """The endpoints to ask (the warm set as the serving hosts report it, then each of `remote`
+    whose key variable is set in `environ`) and the endpoints document they came from."""
+    from labctl.agent.orchestra.client import from_doc
     from labctl.orchestra.endpoints import endpoints_doc
     from labctl.orchestra.hoststate import find_repair, read_views
     from labctl.orchestra.rotate import serving_hosts
@@ -89,8 +92,16 @@ def ask(
     hosts = serving_hosts(ctx, orch)
     views = read_views(ctx, hosts, orch.server.health, gpus=False)
     warm = {name: find_repair(v).current for name, v in views.items()}
-    doc = endpoints_doc(ctx.inventory.lab, {h.name: h for h in hosts}, warm, orch.remote if remote else [])
-    endpoints = from_doc(doc, os.environ)
+    doc = endpoints_doc(ctx.inventory.lab, {h.name: h for h in hosts}, warm, remote)
+    return from_doc(doc, {} if environ is None else environ), doc
+
+
+def ask(
+    ctx: Context, orch: Orchestra, prompt: str, max_tokens: int, temperature: float, remote: bool
+) -> AskResult:
+    from labctl.agent.orchestra.client import ask_all
+
+    endpoints, doc = warm_endpoints(ctx, orch, orch.remote if remote else [], os.environ)
     asked = {e.name for e in endpoints}
     skipped = [r["name"] for r in doc["remote"] if r["name"] not in asked]
     if not endpoints:

@@ -32,15 +32,10 @@ Say = Optional[Callable[[str], None]]
 
 
 def _warm_endpoints(ctx: Context, orch: Orchestra) -> list[Any]:
-    from labctl.agent.orchestra.client import from_doc
-    from labctl.orchestra.endpoints import endpoints_doc
-    from labctl.orchestra.hoststate import find_repair, read_views
-    from labctl.orchestra.rotate import serving_hosts
+    from labctl.orchestra.ask import warm_endpoints
 
-    hosts = serving_hosts(ctx, orch)
-    views = read_views(ctx, hosts, orch.server.health, gpus=False)
-    warm = {name: find_repair(v).current for name, v in views.items()}
-    endpoints = from_doc(endpoints_doc(ctx.inventory.lab, {h.name: h for h in hosts}, warm, []), {})
+    # The warm set alone, no remote tier: the cycle is that of the lab's own models.
+    endpoints, _ = warm_endpoints(ctx, orch)
     if not endpoints:
         raise InputError(
             "No model is warm on the orchestra's hosts.", "Load the warm set with `labctl orchestra start`."
@@ -203,7 +198,7 @@ def training_figure(
         if run.poll() is None:
             run.kill()
             run.wait()
-        _remove(ctx, folder, train_args)
+        _remove(ctx, folder, train_args, say)
     if run.returncode != 0:
         raise HostError(
             f"The phase-3 run failed (exit {run.returncode}): {err.strip()[-600:] or out.strip()[-600:]}",
@@ -218,24 +213,37 @@ def training_figure(
     return {**window_rates(steps, window[0], window[1]), "rotation": window[2]}
 
 
-def _remove(ctx: Context, folder: str, train_args: list[str]) -> None:
-    """The measured run's checkpoint folder off the hosts that trained (--limit's, else role train)."""
+def _remove(ctx: Context, folder: str, train_args: list[str], say: Say) -> None:
+    """The measured run's checkpoint folder off the hosts that trained (--limit's, else role train).
+
+    Called from a `finally`: a host that fails, or a --limit that names none, is said (when
+    `say`), never raised, so it cannot hide how the run itself ended."""
+    from shlex import quote
+
+    from labctl.hosts.fanout import HostResult, HostRun, fan_out
+    from labctl.inventory.select import select_hosts
+    from labctl.output.errors import LabctlError
+
     limit = train_args[train_args.index("--limit") + 1] if "--limit" in train_args else "role:train"
-    argv = [
-        sys.executable,
-        "-m",
-        "labctl",
-        "-i",
-        str(ctx.inventory_path),
-        "exec",
-        "-l",
-        limit,
-        "--",
-        "rm",
-        "-rf",
-        folder,
-    ]
-    subprocess.run(argv, capture_output=True, timeout=300)
+
+    def step(run: HostRun) -> HostResult:
+        res = run.conn.run(f"rm -rf {quote(folder)}", timeout=300, cancel=run.cancel)
+        if res.ok:
+            return HostResult(run.host.name, "ok", rc=0)
+        why = "rm ran past 300 s" if res.timed_out else (res.stderr or res.stdout).strip()
+        return HostResult(run.host.name, "failed", rc=res.rc, error=why or f"exit {res.rc}")
+
+    try:
+        results = fan_out(ctx, select_hosts(ctx.inventory, limit), step, progress=False)
+    except LabctlError as e:
+        results = [HostResult(limit, "failed", error=e.message.rstrip("."))]
+    failed = [r for r in results if not r.ok]
+    if failed and say:
+        say(
+            f"{folder} is left on "
+            + ", ".join(f"{r.host} ({r.error})" for r in failed)
+            + ": remove it there by hand"
+        )
 
 
 def window_rates(steps: list[dict[str, Any]], w0: float, w1: float) -> dict[str, Any]:

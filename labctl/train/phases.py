@@ -20,6 +20,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
 from labctl.agent import paths
+from labctl.agent.train.settings import RL_DEFAULTS
 from labctl.documents.loader import open_document
 from labctl.documents.suggest import did_you_mean
 from labctl.documents.validation import (
@@ -96,40 +97,64 @@ class ModelShape(_Strict):
 class Phase3Loop(_Strict):
     """Phase 3's loop in the reference trainer (labctl/agent/train/phase3.py), when the phase
     has requires_orchestra: the CET writes contexts, the warm models write code from them, the
-    sandbox service runs it, and the pass rate is the reward."""
+    sandbox service runs it, and the pass rate is the reward. The defaults are the trainer's own
+    (RL_DEFAULTS), so a phase that leaves a key out runs as the trainer alone would."""
 
     tasks_per_step: int = Field(
-        default=1, ge=1, le=64, description="tasks_per_step: 2 (tasks each process tries per step)"
+        default=RL_DEFAULTS["tasks_per_step"],
+        ge=1,
+        le=64,
+        description="tasks_per_step: 2 (tasks each process tries per step)",
     )
     context_tokens: int = Field(
-        default=16, ge=1, le=512, description="context_tokens: 16 (bytes of context the CET writes per task)"
+        default=RL_DEFAULTS["context_tokens"],
+        ge=1,
+        le=512,
+        description="context_tokens: 16 (bytes of context the CET writes per task)",
     )
     answer_tokens: int = Field(
-        default=64,
+        default=RL_DEFAULTS["answer_tokens"],
         ge=1,
         le=4096,
         description="answer_tokens: 256 (the most tokens a model's program may take)",
     )
     temperature: float = Field(
-        default=1.0, ge=0, description="temperature: 1.0 (the CET's sampling of its context)"
+        default=RL_DEFAULTS["temperature"],
+        ge=0,
+        description="temperature: 1.0 (the CET's sampling of its context)",
     )
     answer_temperature: float = Field(
-        default=0.7, ge=0, description="answer_temperature: 0.7 (the models' sampling)"
+        default=RL_DEFAULTS["answer_temperature"],
+        ge=0,
+        description="answer_temperature: 0.7 (the models' sampling)",
     )
     weight: float = Field(
-        default=1.0, ge=0, description="weight: 1.0 (the policy-gradient term beside the LM loss)"
+        default=RL_DEFAULTS["weight"],
+        ge=0,
+        description="weight: 1.0 (the policy-gradient term beside the LM loss)",
     )
     baseline_decay: float = Field(
-        default=0.9, ge=0, lt=1, description="baseline_decay: 0.9 (the reward baseline's moving average)"
+        default=RL_DEFAULTS["baseline_decay"],
+        ge=0,
+        lt=1,
+        description="baseline_decay: 0.9 (the reward baseline's moving average)",
     )
     timeout_s: float = Field(
-        default=5.0, gt=0, le=60, description="timeout_s: 5 (each program's limit per test)"
+        default=RL_DEFAULTS["timeout_s"],
+        gt=0,
+        le=60,
+        description="timeout_s: 5 (each program's limit per test)",
     )
     wait_s: float = Field(
-        default=120.0, ge=0, description="wait_s: 120 (how long a step waits while a rotation lists no model)"
+        default=RL_DEFAULTS["wait_s"],
+        ge=0,
+        description="wait_s: 120 (how long a step waits while a rotation lists no model)",
     )
     sandbox_tries: int = Field(
-        default=3, ge=1, le=10, description="sandbox_tries: 3 (batches tried before the run fails)"
+        default=RL_DEFAULTS["sandbox_tries"],
+        ge=1,
+        le=10,
+        description="sandbox_tries: 3 (batches tried before the run fails)",
     )
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import ON_THIS_MACHINE, REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 GARBAGE = '{"time": "soon", "gpus": "many", "memory": [], "jobs": 3}'
 
 

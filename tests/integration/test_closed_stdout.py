@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, TRAIN_TINY
+from tests.conftest import ON_THIS_MACHINE, REPO, TRAIN_TINY
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 
 # Generous: torch's import and a tiny run on a busy 2-core machine. Only a hang reaches it.
 EXIT_WAIT_S = 240

@@ -21,9 +21,10 @@ import pytest
 from labctl.agent import paths
 from labctl.agent.sandbox import image_name
 from labctl.agent.sandbox.daemon import DAEMON_JSON, dockerd_op, userns_support
+from tests.conftest import ON_THIS_MACHINE
 from tests.integration.test_sandbox_images import docker, provision, sandbox_result
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 BACKUP = Path(paths.BACKUP_DIR) / "daemon.json"
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_json
+from tests.conftest import ON_THIS_MACHINE, REPO, run_json
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 
 
 def test_provision_a_large_file_and_a_line_then_nothing_to_do(tmp_path: Path) -> None:

@@ -68,12 +68,14 @@ def test_a_cache_path_with_a_space_and_a_fractional_size_mounts_and_converges(
         first = provision(lab, book)
         assert first["results"][0]["status"] == "changed", first
         # fstab as the host's own tools read it: one field with the space, 307 MiB (0.3 GiB rounded once).
+        # (Only this cache's line: another test may have left pharaoh's /mnt/model-cache in fstab.)
         seen = on_host(
             lab,
             "pharaoh",
-            "findmnt --fstab -n -o TARGET,OPTIONS | grep model; df -B1M --output=size '/mnt/model cache' | tail -1",
+            "findmnt --fstab -n -o TARGET,OPTIONS | grep '^/mnt/model cache '; "
+            "df -B1M --output=size '/mnt/model cache' | tail -1",
         )
-        assert seen.splitlines()[0].startswith("/mnt/model cache ") and "size=307M" in seen, seen
+        assert len(seen.splitlines()) == 2 and "size=307M" in seen.splitlines()[0], seen
         assert seen.splitlines()[1].strip() == "307", seen
         again = provision(lab, book)
         assert [r["status"] for r in again["results"]] == ["ok"], again

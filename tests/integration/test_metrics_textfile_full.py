@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import ON_THIS_MACHINE, REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 OLD = '# the scrape before\nlabctl_host_up{host="here"} 1.0\n'
 
 

@@ -85,6 +85,11 @@ def start_tagged(inv: Path, lab: str, host: str, model: str, gpu: int) -> None:
         f"LABCTL_ORCH_GPU={gpu} LABCTL_ORCH_STARTED=1"
     )
     sh(inv, "m5", f"setsid -f env {tags} sleep 3600 </dev/null >/dev/null 2>&1")
+    # `setsid -f` returns before its child has become `env ... sleep`: wait until the tags show.
+    deadline = time.monotonic() + 30
+    while not any(s["lab"] == lab and s["model"] == model for s in tagged()):
+        assert time.monotonic() < deadline, f"the by-hand server {model} never showed on m5"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ import pytest
 from labctl.agent.sandbox.service import Server, Service
 from labctl.sandbox.api import lang_spec
 from labctl.sandbox.limits import Limits
-from tests.conftest import REPO
+from tests.conftest import ON_THIS_MACHINE, REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
 

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from labctl.sandbox import run_many
-from tests.conftest import REPO
+from tests.conftest import ON_THIS_MACHINE, REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 
 LATIN1_PY = b'# -*- coding: latin-1 -*-\nprint("caf\xe9 cr\xe8me")\n'
 LATIN1_C = b'#include <stdio.h>\nint main(void) { fputs("caf\xe9\\n", stdout); return 0; }\n'

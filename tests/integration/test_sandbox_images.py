@@ -20,9 +20,9 @@ import pytest
 
 from labctl.agent.sandbox import LABEL_LANG, LABEL_RECIPE, image_name
 from labctl.agent.sandbox.languages import RECIPES, recipe_hash
-from tests.conftest import docker_unavailable, labctl
+from tests.conftest import ON_THIS_MACHINE, docker_unavailable, labctl
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 STALE = "0000000000000000"
 
 

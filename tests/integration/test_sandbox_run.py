@@ -20,9 +20,9 @@ import yaml
 
 from labctl.sandbox import run_many
 from labctl.sandbox.limits import MIB
-from tests.conftest import REPO, labctl
+from tests.conftest import ON_THIS_MACHINE, REPO, labctl
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 
 IMAGE_PACKAGES = {"python": "python3-minimal", "c": "gcc,libc6-dev"}
 

@@ -23,9 +23,9 @@ from labctl.sandbox.api import lang_spec
 from labctl.sandbox.attacks import attacks_for
 from labctl.sandbox.limits import Limits
 from labctl.sandbox.selftest import run_attack
-from tests.conftest import labctl
+from tests.conftest import ON_THIS_MACHINE, labctl
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 
 RUN_LABEL = f"labctl.test=selftest-{uuid.uuid4().hex[:8]}"
 # Attacks known to escape the engine, name -> why: each an xfail(strict) until it is fixed, so

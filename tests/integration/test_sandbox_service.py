@@ -19,9 +19,9 @@ from labctl.agent.sandbox.client import Sandbox, SandboxError, load_service
 from labctl.agent.sandbox.service import Server, Service
 from labctl.sandbox.api import lang_spec
 from labctl.sandbox.limits import Limits
-from tests.conftest import run_json, sh
+from tests.conftest import ON_THIS_MACHINE, run_json, sh
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 
 TOKEN = "t0ken-for-the-tests-only-0123456789"
 

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from tests import k8s_pod_run, slurm_cluster
+from tests.conftest import ON_THIS_MACHINE
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 
 STEPS = 80
 PHASES = f"""\

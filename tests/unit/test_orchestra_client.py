@@ -172,7 +172,7 @@ def test_a_server_sigkilled_mid_request_is_answered_by_another_model(
     result: list[Any] = []
     with slow_server(tmp_path, 3, stderr=subprocess.DEVNULL) as (proc, port):
         endpoints = [Endpoint("slow", url(port)), Endpoint("m-c", url(warm["m-c"]))]
-        asking = in_flight(proc, lambda: result.append(ask_all(endpoints, "y", max_tokens=64)))
+        asking = in_flight(port, lambda: result.append(ask_all(endpoints, "y", max_tokens=64)))
         os.kill(proc.pid, signal.SIGKILL)
         asking.join(60)
     slow_answer, other = result[0]

@@ -136,7 +136,7 @@ def test_a_server_told_to_stop_finishes_the_request_in_flight_then_exits_0(tmp_p
     got: list[tuple[int, Any]] = []
     body = {"model": "slow", "prompt": "q", "max_tokens": 64, "temperature": 0}
     with slow_server(tmp_path, 5, stderr=subprocess.PIPE, text=True) as (proc, port):
-        asking = in_flight(proc, lambda: got.append(call(port, "POST", "/v1/completions", body)))
+        asking = in_flight(port, lambda: got.append(call(port, "POST", "/v1/completions", body)))
         proc.send_signal(signal.SIGTERM)
         asking.join(120)
         _, err = proc.communicate(timeout=60)

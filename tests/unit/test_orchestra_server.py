@@ -93,19 +93,15 @@ def slow_server(folder: Path, seed: int, **popen: Any) -> Iterator[tuple[subproc
         proc.wait()
 
 
-def in_flight(proc: subprocess.Popen[str], request: Callable[[], None]) -> threading.Thread:
-    """`request` started in a thread; returns once the server runs a thread for it (seen in
-    /proc), so a signal sent next lands mid-request, never before it or after."""
-    # The fewest threads over 50 ms: a handler thread of the health checks still ending is not counted.
-    counts = []
-    for _ in range(10):
-        counts.append(len(os.listdir(f"/proc/{proc.pid}/task")))
-        time.sleep(0.005)
-    threads = min(counts)
+def in_flight(port: int, request: Callable[[], None]) -> threading.Thread:
+    """`request` started in a thread; returns once the server counts it in flight (its /health's
+    `in_flight`: past the state check, being worked on), so a signal sent next lands mid-request,
+    never before it or after. A thread seen in /proc was not enough: a stop that lands between the
+    accept and the state check is rightly answered 503."""
     asking = threading.Thread(target=request)
     asking.start()
     deadline = time.monotonic() + 30
-    while len(os.listdir(f"/proc/{proc.pid}/task")) <= threads:
+    while call(port, "GET", "/health")[1].get("in_flight", 0) < 1:
         assert time.monotonic() < deadline and asking.is_alive(), "the request never reached the server"
         time.sleep(0.002)
     return asking
@@ -154,6 +150,7 @@ def test_health_is_503_until_loaded_and_warmed_then_200_with_the_stage_times(ser
     assert c2 == 200 and d2["state"] == "ready" and d2["name"] == "tiny" and d2["device"] == "cpu"
     assert d2["load_s"] > 0 and d2["warmup_s"] > 0
     assert d2["params"] > 0 and d2["memory_bytes"] == 2 * d2["params"]  # bf16 weights on the CPU
+    assert d2["in_flight"] == 0  # nothing asked yet
 
 
 def test_generate_and_score_answer_from_the_model_and_repeat_exactly(served: InProcess) -> None:

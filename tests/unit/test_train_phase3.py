@@ -246,3 +246,32 @@ def test_steps_inside_a_rotations_window_are_timed_against_the_others() -> None:
     assert window_rates(steps, 10.5, 12.5)["failed_steps"] == 2
     # No step inside the window: no ratio, not a made-up one.
     assert window_rates(steps, 100.0, 101.0)["inside_over_outside"] is None
+
+
+def test_the_measured_runs_checkpoints_are_removed_and_a_failure_is_said_not_raised(tmp_path: Any) -> None:
+    import io
+
+    from rich.console import Console
+
+    from labctl.hosts.context import Context
+    from labctl.phase3.bench import _remove
+
+    inv = tmp_path / "lab.yaml"
+    inv.write_text(
+        "lab: t\nhosts:\n  here:\n    address: 127.0.0.1\n    connection: local\n    roles: [train]\n"
+    )
+    folder = tmp_path / "bench-phase3-x"
+    (folder / "step-1").mkdir(parents=True)
+    ctx = Context(console=Console(file=io.StringIO()), inventory_path=inv)
+    said: list[str] = []
+    try:
+        _remove(ctx, str(folder), [], said.append)
+        assert not folder.exists() and said == []
+        # Called from a `finally`: a --limit that names no host is said, never raised.
+        _remove(ctx, str(folder), ["--limit", "nosuch"], said.append)
+        _remove(ctx, str(folder), ["--limit", "nosuch"], None)
+    finally:
+        ctx.close()
+    assert len(said) == 1 and said[0].startswith(
+        f"{folder} is left on nosuch (--limit 'nosuch' matches no host"
+    )

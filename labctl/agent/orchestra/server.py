@@ -25,8 +25,9 @@ import socket
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
-from typing import Any, Callable, Dict, List, Optional, Tuple, cast
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 from .. import procs
 from ..httpjson import JsonHandler
@@ -72,6 +73,10 @@ class Model:
         self._model: Any = None
         # One forward pass at a time: concurrent requests would each hold activations.
         self._lock = threading.Lock()
+        # Requests past the state check and not yet answered: a drain finishes these (/health says
+        # how many, so a caller can see that a stop has work left, and a test can stop mid-request).
+        self.in_flight = 0
+        self._counting = threading.Lock()
 
     def check(self) -> None:
         """What can be checked without torch (config, file headers): a bad folder fails in ms."""
@@ -137,7 +142,19 @@ class Model:
             "load_s": round(self.load_s, 4),
             "warmup_s": round(self.warmup_s, 4),
             "memory_bytes": self.memory_bytes,
+            "in_flight": self.in_flight,
         }
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """One request counted in `in_flight` while it is worked on."""
+        with self._counting:
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._counting:
+                self.in_flight -= 1
 
     def _encode(self, text: Any, field: str) -> List[int]:
         if not isinstance(text, str):
@@ -363,6 +380,10 @@ class Handler(JsonHandler):
         if model.state != "ready":
             self._send(503, {"state": model.state, "name": model.name})
             return
+        with model.serving():
+            self._answer(route, answer)
+
+    def _answer(self, route: str, answer: Callable[[Dict[str, Any]], Dict[str, Any]]) -> None:
         body, unreadable = self._body()
         if unreadable:
             self._send(unreadable[0], {"error": unreadable[1]})
@@ -386,6 +407,11 @@ class Handler(JsonHandler):
         if model.state != "ready":
             self._send(*_not_ready(model))
             return
+        with model.serving():
+            self._complete(route)
+
+    def _complete(self, route: str) -> None:
+        model = self.model
         body, unreadable = self._body()
         if unreadable:
             self._send(unreadable[0], ApiError(*unreadable).doc())

@@ -24,14 +24,14 @@ from .runner import (
     GONE_STATUSES,
     INLINE_MAX,
     INLINE_SCRIPT,
-    PUT_CMD,
-    PUT_TIMEOUT,
     _exec,
     _Gone,
     _oom_killed,
     _outcome,
     _output,
     _payload,
+    _prepare,
+    _put,
     _text,
     run_one,
 )
@@ -41,6 +41,7 @@ SLACK_S = 10.0  # the exec's own limit on top of its tests' time limits
 DIR = "/work/.labctl"  # the tests' stdins and each test's output, beside the program's files
 FRAME = b"LABCTL-TEST "
 SETUP_FAILED = 125  # the runner's own exit when it cannot write the inputs: not the program's doing
+WRITE_FAILED = "could not write into the sandbox container"
 
 # $1 timeout  $2 output cap  $3 tests  $4 "1" when the stdins follow as arguments; then the
 # stdins, "--", and the program's command. Sweeps before the first test too: nothing but the
@@ -154,24 +155,6 @@ def run_tests(
     return run_one(client, pool, spec, prog, limits, _run_claimed)
 
 
-def _put(client: Client, name: str, path: str, data: bytes, env: List[str]) -> None:
-    code, _, err, _, late = _exec(
-        client, name, [*PUT_CMD, path], env, data, 4096, time.monotonic() + PUT_TIMEOUT
-    )
-    if late or code != 0:
-        raise AgentError(
-            f"could not write into the sandbox container: {_text(err).strip()}", "sandbox_failed"
-        )
-
-
-def _mkdir(client: Client, name: str, env: List[str]) -> None:
-    code, _, err, _, late = _exec(
-        client, name, ["mkdir", "-p", DIR], env, None, 4096, time.monotonic() + PUT_TIMEOUT
-    )
-    if late or code != 0:
-        raise AgentError(f"could not prepare the sandbox container: {_text(err).strip()}", "sandbox_failed")
-
-
 def _run_claimed(
     client: Client, pool: Pool, spec: Dict[str, Any], prog: Dict[str, Any], limits: Dict[str, Any]
 ) -> Dict[str, Any]:
@@ -199,7 +182,7 @@ def _run_claimed(
         if src_text is not None:
             prefix = ["sh", "-c", INLINE_SCRIPT, src_text, path]
         else:
-            _put(client, name, path, source, env)
+            _put(client, name, path, source, env, WRITE_FAILED)
         if spec.get("compile"):
             t0 = time.monotonic()
             cmd = [*prefix, *spec["compile"]]
@@ -209,9 +192,9 @@ def _run_claimed(
                 return result
             prefix = []
         if not inline:
-            _mkdir(client, name, env)
+            _prepare(client, name, ["mkdir", "-p", DIR], env, None, "could not prepare the sandbox container")
             for i, data in enumerate(stdins):
-                _put(client, name, f"{DIR}/in.{i}", data, env)
+                _put(client, name, f"{DIR}/in.{i}", data, env, WRITE_FAILED)
         args = [str(timeout), str(cap), str(len(tests)), "1" if inline else "0"]
         if inline:
             args += [t or "" for t in texts]

@@ -117,6 +117,21 @@ def _exec(
     return client.exec_exit_code(exec_id), demux.stdout, demux.stderr, demux.truncated, False
 
 
+def _prepare(
+    client: Client, name: str, cmd: List[str], env: List[str], stdin: Optional[bytes], failed: str
+) -> None:
+    """One short exec that readies the container for the program (writes a file, makes a
+    folder): its failure is the sandbox's, never the program's, so it is raised as `failed`."""
+    code, _, err, _, late = _exec(client, name, cmd, env, stdin, 4096, time.monotonic() + PUT_TIMEOUT)
+    if late or code != 0:
+        raise AgentError(f"{failed}: {_text(err).strip()}", "sandbox_failed")
+
+
+def _put(client: Client, name: str, path: str, data: bytes, env: List[str], failed: str) -> None:
+    """`data` into the container's file `path`."""
+    _prepare(client, name, [*PUT_CMD, path], env, data, failed)
+
+
 class _Gone(Exception):
     """The claimed container died before the program started (killed by someone else, or its
     idle process ended): the run takes another container."""
@@ -210,13 +225,7 @@ def _run_claimed(
             # becomes the program (exec), which gets stdin and is what the exit code is of
             run = ["sh", "-c", INLINE_SCRIPT, inline, path, *run]
         else:
-            code, _, err, _, late = _exec(
-                client, name, [*PUT_CMD, path], env, source, 4096, time.monotonic() + PUT_TIMEOUT
-            )
-            if late or code != 0:
-                raise AgentError(
-                    f"could not write the program into the container: {_text(err).strip()}", "sandbox_failed"
-                )
+            _put(client, name, path, source, env, "could not write the program into the container")
         if spec.get("compile"):
             t0 = time.monotonic()
             code, out, err, trunc, late = _exec(

@@ -135,17 +135,11 @@ class Service:
     def _one(self, prog: Dict[str, Any]) -> Dict[str, Any]:
         lang = prog["lang"]
         if self.lang_state.get(lang) not in ("ready", "warming"):
-            return {
-                "lang": lang,
-                "error": self.lang_state[lang],
-                "tests": [],
-                "passed": 0,
-                "total": len(prog["tests"]),
-            }
+            return _not_run(prog, self.lang_state[lang])
         try:
             return run_tests(self.client, self.pools.get(lang), self.langs[lang], prog, self.limits)
         except (AgentError, DockerError, OSError) as e:
-            return {"lang": lang, "error": _reason(e), "tests": [], "passed": 0, "total": len(prog["tests"])}
+            return _not_run(prog, _reason(e))
 
     def batch(self, programs: List[Dict[str, Any]]) -> Dict[str, Any]:
         t0 = time.monotonic()
@@ -164,6 +158,11 @@ class Service:
     def close(self) -> None:
         self.workers.shutdown(wait=True)
         self.pools.wait()
+
+
+def _not_run(prog: Dict[str, Any], error: str) -> Dict[str, Any]:
+    """A program whose tests did not run: one result in the batch, the others go on."""
+    return {"lang": prog["lang"], "error": error, "tests": [], "passed": 0, "total": len(prog["tests"])}
 
 
 def _reason(e: BaseException) -> str:
