@@ -31,6 +31,25 @@ REPO = Path(__file__).resolve().parents[1]
 # terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _drop_worker_terminal_size() -> None:
+    """An xdist worker starts with COLUMNS=80 and LINES=24 that its parent set for itself, not
+    that the user exported. labctl wraps its tables at COLUMNS (and not at all into a pipe), so the
+    CLI under test would print otherwise on a worker than in a run without workers: a message
+    broken across a table's lines. What the user really exported stays."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    try:
+        exported = Path(f"/proc/{os.getppid()}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return
+    for name in ("COLUMNS", "LINES"):
+        if not any(e.startswith(f"{name}=".encode()) for e in exported):
+            os.environ.pop(name, None)
+
+
+_drop_worker_terminal_size()
 SIM_HOSTS = ["m5", "irina", "pharaoh", "workstation"]
 # `labctl train` settings for a tiny model: a real run on the simulated lab in seconds.
 TRAIN_TINY = [

@@ -82,6 +82,20 @@ class Orchestra:
         proc.send_signal(sig)
         proc.wait(60)
 
+    def kill_mid_request(self, name: str) -> None:
+        """SIGKILL `name` once it is answering a request (its /health counts it in flight): not
+        before the request, nor after the answer, whatever the machine's load."""
+        import urllib.request
+
+        port = self.servers[name][1]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if json.load(r).get("in_flight", 0) >= 1:
+                    self.stop(name, signal.SIGKILL)
+                    return
+            time.sleep(0.005)
+
     def close(self) -> None:
         for proc, _ in self.servers.values():
             proc.kill()
@@ -174,17 +188,20 @@ def test_each_step_asks_the_warm_set_runs_the_code_and_logs_the_reward(lab: tupl
 def test_a_rotation_and_a_killed_server_mid_run_fail_no_step(lab: tuple[Orchestra, Path]) -> None:
     orch, folder = lab
 
+    # m-d is loaded before the run: this test reads the trainer's events in the thread that
+    # rotates, and a load there would let the run go on unread, maybe to its end.
+    orch.start("m-d", 3)
+
     def rotate(step: int) -> None:
         if step == 2:
             # A rotation as labctl does it: m-b leaves the file first, then drains and stops;
             # m-d joins once healthy.
             orch.publish(["m-a", "m-c"])
             orch.stop("m-b")
-            orch.start("m-d", 3)
             orch.publish(["m-a", "m-c", "m-d"])
         if step == 4:
-            # m-c dies without warning while still listed: its requests are cut off mid-way.
-            threading.Timer(0.3, orch.stop, args=("m-c", signal.SIGKILL)).start()
+            # m-c dies without warning while still listed: its request is cut off mid-way.
+            threading.Thread(target=orch.kill_mid_request, args=("m-c",), daemon=True).start()
 
     proc = trainer(folder, 7, answer_tokens=64)
     got = events(proc, rotate)
