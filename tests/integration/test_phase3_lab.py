@@ -113,7 +113,7 @@ SIGNAL_RUN = "for p in /proc/[0-9]*; do grep -qz '^LABCTL_RUN_ID=' $p/environ 2>
 
 
 def rotate_while_training(p3: Path) -> dict[str, Any]:
-    """`labctl rotate` while the run trains; its JSON answer. Should the run come within two steps
+    """`labctl rotate` while the run trains; its JSON answer. Should the run come within three steps
     of its end before the rotation is done (a loaded machine loads the joiner slowly), the run is
     held (SIGSTOP) until it is, so that steps after the rotation exist to show the new warm set."""
     rotating = subprocess.Popen(

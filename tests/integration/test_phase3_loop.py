@@ -35,13 +35,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def healthy(port: int) -> bool:
+def health(port: int) -> dict[str, Any]:
+    """The server's /health document; a 503 (loading, warming, draining) is {"state": ...} too."""
+    import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return json.load(r).get("state") == "ready"
-    except OSError:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            return json.load(r)  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as e:
+        return json.load(e)  # type: ignore[no-any-return]
+
+
+def healthy(port: int) -> bool:
+    try:
+        return health(port).get("state") == "ready"
+    except (OSError, ValueError):
         return False
 
 
@@ -85,15 +94,12 @@ class Orchestra:
     def kill_mid_request(self, name: str) -> None:
         """SIGKILL `name` once it is answering a request (its /health counts it in flight): not
         before the request, nor after the answer, whatever the machine's load."""
-        import urllib.request
-
         port = self.servers[name][1]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if json.load(r).get("in_flight", 0) >= 1:
-                    self.stop(name, signal.SIGKILL)
-                    return
+            if health(port).get("in_flight", 0) >= 1:
+                self.stop(name, signal.SIGKILL)
+                return
             time.sleep(0.005)
 
     def close(self) -> None:
