@@ -209,10 +209,11 @@ def test_preflight_refuses_a_gpu_the_torch_build_lacks_and_launches_nothing(lab:
     assert "nothing was launched" in text and "m5:" in text
     assert "CPU build" in text and "Tesla V100 (sm_70)" in text and "--device cpu" in text
     assert existing_runs(lab) == before
-    assert (
-        "torch.distributed.run"
-        not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    )
+    # On the lab's hosts (each its own PID namespace): another test's lab may be training beside this one.
+    ps = labctl("-i", str(lab.inventory_path), "--json", "exec", "--", "ps -eo args")
+    assert ps.returncode == 0, ps.stderr
+    listings = [r["stdout"] for r in json.loads(ps.stdout)["results"]]
+    assert len(listings) == len(lab.hosts) and all("torch.distributed.run" not in out for out in listings)
 
 
 def test_phase3_waits_for_the_orchestra_warm_set(lab: Any) -> None:
