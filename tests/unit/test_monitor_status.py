@@ -229,6 +229,13 @@ def step(n: int, loss: float, **kw: Any) -> str:
     )
 
 
+def own_runs(runs: list[dict[str, Any]], *ids: str) -> list[dict[str, Any]]:
+    """The runs among `ids` that `running_runs` listed. A process with LABCTL_RUN_ID and no
+    LABCTL_HOST counts on every host (a real host sets no LABCTL_HOST), so a trainer another
+    xdist worker's test runs at the same time is listed too: it is not this test's to judge."""
+    return [r for r in runs if r["run_id"] in ids]
+
+
 def test_running_runs_read_progress_best_loss_and_nccl_errors(
     tmp_path: Path, run_procs: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -252,7 +259,7 @@ def test_running_runs_read_progress_best_loss_and_nccl_errors(
         "m5:123:456 [1] misc/socket.cc:50 NCCL WARN Net : Connection closed by remote peer\n"
         "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, ncclRemoteError\n"
     )
-    runs = agent_status.running_runs(host, root_dir=str(tmp_path))
+    runs = own_runs(agent_status.running_runs(host, root_dir=str(tmp_path)), run_id, run_id + "-other-host")
     assert [r["run_id"] for r in runs] == [run_id]
     run = runs[0]
     assert set(run) >= RUN_KEYS
@@ -278,7 +285,7 @@ def test_a_detached_runs_progress_from_its_console_log(
     (tmp_path / run_id / "console.log").write_text(
         f"[rank0]:{step(5, 2.0)}\n[rank1]:{step(99, 0.1)}\nnoise\n"
     )
-    (run,) = agent_status.running_runs(host, root_dir=str(tmp_path))
+    (run,) = own_runs(agent_status.running_runs(host, root_dir=str(tmp_path)), run_id)
     assert (run["step"], run["loss"], run["nccl_errors"], run["last_nccl_error"]) == (5, 2.0, 0, None)
     assert run["gpus"] == []  # CUDA_VISIBLE_DEVICES="": a CPU run
 
@@ -288,7 +295,7 @@ def test_a_run_with_no_log_folder_still_shows(
 ) -> None:
     host = f"h-{uuid.uuid4().hex[:6]}"
     start_run_process("r-nolog", host, None, run_procs)
-    (run,) = agent_status.running_runs(host, root_dir=str(tmp_path))
+    (run,) = own_runs(agent_status.running_runs(host, root_dir=str(tmp_path)), "r-nolog")
     assert (run["run_id"], run["step"], run["best_step"], run["gpus"]) == ("r-nolog", None, None, None)
 
 
