@@ -33,10 +33,10 @@ lint: install
 
 # Both halves run on two workers (pytest-xdist). The unit tests share nothing but the CPU. In the
 # integration half each worker brings up a simulated lab of its own; what the labs do not separate
-# (this machine's Docker, Slurm and `connection: local` state) is one group, on one worker
-# (tests/conftest.py, ON_THIS_MACHINE), and every other module is a group of its own. The groups go
-# out in file order (--no-loadscope-reorder), so each lab sees its modules in the order of a run
-# without workers.
+# is a group run on one worker: this machine's Docker and `connection: local` state (ON_THIS_MACHINE
+# in tests/conftest.py), and its Slurm (ON_SLURM). Every other module is a group of its own. The
+# groups go out in file order (--no-loadscope-reorder), so each lab sees its modules in the order
+# of a run without workers.
 test: install deps
 	$(BIN)/pytest -q -rs --durations=15 -n 2 -m "not integration" tests
 	$(BIN)/pytest -q -rs --durations=40 -n 2 --dist loadgroup --no-loadscope-reorder -m integration tests

@@ -61,10 +61,14 @@ TRAIN_TINY = [
 
 # The integration half runs on pytest-xdist workers (`--dist loadgroup`), each with a simulated lab
 # of its own (`sim_slot`). What those labs do not separate is this machine: its dockerd (images,
-# daemon.json), its one-node Slurm, and what a `connection: local` host changes here (/var/lib/labctl,
-# its provision lock). A test that uses any of these says so with this mark, and all of them run one
-# after another on one worker. A test that asks for `docker_images` gets the mark by itself.
+# daemon.json) and what a `connection: local` host changes here (/var/lib/labctl, its provision
+# lock). A test that uses either says so with this mark, and all of them run one after another on
+# one worker. A test that asks for `docker_images` gets the mark by itself.
 ON_THIS_MACHINE = pytest.mark.xdist_group("this-machine")
+# This machine's one-node Slurm: its tests run one after another too, but beside the group above,
+# since they touch neither Docker nor what a `connection: local` provision changes (their jobs
+# train from a folder of their own).
+ON_SLURM = pytest.mark.xdist_group("slurm")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from tests import k8s_pod_run, slurm_cluster
-from tests.conftest import ON_THIS_MACHINE
+from tests.conftest import ON_SLURM
 
-pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
+pytestmark = [pytest.mark.integration, ON_SLURM]
 
 STEPS = 80
 PHASES = f"""\
