@@ -220,3 +220,6 @@ def test_a_rotation_and_a_killed_server_mid_run_fail_no_step(lab: tuple[Orchestr
     retried = sum(e["answers_retried"] for e in steps)
     assert retried >= 1 and sum(e["rotation_wait_s"] for e in steps) > 0, steps
     assert "m-d" in steps[-1]["orchestra_ms"] and "m-b" not in steps[-1]["orchestra_ms"]
+    # m-c really was killed (stop() takes it off the list): kill_mid_request gives up without a
+    # word if no request ever reached it, and the rotation alone would account for the retries.
+    assert "m-c" not in orch.servers

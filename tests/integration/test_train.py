@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO, TRAIN_TINY, labctl
+from tests.conftest import REPO, TRAIN_TINY, labctl, run_json
 
 pytestmark = pytest.mark.integration
 
@@ -210,9 +210,9 @@ def test_preflight_refuses_a_gpu_the_torch_build_lacks_and_launches_nothing(lab:
     assert "CPU build" in text and "Tesla V100 (sm_70)" in text and "--device cpu" in text
     assert existing_runs(lab) == before
     # On the lab's hosts (each its own PID namespace): another test's lab may be training beside this one.
-    ps = labctl("-i", str(lab.inventory_path), "--json", "exec", "--", "ps -eo args")
-    assert ps.returncode == 0, ps.stderr
-    listings = [r["stdout"] for r in json.loads(ps.stdout)["results"]]
+    rc, ps = run_json(lab.inventory_path, "exec", "--", "ps -eo args")
+    assert rc == 0, ps
+    listings = [r["stdout"] for r in ps["results"]]
     assert len(listings) == len(lab.hosts) and all("torch.distributed.run" not in out for out in listings)
 
 

@@ -20,9 +20,10 @@ from tests.conftest import TRAIN_TINY, labctl
 pytestmark = pytest.mark.integration
 
 TINY = TRAIN_TINY
-# Long enough for torchrun, torch's import and the rendezvous on a busy 2-core machine, and then
-# for a few hundred steps; counted from torchrun's start on the first host.
-LIMIT_S = 45  # room for two hosts to start torch and take 2+ steps on a loaded machine
+# Long enough for torchrun, torch's import and the rendezvous on both hosts of a 2-core machine
+# that another xdist worker's lab also loads, and then for 2 steps or more; counted from
+# torchrun's start on the first host.
+LIMIT_S = 45
 
 
 def events(path: Path) -> list[dict[str, Any]]:
