@@ -14,7 +14,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,torch,plot,tensorboard,cloud]'
+	$(BIN)/pip install -q -e '.[dev,torch,hf,plot,tensorboard,cloud]'
 	touch $@
 
 # System packages the tests need (Debian/Ubuntu, as root): the simulated lab, Docker sandboxes, netplan's

@@ -365,3 +365,16 @@ def m5_cache(lab: object) -> Iterator[None]:
         on_m5("rm -rf /mnt/model-cache/* /mnt/model-cache/.labctl; true")
         if not mounted:
             on_m5("umount /mnt/model-cache && cat /var/lib/labctl/backup/fstab > /etc/fstab")
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama-architecture model with a byte-level BPE tokenizer and a chat template, made
+    here from seed 0 (labctl/agent/modelload/hfgen.py; about 5 s), shared by the session's tests.
+    Needs the `hf` extra (transformers, tokenizers); read-only for the tests."""
+    pytest.importorskip("transformers")
+    from labctl.agent.modelload.hfgen import make_hf_model
+
+    out = tmp_path_factory.mktemp("hf") / "tiny-llama"
+    make_hf_model(str(out), seed=0)
+    return out
