@@ -76,6 +76,11 @@ def plan_cmd(
 ) -> None:
     """Place the warm set on the inference GPUs by memory, and show what the lab can hold.
 
+    Each model's format, parameters and weight bytes are read from its files on the storage
+    host (Hugging Face folders, GGUF files, tinylm), and its KV cache from its layers, heads and
+    the context it will serve; its engine is checked against the format and the GPU's compute
+    capability (vLLM needs 7.5, so a P40 takes GGUF through llama.cpp) before anything starts.
+
     GPUs the hosts detect win over the inventory's declaration (--offline: declared only); the
     GPUs training keeps (playbooks/train.yaml: the V100) are left out. A model that fits no GPU
     is refused with the reason. The capacity view counts how many 7B fp16, 13B fp16 and 70B
@@ -95,11 +100,15 @@ def plan_cmd(
         orch = load(c, file)
         hosts = serving_hosts(c, orch)
         views = None
+        files: dict = {}
+        notes: list[str] = []
         if not offline:
+            from labctl.orchestra.files import read_files
             from labctl.orchestra.hoststate import read_views
 
             views = read_views(c, hosts, orch.server.health)
-        shown = plan_placement(c.inventory, orch, hosts, views)
+            files, notes = read_files(c, orch, hosts)
+        shown = plan_placement(c.inventory, orch, hosts, views, files, notes)
         return Outcome(shown.to_json(), lambda: render_plan(c.console, shown))
 
     run_command(ctx, work, inventory, json_out, verbose)

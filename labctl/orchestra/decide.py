@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from labctl.orchestra.choose import Choice, choose, lowest_warm, order_steps
+from labctl.orchestra.engines.check import ModelFit
 from labctl.orchestra.place import CapacityRow, Gpu, Placement, capacity, place, placement_of, split_gpus
+from labctl.output.errors import InputError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -102,6 +104,31 @@ def orchestra_gpus(
     return split_gpus(hosts, detected, orch.gpus, load_claims(inv))
 
 
+def fitted(
+    orch: Orchestra, files: Mapping[str, Mapping[str, Any]], gpus: Sequence[Gpu], names: Sequence[str]
+) -> tuple[dict[str, float], dict[str, set[Any]], dict[str, ModelFit]]:
+    """(needs, the GPUs each model may use, each model's fit) for `names`, or the InputError
+    naming every model whose engine cannot serve it here (engines/check.py)."""
+    from labctl.orchestra.engines.check import check_models, refusals
+
+    fits = check_models(orch, files, gpus, names)
+    refused = refusals(fits)
+    if refused:
+        raise InputError(
+            " ".join(refused),
+            "Each model's engine must serve its format and run on a GPU of the orchestra: set engine: "
+            "(and the model's files) in the orchestra file; `labctl orchestra plan` checks it without "
+            "starting anything.",
+        )
+    try:
+        needs = orch.needs(list(names), files)
+    except ValueError as e:
+        raise InputError(
+            f"{e}.", "Every model needs a size: from its files on the storage host, or size_gb:."
+        ) from None
+    return needs, {n: f.allowed for n, f in fits.items()}, fits
+
+
 def decide(
     inv: Inventory,
     orch: Orchestra,
@@ -111,13 +138,18 @@ def decide(
     kind: str,
     out: Sequence[str] = (),
     in_: Sequence[str] = (),
+    files: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RotationPlan:
-    """What `kind` (rotate | start | stop) does, from the repaired state of every serving host."""
+    """What `kind` (rotate | start | stop) does, from the repaired state of every serving host;
+    `files`: what the storage hosts read of the models (files.py)."""
     gpus, left_out = orchestra_gpus(inv, orch, hosts, views)
     current = [{**m, "host": host} for host, rep in sorted(repairs.items()) for m in rep.current]
     cursor = next((v.warm.get("cursor") for v in views.values() if v.warm and v.warm.get("cursor")), None)
     needs = {m["name"]: float(m.get("memory_gb") or 0.0) for m in current}
-    needs.update(orch.needs([n for n in orch.names]))
+    allowed: dict[str, set[Any]] = {}
+    if kind != "stop":
+        library, allowed, _ = fitted(orch, files or {}, gpus, orch.names)
+        needs.update(library)
     keys = {g.key for g in gpus}
     where = {m["name"]: (m["host"], int(m["gpu"])) for m in current if m.get("gpu") is not None}
     # A server on a GPU the orchestra no longer has (gone from the inventory, kept for training,
@@ -149,7 +181,7 @@ def decide(
         )
         warm_after = list(choice.warm_after)
         cursor = choice.cursor
-    after = place({n: needs[n] for n in warm_after}, gpus, keep=before.assignment())
+    after = place({n: needs[n] for n in warm_after}, gpus, keep=before.assignment(), allowed=allowed)
     by_key = {g.key: g for g in gpus}
     # The displaced stop first: their model cannot start on its new GPU while its old server runs.
     plan_steps = [
@@ -214,6 +246,7 @@ class PlacementView:
     library: int
     notes: list[str] = field(default_factory=list)
     remote: list[dict[str, Any]] = field(default_factory=list)  # RemoteTier.as_dict each
+    models: list[dict[str, Any]] = field(default_factory=list)  # model_rows(): the library's files
 
     def to_json(self) -> dict[str, Any]:
         where = self.placement.where
@@ -229,6 +262,8 @@ class PlacementView:
                 }
                 for n in self.warm
             ],
+            "models": self.models,
+            "notes": self.notes,
             "gpus": self.placement.as_dict()["gpus"],
             "left_out": [
                 {"host": g.host, "gpu": g.index, "gpu_model": g.model, "why": why} for g, why in self.left_out
@@ -255,6 +290,10 @@ class PlacementView:
                 f"{r.free_gb:.1f} GB",
             )
         console.print(table)
+        if self.models:
+            self._render_models(console)
+        for note in self.notes:
+            console.print(f"[dim]{escape(note)}[/]", soft_wrap=True)
         for g, why in self.left_out:
             console.print(
                 f"[dim]not for the orchestra: {escape(g.host)} GPU {g.index} {escape(g.model)}: {escape(why)}[/]"
@@ -278,6 +317,40 @@ class PlacementView:
         )
         if self.remote:
             self._render_remote(console)
+
+    def _render_models(self, console: Console) -> None:
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(
+            title="the library (format, weights and KV cache from the files)",
+            title_justify="left",
+            show_edge=False,
+            pad_edge=False,
+        )
+        for col in ("model", "format", "engine", "params", "weights", "context", "KV cache", "needs", "from"):
+            table.add_column(
+                col, justify="right" if col in ("params", "weights", "KV cache", "needs") else "left"
+            )
+        for m in self.models:
+            params = m.get("params")
+            kv = m.get("kv_gb")
+            table.add_row(
+                escape(m["name"]) + (" [green]warm[/]" if m["name"] in self.warm else ""),
+                escape(str(m.get("format") or "?"))
+                + (f" {escape(str(m['dtype']))}" if m.get("dtype") else ""),
+                escape(m["engine"]),
+                "-" if params is None else _count(params),
+                "-" if m.get("weights_gb") is None else f"{m['weights_gb']:.2f} GB",
+                str(m["context"]),
+                "-" if kv is None else f"{kv:.2f} GB",
+                f"{m['need_gb']:.2f} GB",
+                escape(m["source"]),
+            )
+        console.print(table)
+        for m in self.models:
+            for note in m.get("notes") or []:
+                console.print(f"[yellow]{escape(m['name'])}: {escape(note)}[/]", soft_wrap=True)
 
     def _render_remote(self, console: Console) -> None:
         from rich.markup import escape
@@ -310,14 +383,63 @@ class PlacementView:
         console.print(table)
 
 
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
+
+
+def model_rows(
+    orch: Orchestra,
+    files: Mapping[str, Mapping[str, Any]],
+    fits: Mapping[str, ModelFit],
+    needs: Mapping[str, float],
+) -> list[dict[str, Any]]:
+    """One row per library model: what `orchestra plan` shows of its files."""
+    from labctl.orchestra.spec import kv_cache_gb
+
+    rows = []
+    for name in orch.names:
+        seen = files.get(name) or {}
+        fit = fits[name]
+        entry = orch.model(name)
+        weights = (
+            seen["weight_bytes"] / 1e9 if isinstance(seen.get("weight_bytes"), int) else entry.weights_gb
+        )
+        rows.append(
+            {
+                "name": name,
+                "format": fit.format,
+                "dtype": seen.get("dtype"),
+                "engine": fit.engine,
+                "params": seen.get("params") if isinstance(seen.get("params"), int) else None,
+                "weights_gb": weights,
+                "context": fit.context,
+                "kv_gb": kv_cache_gb(seen, fit.context) if seen else None,
+                "need_gb": round(needs[name], 3),
+                "source": f"files on {seen['storage']}" if seen else "the orchestra file",
+                "notes": list(fit.notes),
+            }
+        )
+    return rows
+
+
 def plan_placement(
-    inv: Inventory, orch: Orchestra, hosts: Sequence[Host], views: Mapping[str, HostView] | None
+    inv: Inventory,
+    orch: Orchestra,
+    hosts: Sequence[Host],
+    views: Mapping[str, HostView] | None,
+    files: Mapping[str, Mapping[str, Any]] | None = None,
+    notes: Sequence[str] = (),
 ) -> PlacementView:
     """Where the warm set goes now (what is warm stays put; a first start takes the library's
     first models, pinned ones first)."""
     from labctl.orchestra.hoststate import find_repair
 
+    files = files or {}
     gpus, left_out = orchestra_gpus(inv, orch, hosts, views)
+    library, allowed, fits = fitted(orch, files, gpus, orch.names)
     current: list[dict[str, Any]] = []
     if views:
         for host, v in views.items():
@@ -326,7 +448,7 @@ def plan_placement(
     choice = choose(orch.names, orch.pinned, orch.warm, 0, [{"name": n, "since": 0} for n in warm])
     names = list(choice.warm_after)
     keep = {m["name"]: (m["host"], int(m["gpu"])) for m in current if m.get("gpu") is not None}
-    placement = place(orch.needs(names), gpus, keep=keep)
+    placement = place({n: library[n] for n in names}, gpus, keep=keep, allowed=allowed)
     import os
 
     return PlacementView(
@@ -335,5 +457,7 @@ def plan_placement(
         left_out,
         capacity(gpus, orch.overhead),
         len(orch.names),
+        notes=list(notes),
         remote=[r.as_dict(os.environ) for r in orch.remote],
+        models=model_rows(orch, files, fits, library),
     )

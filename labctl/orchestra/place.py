@@ -33,6 +33,8 @@ class Gpu:
     model: str
     memory_gb: float
     source: Literal["detected", "declared"]
+    # Compute capability, where known; it follows from the model, so it is not part of equality.
+    cap: tuple[int, int] | None = field(default=None, compare=False)
 
     @property
     def key(self) -> GpuKey:
@@ -92,6 +94,7 @@ def split_gpus(
                 tg.name,
                 float(memory),
                 "detected" if tg.index is not None else "declared",
+                tg.cap,
             )
             claim = (training or {}).get(host.name)
             if wanted and not gpu_wanted(gpu.model, list(wanted)):
@@ -175,7 +178,10 @@ def placement_of(
 
 
 def place(
-    models: Mapping[str, float], gpus: Sequence[Gpu], keep: Mapping[str, GpuKey] | None = None
+    models: Mapping[str, float],
+    gpus: Sequence[Gpu],
+    keep: Mapping[str, GpuKey] | None = None,
+    allowed: Mapping[str, set[GpuKey]] | None = None,
 ) -> Placement:
     """Place `models` ({name: GPU GB needed}) on `gpus`; deterministic.
 
@@ -183,7 +189,8 @@ def place(
     it (in `keep`'s order). The others go largest first onto the GPU with the most free memory,
     so the orchestra spreads over the GPUs; where that spreading leaves a model no room, the
     tightest fit is tried instead before giving up. A model that fits nowhere is an InputError
-    naming it, its need and the largest free GPU.
+    naming it, its need and the largest free GPU. `allowed` ({name: GPU keys}) keeps a model
+    to the GPUs its engine runs on (engines/check.py); a model not in it may go anywhere.
     """
     if not gpus:
         raise InputError(
@@ -197,11 +204,14 @@ def place(
     free = {g.key: g.memory_gb for g in gpus}
     for name, key in (keep or {}).items():
         key = (key[0], int(key[1]))
-        if name in models and key in free and models[name] <= free[key] + EPS:
+        ok = allowed is None or name not in allowed or key in allowed[name]
+        if ok and name in models and key in free and models[name] <= free[key] + EPS:
             fixed[name] = key
             free[key] -= models[name]
     rest = sorted((n for n in models if n not in fixed), key=lambda n: -models[n])
-    chosen = _fill(rest, models, free, order, spread=True) or _fill(rest, models, free, order, spread=False)
+    chosen = _fill(rest, models, free, order, True, allowed) or _fill(
+        rest, models, free, order, False, allowed
+    )
     if chosen is None:
         _refuse(rest, models, free, gpus)
     assert chosen is not None
@@ -223,11 +233,13 @@ def _fill(
     free: Mapping[GpuKey, float],
     order: Mapping[GpuKey, int],
     spread: bool,
+    allowed: Mapping[str, set[GpuKey]] | None = None,
 ) -> dict[str, GpuKey] | None:
     room = dict(free)
     out: dict[str, GpuKey] = {}
     for name in names:
-        fits = [k for k in room if needs[name] <= room[k] + EPS]
+        where = allowed.get(name) if allowed else None
+        fits = [k for k in room if needs[name] <= room[k] + EPS and (where is None or k in where)]
         if not fits:
             return None
         if spread:

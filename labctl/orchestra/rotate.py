@@ -128,6 +128,23 @@ class Options:
     report: Report | None = None
 
 
+def start_args(orch: Orchestra, model: str, gpu: int | None, files: dict[str, Any] | None) -> dict[str, Any]:
+    """What orch_start and orch_health need of `model`'s engine (engines/base.py's contract)."""
+    from labctl.orchestra.engines import engine
+    from labctl.orchestra.spec import served_context
+
+    eng = engine(orch.engine_name(model))
+    args = eng.start_args(model, served_context(orch.model(model), orch.context, files), gpu)
+    if eng.name == "command":
+        args["command"] = orch.server.command
+        args["health_path"] = orch.server.health
+    if eng.name == "labctl":
+        # labctl's server says its own state on the file's health path (default /health).
+        args["health_path"] = orch.server.health
+    args["binary"] = orch.server.binaries.get(eng.name) or eng.binary
+    return args
+
+
 def serving_hosts(ctx: Context, orch: Orchestra) -> list[Host]:
     """The orchestra's hosts (its `hosts:` expression), each with a model cache to serve from."""
     from labctl.cache.targets import has_cache
@@ -190,7 +207,12 @@ def rotate(ctx: Context, orch: Orchestra, opts: Options) -> RotationResult:
             except HostError as e:
                 unreachable[name] = e.message
         repairs = {name: find_repair(v) for name, v in views.items()}
-        plan = decide(ctx.inventory, orch, hosts, views, repairs, opts.kind, opts.out, opts.in_)
+        files: dict[str, dict[str, Any]] = {}
+        if opts.kind != "stop":
+            from labctl.orchestra.files import read_files
+
+            files, _ = read_files(ctx, orch, hosts)
+        plan = decide(ctx.inventory, orch, hosts, views, repairs, opts.kind, opts.out, opts.in_, files)
         result = RotationResult(opts.kind, plan, opts.dry_run, waited_for_lock=waited)
         removed = {n: r for n, r in gone.items() if n not in retired}
         result.left_behind = left_behind(removed, ctx.inventory.lab, unreachable)
@@ -202,7 +224,7 @@ def rotate(ctx: Context, orch: Orchestra, opts: Options) -> RotationResult:
             result.seconds = time.monotonic() - t0
             return result
         result.repairs += [lb["note"] for lb in result.left_behind if not lb["command"]]
-        ex = _Executor(ctx, orch, opts, by_name, views, plan, result, retired)
+        ex = _Executor(ctx, orch, opts, by_name, views, plan, result, retired, files)
         ex.repair(repairs)
         ex.retire(retired_views)
         ex.run()
@@ -288,6 +310,7 @@ class _Executor:
         plan: RotationPlan,
         result: RotationResult,
         retired: dict[str, Host] | None = None,
+        files: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         from labctl.cache.targets import resolve_target
 
@@ -300,6 +323,7 @@ class _Executor:
             result,
         )
         self.views = views
+        self.files = dict(files or {})
         self.retired = dict(retired or {})
         self.targets: dict[str, Target] = {h: resolve_target(ctx.inventory, h) for h in hosts}
         self.warm: dict[str, list[dict[str, Any]]] = {h: [] for h in [*hosts, *self.retired]}
@@ -566,15 +590,15 @@ class _Executor:
                         "model": s.model,
                         "gpu": s.gpu,
                         "path": target.cached(spec.folder),
-                        "command": self.orch.server.command,
                         "python": self.opts.python or self.orch.server.python,
-                        "health_path": self.orch.server.health,
+                        **start_args(self.orch, s.model, s.gpu, self.files.get(s.model)),
                     },
                 )
                 cache_s, hit = self.cache_times.get(s.model, (0.0, True))
                 timings[s.model] = Timing(
                     s.model, host, cache=cache_s, cache_hit=hit, start=time.monotonic() - t
                 )
+                engine_args = start_args(self.orch, s.model, s.gpu, self.files.get(s.model))
                 started.append(
                     {
                         "model": s.model,
@@ -582,6 +606,9 @@ class _Executor:
                         "pid": info["pid"],
                         "step": s,
                         "since": time.time(),
+                        "health_path": engine_args["health_path"],
+                        "loading_words": engine_args["loading_words"],
+                        "ready_by_completion": engine_args["ready_by_completion"],
                     }
                 )
             t = time.monotonic()
@@ -589,7 +616,17 @@ class _Executor:
                 host,
                 "orch_health",
                 {
-                    "servers": [{"model": x["model"], "port": x["port"], "pid": x["pid"]} for x in started],
+                    "servers": [
+                        {
+                            "model": x["model"],
+                            "port": x["port"],
+                            "pid": x["pid"],
+                            "health_path": x["health_path"],
+                            "loading_words": x["loading_words"],
+                            "ready_by_completion": x["ready_by_completion"],
+                        }
+                        for x in started
+                    ],
                     "timeout": self.orch.server.start_timeout,
                     "health_path": self.orch.server.health,
                 },

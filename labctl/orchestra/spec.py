@@ -40,7 +40,9 @@ if TYPE_CHECKING:
     from labctl.inventory.model import Host, Inventory
 
 DEFAULT_ORCHESTRA = Path("playbooks/orchestra.yaml")
-TEMPLATE_FIELDS = ("path", "port", "gpu", "name")
+TEMPLATE_FIELDS = ("path", "port", "gpu", "name", "file")
+FORMATS = ("hf", "gguf", "tinylm")
+DEFAULT_CONTEXT = 4096
 # Model names become file names (logs/NAME.log), environment values and --in/--out arguments.
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
 _EVERY_RE = re.compile(r"(\d+)([dhm])", re.ASCII)
@@ -79,12 +81,37 @@ class Overhead(Strict):
     context_gb: float = Field(
         default=0.5, ge=0, description="context_gb: 0.5 (the CUDA context of each model)"
     )
+    activations: float = Field(
+        default=0.05,
+        ge=0,
+        le=10,
+        description="activations: 0.05 (share of the weights for activations, where the KV cache is "
+        "computed from the files)",
+    )
+
+
+def _engine_name(v: Optional[str]) -> Optional[str]:
+    from labctl.orchestra.engines import ENGINES
+
+    if v is not None and v not in ENGINES:
+        hint = did_you_mean(v, list(ENGINES))
+        raise ValueError(f"unknown engine {v!r};{hint} labctl knows {', '.join(ENGINES)}")
+    return v
 
 
 class Server(Strict):
+    engine: Optional[str] = Field(
+        default=None,
+        description="engine: labctl (the default for models that name none: labctl, llama.cpp, vllm; "
+        "command when server.command is set)",
+    )
     command: Optional[str] = Field(
         default=None,
-        description="command: 'vllm serve {path} --port {port}' (null: labctl's own server)",
+        description="command: 'my-server --model {path} --port {port}' (the `command` engine's template)",
+    )
+    binaries: dict[str, HostPath] = Field(
+        default_factory=dict,
+        description="binaries: {llama.cpp: /opt/labctl/llama.cpp/b1/bin/llama-server} (default: found on the host)",
     )
     health: str = Field(default="/health", description="health: /health (the path answering 200 once ready)")
     python: Optional[HostPath] = Field(
@@ -119,15 +146,37 @@ class Server(Strict):
         # The host fills the template with every value as quoted text (agent/orchestra/host.py
         # _format); filled here the same way, a format spec the host would refuse ({port:d},
         # {path!x}) fails now, before any server starts.
-        sample = {"path": "/mnt/model-cache/model", "port": "8000", "gpu": "0", "name": "model"}
+        sample = {
+            "path": "/mnt/model-cache/model",
+            "port": "8000",
+            "gpu": "0",
+            "name": "model",
+            "file": "/mnt/model-cache/model/model.gguf",
+        }
         try:
             v.format(**{k: shlex.quote(x) for k, x in sample.items()})
         except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(
                 f"the template cannot be filled ({e}); each placeholder is filled with quoted text, so "
-                "write {port}, {path}, {gpu} or {name} without a format spec or conversion"
+                "write {port}, {path}, {file}, {gpu} or {name} without a format spec or conversion"
             ) from None
         return v
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: Optional[str]) -> Optional[str]:
+        return _engine_name(v)
+
+    @field_validator("binaries")
+    @classmethod
+    def _binaries(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            _engine_name(name)
+        return v
+
+    @property
+    def default_engine(self) -> str:
+        return self.engine or ("command" if self.command else "labctl")
 
     @field_validator("health")
     @classmethod
@@ -143,7 +192,24 @@ class ModelEntry(Strict):
         default=None,
         description="path: Meta-Llama-3.1-8B-Instruct (its folder in the storage host's library; default the name)",
     )
-    size_gb: float = Field(gt=0, description="size_gb: 16.1 (the weights on disk)")
+    size_gb: Optional[float] = Field(
+        default=None,
+        gt=0,
+        description="size_gb: 16.1 (the weights on disk; default: read from the files on the storage host)",
+    )
+    format: Optional[str] = Field(
+        default=None, description="format: hf (hf, gguf or tinylm; default: read from the files)"
+    )
+    engine: Optional[str] = Field(
+        default=None,
+        description="engine: llama.cpp (labctl, llama.cpp, vllm, command; default server.engine)",
+    )
+    context: Optional[int] = Field(
+        default=None,
+        ge=16,
+        le=1 << 21,
+        description="context: 8192 (tokens it serves; default the file's context)",
+    )
     params_b: Optional[float] = Field(
         default=None, gt=0, description="params_b: 8.0 (billions of parameters)"
     )
@@ -161,6 +227,18 @@ class ModelEntry(Strict):
                 "use letters, digits and . _ + - (e.g. Llama-3.1-8B-Instruct)"
             )
         return v
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v not in FORMATS:
+            raise ValueError(f"unknown format {v!r}; write one of {', '.join(FORMATS)}")
+        return v
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: Optional[str]) -> Optional[str]:
+        return _engine_name(v)
 
     @field_validator("path")
     @classmethod
@@ -192,7 +270,8 @@ class ModelEntry(Strict):
         return self.path or self.name
 
     @property
-    def weights_gb(self) -> float:
+    def weights_gb(self) -> float | None:
+        """GB of weights as the file says (params_b * bits / 8, else size_gb); None: not typed."""
         if self.params_b is not None and self.bits is not None:
             return self.params_b * self.bits / 8
         return self.size_gb
@@ -306,6 +385,12 @@ class Orchestra(Strict):
     rotate: int = Field(default=2, ge=1, description="rotate: 2 (models swapped each time, fewer than warm)")
     every: str = Field(default="4h", description="every: 4h (the cadence: 4h, 90m, 6h)")
     pinned: list[str] = Field(default_factory=list, description="pinned: [Llama-3.1-8B-Instruct]")
+    context: int = Field(
+        default=DEFAULT_CONTEXT,
+        ge=16,
+        le=1 << 21,
+        description="context: 4096 (tokens each model serves unless it names its own; capped at the model's)",
+    )
     overhead: Overhead = Field(default_factory=lambda: Overhead())
     server: Server = Field(default_factory=lambda: Server())
     models: list[ModelEntry] = Field(
@@ -338,19 +423,64 @@ class Orchestra(Strict):
                 return m
         raise KeyError(name)
 
-    def need_gb(self, name: str) -> float:
-        return gpu_need_gb(self.model(name), self.overhead)
+    def engine_name(self, name: str) -> str:
+        return self.model(name).engine or self.server.default_engine
 
-    def needs(self, names: list[str] | None = None) -> dict[str, float]:
-        """{name: GPU memory need in GB} for `names` (default the whole library), in that order."""
-        return {n: self.need_gb(n) for n in (self.names if names is None else names)}
+    def need_gb(self, name: str, files: Mapping[str, Any] | None = None) -> float:
+        """GB of GPU memory model `name` needs; `files`: what model_describe read of it."""
+        return gpu_need_gb(self.model(name), self.overhead, files, self.context)
+
+    def needs(
+        self, names: list[str] | None = None, files: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> dict[str, float]:
+        """{name: GPU memory need in GB} for `names` (default the whole library), in that order;
+        `files`: {name: model_describe's answer} where the storage host had the model."""
+        files = files or {}
+        return {n: self.need_gb(n, files.get(n)) for n in (self.names if names is None else names)}
 
 
-def gpu_need_gb(model: ModelEntry, overhead: Overhead) -> float:
-    """GB of GPU memory `model` needs: its gpu_gb, else weights * (1 + fraction) + context_gb."""
+def served_context(model: ModelEntry, default: int, files: Mapping[str, Any] | None) -> int:
+    """The context a model is served with: its own `context:`, else the file's default, capped at
+    what the model was trained for where its files say."""
+    wanted = model.context or default
+    limit = (files or {}).get("context")
+    return min(wanted, int(limit)) if isinstance(limit, int) and limit > 0 else wanted
+
+
+def kv_cache_gb(files: Mapping[str, Any], context: int, bytes_per_elem: int = 2) -> float | None:
+    """GB the KV cache of `context` tokens takes (K and V of every layer), or None where the
+    files did not say the geometry."""
+    try:
+        layers, kv_heads, head_dim = (int(files[k]) for k in ("layers", "kv_heads", "head_dim"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return 2 * layers * kv_heads * head_dim * context * bytes_per_elem / 1e9
+
+
+def gpu_need_gb(
+    model: ModelEntry,
+    overhead: Overhead,
+    files: Mapping[str, Any] | None = None,
+    default_context: int = DEFAULT_CONTEXT,
+) -> float:
+    """GB of GPU memory `model` needs: its gpu_gb; else, where the files were read, weights *
+    (1 + activations) + the KV cache of its context + context_gb; else the typed weights *
+    (1 + fraction) + context_gb. ValueError where neither files nor a typed size say."""
     if model.gpu_gb is not None:
         return model.gpu_gb
-    return model.weights_gb * (1 + overhead.fraction) + overhead.context_gb
+    if files and isinstance(files.get("weight_bytes"), int):
+        weights = files["weight_bytes"] / 1e9
+        kv = kv_cache_gb(files, served_context(model, default_context, files))
+        if kv is not None:
+            return weights * (1 + overhead.activations) + kv + overhead.context_gb
+        return weights * (1 + overhead.fraction) + overhead.context_gb
+    typed = model.weights_gb
+    if typed is None:
+        raise ValueError(
+            f"{model.name}: no size_gb and its files were not read; give size_gb, or plan with the "
+            "storage host reachable (without --offline)"
+        )
+    return typed * (1 + overhead.fraction) + overhead.context_gb
 
 
 def default_path(inventory_path: Path | None = None) -> Path:

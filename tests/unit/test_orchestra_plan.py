@@ -168,10 +168,16 @@ models:
             "not a model name",
         ),
         (
-            GOOD.replace("  - {name: c, size_gb: 4}\n", "  - {name: c}\n"),
-            ":6: models[2].size_gb:",
-            "required",
+            GOOD.replace("{name: c, size_gb: 4}", "{name: c, engine: lama.cpp}"),
+            ":6: models[2].engine:",
+            "Did you mean 'llama.cpp'?",
         ),
+        (
+            GOOD.replace("{name: c, size_gb: 4}", "{name: c, format: safetensors}"),
+            ":6: models[2].format:",
+            "one of hf, gguf, tinylm",
+        ),
+        (GOOD + "server: {engine: vLLM}\n", ":7: server.engine:", "labctl knows labctl, llama.cpp, vllm"),
         ("warm: 2\nwarm: 3\nmodels: []\n", ":2: warm:", "keep one"),
     ],
 )

@@ -50,7 +50,10 @@ LOG_TAIL_LINES = 20
 LOG_HEADER = "==== labctl orch_start "
 # A model's name becomes a log file's name and a shell word: keep it to safe characters.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}\Z")
-TEMPLATE_FIELDS = "{path} {port} {gpu} {name}"
+TEMPLATE_FIELDS = "{path} {port} {gpu} {name} {file} {binary}"
+# Where the llama_cpp provision resource installs its builds (one folder per version and CUDA archs).
+ENGINE_ROOTS = {"llama-server": "/opt/labctl/llama.cpp"}
+READY_PROMPT = "Hello"
 
 
 # ---- arguments -------------------------------------------------------------------------------
@@ -184,7 +187,27 @@ def by_server(found: procs.Procs) -> List[Dict[str, Any]]:
     return sorted(out, key=lambda s: (s["model"], s["started"] or 0.0, s["pid"]))
 
 
-def probe(port: Optional[int], health_path: str, timeout: float = PROBE_TIMEOUT_S) -> Dict[str, Any]:
+def _state_of(health: Optional[Dict[str, Any]], loading_words: List[str]) -> Optional[str]:
+    """The state a health answer says: labctl's {"state"}, or an engine's error text that means
+    it is still loading (llama-server: 503 {"error": {"message": "Loading model"}})."""
+    if health is None:
+        return None
+    if isinstance(health.get("state"), str):
+        return str(health["state"])
+    error = health.get("error")
+    text = error.get("message") if isinstance(error, dict) else error
+    if isinstance(text, str) and any(w in text.lower() for w in loading_words):
+        return "loading"
+    status = health.get("status")
+    return status if isinstance(status, str) else None
+
+
+def probe(
+    port: Optional[int],
+    health_path: str,
+    timeout: float = PROBE_TIMEOUT_S,
+    loading_words: Optional[List[str]] = None,
+) -> Dict[str, Any]:
     """{healthy, health: the answer's JSON object or null, error, state} for GET health_path."""
     if port is None:
         return {"healthy": False, "health": None, "error": "the server has no port tag", "state": "unknown"}
@@ -217,7 +240,7 @@ def probe(port: Optional[int], health_path: str, timeout: float = PROBE_TIMEOUT_
     except ValueError:
         doc = None
     health = doc if isinstance(doc, dict) else None
-    state = str(health.get("state")) if health and isinstance(health.get("state"), str) else None
+    state = _state_of(health, loading_words or ["loading"])
     if resp.status == 200:
         return {"healthy": True, "health": health, "error": None, "state": "ready"}
     what = f" ({state})" if state else ""
@@ -227,6 +250,33 @@ def probe(port: Optional[int], health_path: str, timeout: float = PROBE_TIMEOUT_
         "error": f"GET {health_path} answered HTTP {resp.status}{what}",
         "state": state or "unhealthy",
     }
+
+
+def first_token(port: int, model: str, timeout: float) -> Optional[str]:
+    """None once a one-token completion answered through the OpenAI API, else why not: health
+    alone can pass before an engine can answer (a model still compiling its first kernels)."""
+    body = json.dumps({"model": model, "prompt": READY_PROMPT, "max_tokens": 1, "temperature": 0}).encode(
+        "utf-8"
+    )
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read(1 << 16)
+    except (OSError, http.client.HTTPException) as exc:
+        return f"POST /v1/completions: {exc}"
+    finally:
+        conn.close()
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except ValueError:
+        doc = None
+    if resp.status != 200 or not isinstance(doc, dict) or not doc.get("choices"):
+        message = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(message, dict):
+            message = message.get("message")
+        return f"a one-token completion answered HTTP {resp.status}" + (f": {message}" if message else "")
+    return None
 
 
 def _probe_all(entries: List[Dict[str, Any]], health_path: str) -> List[Dict[str, Any]]:
@@ -370,8 +420,112 @@ def _check_model_dir(path: str) -> None:
         raise AgentError(f"{path}: {exc}", "no_model") from None
 
 
-def _format(template: str, path: str, port: int, gpu: Optional[int], name: str) -> str:
-    values = {"path": path, "port": str(port), "gpu": "" if gpu is None else str(gpu), "name": name}
+def weights_file(path: str) -> str:
+    """The GGUF file an engine loads: `path` itself, or the one .gguf file in the folder `path`
+    (the RAM cache holds folders)."""
+    if not os.path.isdir(path):
+        return path
+    found = sorted(n for n in os.listdir(path) if n.endswith(".gguf") and not n.startswith("."))
+    if len(found) != 1:
+        what = "no .gguf file" if not found else f"{len(found)} .gguf files ({', '.join(found[:4])})"
+        raise AgentError(
+            f"{path} holds {what}; a GGUF model's folder holds exactly one (split files are not served)",
+            "no_model",
+        )
+    return os.path.join(path, found[0])
+
+
+def find_binary(binary: Any, host: str, engine: str) -> str:
+    """The engine's program on this host: a path as given, else PATH, else the newest build under
+    labctl's install root for it; AgentError "no_engine" naming how to get one."""
+    import glob
+    import shutil
+
+    if not isinstance(binary, str) or not binary:
+        raise AgentError("binary must be a program's name or path", "bad_args")
+    if "/" in binary:
+        if os.path.isfile(binary) and os.access(binary, os.X_OK):
+            return binary
+        found = None
+    else:
+        found = shutil.which(binary)
+        root = ENGINE_ROOTS.get(binary)
+        if found is None and root:
+            builds = sorted(glob.glob(os.path.join(root, "*", "bin", binary)), key=os.path.getmtime)
+            found = builds[-1] if builds else None
+    if found is None:
+        how = (
+            "provision it (labctl provision --tags llama_cpp), or set server.binaries in the orchestra file"
+            if binary.endswith("llama-server")
+            else f"install {engine} there, or set server.binaries: {{{engine}: PATH}} in the orchestra file"
+        )
+        raise AgentError(f"{host} has no {binary} for engine {engine}: {how}", "no_engine")
+    return found
+
+
+def _arch_numbers(archs: Any) -> List[int]:
+    out = []
+    for a in archs if isinstance(archs, list) else []:
+        digits = "".join(c for c in str(a) if c.isdigit())
+        if digits:
+            out.append(int(digits))
+    return out
+
+
+def check_build_covers(binary: str, gpu: int, host: str, engine: str) -> None:
+    """Refuse (kind "no_engine") a build whose manifest (build.json beside its bin/) says it was
+    built without CUDA, or for archs that do not run on GPU `gpu`: it would fall back to the CPU
+    or fail on its first kernel, after a long load."""
+    manifest = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(binary))), "build.json")
+    try:
+        with open(manifest) as f:
+            built = json.load(f)
+    except (OSError, ValueError):
+        return  # a build labctl did not make: its own error will say
+    archs = _arch_numbers(built.get("cuda_archs") if isinstance(built, dict) else None)
+    try:
+        _, gpus = gather_gpus()
+    except GpuQueryError:
+        return
+    card = next((g for g in gpus if g.get("index") == gpu), None)
+    cap = str((card or {}).get("compute_capability") or "")
+    if not cap:
+        return
+    major, _, minor = cap.partition(".")
+    want = int(major) * 10 + int(minor or 0)
+    name = (card or {}).get("name") or "GPU"
+    if not archs:
+        raise AgentError(
+            f"{binary} is a CPU-only build, and {host} GPU {gpu} is a {name} ({cap}): provision "
+            f"llama.cpp with CUDA for sm_{want} (labctl provision --tags llama_cpp)",
+            "no_engine",
+        )
+    # A cubin runs on the same major version at an equal or newer minor.
+    if not any(a // 10 == want // 10 and a <= want for a in archs):
+        raise AgentError(
+            f"{binary} was built for sm_{', sm_'.join(str(a) for a in archs)}, which does not run on {host} "
+            f"GPU {gpu}, a {name} ({cap}): rebuild it for sm_{want} (labctl provision --tags llama_cpp)",
+            "no_engine",
+        )
+
+
+def _format(
+    template: str,
+    path: str,
+    port: int,
+    gpu: Optional[int],
+    name: str,
+    file: str = "",
+    binary: str = "",
+) -> str:
+    values = {
+        "path": path,
+        "port": str(port),
+        "gpu": "" if gpu is None else str(gpu),
+        "name": name,
+        "file": file or path,
+        "binary": binary,
+    }
     try:
         return template.format(**{k: shlex.quote(v) for k, v in values.items()})
     except (KeyError, IndexError, ValueError) as exc:
@@ -391,11 +545,20 @@ def _format(template: str, path: str, port: int, gpu: Optional[int], name: str) 
     python=Opt(object, None),
     health_path=Or(str, "/health"),
     port=Opt(object, None),
+    engine=Opt(object, None),
+    binary=Opt(object, None),
+    cuda_check=Opt(object, None),
+    loading_words=Opt(object, None),
+    ready_by_completion=Opt(bool, False),
 )
 def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """orch_start {host, model, gpu, path, command, python, health_path, port} -> {pid, port, log, started, argv}.
+    """orch_start {host, model, gpu, path, command, python, health_path, port, engine, binary,
+    cuda_check} -> {pid, port, log, started, argv}.
 
     `port` (optional): the port to use, refused (kind "port") when taken; default a free one.
+    `binary`: the engine's program (a path, or a name looked for on PATH and under labctl's
+    install root), refused (kind "no_engine") where the host has none; `cuda_check`
+    "build.json": the build's manifest must cover the placed GPU's compute capability.
     """
     host, lab = _host(args), _lab(args)
     model = _model_name(args["model"])
@@ -433,6 +596,7 @@ def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
     port = int(port_info["port"])
 
     env = dict(os.environ)
+    engine = args["engine"] or ("labctl" if command is None else "command")
     if command is None:
         _check_model_dir(path)
         py, _ = torch_python(python)
@@ -440,7 +604,11 @@ def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
         # The server is part of the agent: it runs from the same zipapp (or source tree).
         env["PYTHONPATH"] = os.pathsep.join(p for p in (IMPORT_ROOT, env.get("PYTHONPATH")) if p)
     else:
-        argv = ["sh", "-c", _format(command, path, port, gpu, model)]
+        binary = find_binary(args["binary"], host, engine) if args["binary"] else ""
+        if binary and args["cuda_check"] == "build.json" and gpu is not None:
+            check_build_covers(binary, gpu, host, engine)
+        file = weights_file(path) if "{file}" in command else path
+        argv = ["sh", "-c", _format(command, path, port, gpu, model, file, binary)]
     started = round(time.time(), 3)
     env.update(
         {
@@ -522,7 +690,22 @@ def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
             raise AgentError(f"servers[{i}].port must be a TCP port, got {port!r}", "bad_args")
         if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < 1):
             raise AgentError(f"servers[{i}].pid must be a process id or null, got {pid!r}", "bad_args")
-        todo.append({"model": model, "port": port, "pid": pid})
+        path = s.get("health_path") or health_path
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise AgentError(f"servers[{i}].health_path must be a URL path, got {path!r}", "bad_args")
+        words = s.get("loading_words") or ["loading"]
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise AgentError(f"servers[{i}].loading_words must be a list of text", "bad_args")
+        todo.append(
+            {
+                "model": model,
+                "port": port,
+                "pid": pid,
+                "health_path": path,
+                "loading_words": [w.lower() for w in words],
+                "by_completion": bool(s.get("ready_by_completion")),
+            }
+        )
 
     results: List[Optional[Dict[str, Any]]] = [None] * len(todo)
     seen: Dict[int, str] = {}
@@ -550,9 +733,12 @@ def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
             if results[i] is not None:
                 continue
             alive = _alive(lab, host, s["model"], s["pid"])
-            answer = probe(
-                s["port"], health_path, min(PROBE_TIMEOUT_S, max(0.1, deadline - time.monotonic()))
-            )
+            wait = min(PROBE_TIMEOUT_S, max(0.1, deadline - time.monotonic()))
+            answer = probe(s["port"], s["health_path"], wait, s["loading_words"])
+            if answer["healthy"] and alive and s["by_completion"]:
+                why = first_token(s["port"], s["model"], max(wait, 30.0))
+                if why is not None:
+                    answer = dict(answer, healthy=False, state="warming", error=why)
             if answer["healthy"] and alive:
                 finish(i, "ready", answer, None)
             elif not alive:
