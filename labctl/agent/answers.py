@@ -182,6 +182,13 @@ ANSWERS: Dict[str, Any] = {
     "facts": FACTS,
     "probe": {"results": {"*": {}}},
     "apply": {"done": ["any"]},
+    # llama.cpp's llama-server built on the host (labctl/agent/provision/llama_cpp.py).
+    "llama_cpp_build": {"prefix": "str", "built": "bool", "manifest": {}, "server_version": "str?"},
+    "llama_cpp_probe": {
+        "installs": {"*": {"prefix": "str", "installed": "bool", "manifest": ({}, "null"), "error": "str?"}},
+        "gpus": [{"name": "str", "compute_capability": "cap"}],
+        "nvcc": ({"path": "str", "version": "str?"}, "null"),
+    },
     "host_lock": {},
     "cron_list": {
         "jobs": [
@@ -277,6 +284,8 @@ ANSWERS: Dict[str, Any] = {
         "h2d_pinned_gbps?": "num?",
     },
     "make_model": {"path": "str", "files": [{}], "bytes": "int", "seconds": "num"},
+    # One entry per path asked: describe()'s answer, or {"error", "kind"} for a path not there.
+    "model_describe": {"models": {"*": {"format?": "str", "problems?": ["str"], "error?": "str"}}},
     "train_preflight": {
         "python?": "str",
         "torch?": TORCH,
@@ -431,6 +440,7 @@ PER_ASKED: Dict[str, Tuple[str, str]] = {
     "ckpt_pull_state": ("steps", "steps"),
     "sandbox_run": ("results", "programs"),
     "orch_health": ("results", "servers"),
+    "model_describe": ("models", "paths"),
 }
 
 SCALARS = ("str", "bool", "null", "any", "int", "num", "time", "cap")

@@ -109,6 +109,7 @@ def fitted(
 ) -> tuple[dict[str, float], dict[str, set[Any]], dict[str, ModelFit]]:
     """(needs, the GPUs each model may use, each model's fit) for `names`, or the InputError
     naming every model whose engine cannot serve it here (engines/check.py)."""
+    from labctl.orchestra.engines import engine
     from labctl.orchestra.engines.check import check_models, refusals
 
     fits = check_models(orch, files, gpus, names)
@@ -120,8 +121,16 @@ def fitted(
             "(and the model's files) in the orchestra file; `labctl orchestra plan` checks it without "
             "starting anything.",
         )
+    by_key = {g.key: g for g in gpus}
+    scales = {}
+    for n, f in fits.items():
+        eng = engine(f.engine)
+        dtype = (files.get(n) or {}).get("dtype")
+        if dtype is None and orch.model(n).bits == 16:
+            dtype = "F16"
+        scales[n] = max((eng.weight_scale(by_key[k].cap, dtype) for k in f.allowed), default=1.0)
     try:
-        needs = orch.needs(list(names), files)
+        needs = orch.needs(list(names), files, scales)
     except ValueError as e:
         raise InputError(
             f"{e}.", "Every model needs a size: from its files on the storage host, or size_gb:."

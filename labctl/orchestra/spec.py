@@ -426,17 +426,24 @@ class Orchestra(Strict):
     def engine_name(self, name: str) -> str:
         return self.model(name).engine or self.server.default_engine
 
-    def need_gb(self, name: str, files: Mapping[str, Any] | None = None) -> float:
-        """GB of GPU memory model `name` needs; `files`: what model_describe read of it."""
-        return gpu_need_gb(self.model(name), self.overhead, files, self.context)
+    def need_gb(self, name: str, files: Mapping[str, Any] | None = None, scale: float = 1.0) -> float:
+        """GB of GPU memory model `name` needs; `files`: what model_describe read of it; `scale`:
+        GPU bytes per file byte of its weights (2 where its engine computes 16-bit in fp32)."""
+        return gpu_need_gb(self.model(name), self.overhead, files, self.context, scale)
 
     def needs(
-        self, names: list[str] | None = None, files: Mapping[str, Mapping[str, Any]] | None = None
+        self,
+        names: list[str] | None = None,
+        files: Mapping[str, Mapping[str, Any]] | None = None,
+        scales: Mapping[str, float] | None = None,
     ) -> dict[str, float]:
         """{name: GPU memory need in GB} for `names` (default the whole library), in that order;
         `files`: {name: model_describe's answer} where the storage host had the model."""
-        files = files or {}
-        return {n: self.need_gb(n, files.get(n)) for n in (self.names if names is None else names)}
+        files, scales = files or {}, scales or {}
+        return {
+            n: self.need_gb(n, files.get(n), scales.get(n, 1.0))
+            for n in (self.names if names is None else names)
+        }
 
 
 def served_context(model: ModelEntry, default: int, files: Mapping[str, Any] | None) -> int:
@@ -462,6 +469,7 @@ def gpu_need_gb(
     overhead: Overhead,
     files: Mapping[str, Any] | None = None,
     default_context: int = DEFAULT_CONTEXT,
+    scale: float = 1.0,
 ) -> float:
     """GB of GPU memory `model` needs: its gpu_gb; else, where the files were read, weights *
     (1 + activations) + the KV cache of its context + context_gb; else the typed weights *
@@ -469,7 +477,7 @@ def gpu_need_gb(
     if model.gpu_gb is not None:
         return model.gpu_gb
     if files and isinstance(files.get("weight_bytes"), int):
-        weights = files["weight_bytes"] / 1e9
+        weights = files["weight_bytes"] / 1e9 * scale
         kv = kv_cache_gb(files, served_context(model, default_context, files))
         if kv is not None:
             return weights * (1 + overhead.activations) + kv + overhead.context_gb
@@ -480,7 +488,7 @@ def gpu_need_gb(
             f"{model.name}: no size_gb and its files were not read; give size_gb, or plan with the "
             "storage host reachable (without --offline)"
         )
-    return typed * (1 + overhead.fraction) + overhead.context_gb
+    return typed * scale * (1 + overhead.fraction) + overhead.context_gb
 
 
 def default_path(inventory_path: Path | None = None) -> Path:

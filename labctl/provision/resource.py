@@ -99,6 +99,7 @@ RESOURCES: dict[str, str] = {
     "cron": "labctl.provision.resources.cron:Cron",
     "file": "labctl.provision.resources.files:File",
     "line": "labctl.provision.resources.files:Line",
+    "llama_cpp": "labctl.provision.resources.llama_cpp:LlamaCpp",
     "model_cache": "labctl.provision.resources.model_cache:ModelCache",
     "package": "labctl.provision.resources.package:Package",
     "sandbox": "labctl.provision.resources.sandbox:Sandbox",

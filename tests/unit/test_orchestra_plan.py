@@ -48,6 +48,11 @@ def seed_orchestra() -> Orchestra:
     return load_orchestra(REPO / "playbooks/orchestra.yaml")
 
 
+def packed_orchestra() -> Orchestra:
+    """fp16 models with typed sizes that nearly fill the P40s: the placement tests' data."""
+    return load_orchestra(REPO / "tests/unit/orchestra_fp16.yaml")
+
+
 def seed_claims() -> dict[str, list[str]]:
     return training_claims(load_phases(REPO / "playbooks/train.yaml"), seed_inventory())
 
@@ -112,7 +117,7 @@ def test_gpu_need_is_explicit_else_weights_plus_overhead_and_context() -> None:
     assert orch.needs() == {"a": 8 * 1.25 + 1, "b": 3.5 * 1.25 + 1, "c": 5}
     assert orch.model("a").folder == "a"
     # The seed's defaults (§2.7): 20% of the weights, 0.5 GB of context.
-    assert seed_orchestra().need_gb("Llama-3.1-8B-Instruct") == pytest.approx(16.0 * 1.2 + 0.5)
+    assert packed_orchestra().need_gb("Llama-3.1-8B-Instruct") == pytest.approx(16.0 * 1.2 + 0.5)
 
 
 def test_cadences_parse_to_seconds_and_nonsense_says_what_to_write() -> None:
@@ -273,7 +278,7 @@ def test_a_phase_without_gpus_keeps_every_gpu_of_its_hosts(tmp_path: Path) -> No
 
 
 def test_first_start_on_the_seed_lab_spreads_the_warm_set_largest_first() -> None:
-    orch = seed_orchestra()
+    orch = packed_orchestra()
     c = choose(orch.names, orch.pinned, orch.warm, orch.rotate, [])
     placed = place(orch.needs(c.warm_after), seed_gpus())
     rows = [(r.gpu.index, r.models, round(r.free_gb, 1)) for r in placed.rows]
@@ -449,7 +454,7 @@ def test_joiners_start_before_leavers_stop_where_the_gpu_has_room() -> None:
 
 
 def test_where_the_gpu_is_full_the_leaver_stops_first_one_pair_at_a_time() -> None:
-    orch, gpus = seed_orchestra(), seed_gpus()
+    orch, gpus = packed_orchestra(), seed_gpus()
     first = choose(orch.names, orch.pinned, orch.warm, orch.rotate, [])
     before = place(orch.needs(first.warm_after), gpus)
     current = [{"name": n, "since": 0} for n in first.warm_after]

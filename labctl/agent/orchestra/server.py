@@ -1,17 +1,25 @@
-"""labctl's own model server: one tinylm checkpoint behind a small HTTP API.
+"""labctl's own model server: one model folder behind a small HTTP API.
 
     python -m labctl.agent.orchestra.server --model-dir DIR --port N --name NAME [--device D]
+        [--host ADDR] [--format auto|hf|tinylm]
+
+Two formats, one server: a Hugging Face causal LM (config.json with `model_type`, safetensors,
+tokenizer.json, a chat template; hf_model.py, through `transformers`) and labctl's tinylm
+(config.json with `vocab` and `max_seq`, byte tokens; tinylm_model.py). `--format auto` tells
+them apart by config.json. This module is what does not depend on the format: the HTTP side,
+the lifecycle, and the requests (`Engine`), which each format answers with the same primitives
+(encode, decode, a chat prompt's tokens, a token stream, the prompt's log-probabilities).
 
 The port is bound at once; GET /health answers 503 {"state": "loading" | "warming"} until the
 weights are loaded (labctl's loader, the RAM-cache path) and one forward pass ran, then 200
-{"state": "ready", "name", "device", "params", "load_s", "warmup_s", "memory_bytes"}.
-POST /generate {"prompt", "max_tokens"} continues the prompt greedily; POST /score {"text"}
-gives the text's mean log-probability. Tokens are the text's UTF-8 bytes modulo the model's
-vocabulary: these models are random, so what matters is that the answers are real forward
-passes and deterministic. The same model answers the OpenAI-compatible GET /v1/models and POST
-/v1/completions (openai_api.py), which the trainer's client and any OpenAI SDK speak. SIGTERM (or SIGINT) stops it gracefully, exit 0; a model that
-cannot be loaded or a port that cannot be bound ends it with exit 1 and one line on stderr.
-Progress goes to stderr as JSON lines (the orchestra's log of this server).
+{"state": "ready", "name", "format", "device", "dtype", "params", "load_s", "warmup_s",
+"memory_bytes", "in_flight"}. POST /generate {"prompt", "max_tokens"} continues the prompt
+greedily; POST /score {"text"} gives the text's mean log-probability. The same model answers
+the OpenAI-compatible GET /v1/models, POST /v1/completions and POST /v1/chat/completions, whole
+or streamed (openai_api.py), which the trainer's client and any OpenAI SDK speak. SIGTERM (or
+SIGINT) stops it gracefully, exit 0; a model that cannot be loaded or a port that cannot be
+bound ends it with exit 1 and one line on stderr. Progress goes to stderr as JSON lines (the
+orchestra's log of this server).
 """
 
 from __future__ import annotations
@@ -25,23 +33,32 @@ import socket
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from http.server import ThreadingHTTPServer
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple, Union, cast
 
 from .. import procs
 from ..httpjson import JsonHandler
 from . import openai_api
-from .openai_api import ApiError, CompletionRequest
+from .openai_api import ApiError, ChatRequest, CompletionRequest
 
 MAX_TOKENS = 256
 MAX_BODY = 1 << 20
-WARMUP_TOKENS = 128
 DEFAULT_MAX_TOKENS = 16
+FORMATS = ("auto", "hf", "tinylm")
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+Request = Union[CompletionRequest, ChatRequest]
+Gone = Optional[Callable[[], bool]]
 
 
 class BadRequest(ValueError):
     """What the client sent cannot be answered: 400 with the message."""
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
 
 
 class Terminated(BaseException):
@@ -54,8 +71,30 @@ def _event(event: str, **fields: Any) -> None:
     sys.stderr.flush()
 
 
-class Model:
-    """The model this server holds, from files to ready, and what it answers."""
+class Choice:
+    """One generated answer: its tokens (an end-of-sequence token included: it was generated),
+    their log-probabilities when asked for, why it ended, and its text."""
+
+    def __init__(self) -> None:
+        self.tokens: List[int] = []
+        self.logprobs: List[Optional[float]] = []
+        self.finish = "length"
+        self.text: Optional[str] = None
+        # The prompt's own log-probabilities, for an echo with logprobs.
+        self.echoed: List[float] = []
+
+
+class Engine:
+    """The model this server holds, from files to ready, and what it answers.
+
+    A format subclasses it with check/load/warm and the primitives below; the requests are
+    answered here, alike for every format."""
+
+    format = ""
+    # How a too-long prompt's refusal names the unit and the limit (config.json's own key).
+    token_unit = "tokens"
+    limit_name = "context"
+    eos: FrozenSet[int] = frozenset()
 
     def __init__(self, name: str, model_dir: str, device: str = "auto") -> None:
         self.name = name
@@ -64,72 +103,69 @@ class Model:
         self.state = "loading"
         self.config: Dict[str, Any] = {}
         self.device = ""
+        self.dtype = ""
         self.load_s = 0.0
         self.warmup_s = 0.0
         self.params = 0
         self.memory_bytes = 0
         self.created = int(time.time())
-        self._tensors: Optional[Dict[str, Any]] = None
-        self._model: Any = None
         # One forward pass at a time: concurrent requests would each hold activations.
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         # Requests past the state check and not yet answered: a drain finishes these (/health says
         # how many, so a caller can see that a stop has work left, and a test can stop mid-request).
         self.in_flight = 0
         self._counting = threading.Lock()
 
+    # ---- what a format provides ------------------------------------------------------------
+
     def check(self) -> None:
         """What can be checked without torch (config, file headers): a bad folder fails in ms."""
-        from ..modelload.loader import model_files, read_header
-        from ..tinylm import check_config
-
-        with open(os.path.join(self.model_dir, "config.json")) as f:
-            config = json.load(f)
-        if not isinstance(config, dict):
-            raise ValueError("config.json is not a JSON object")
-        check_config(config)
-        for path in model_files(self.model_dir):
-            read_header(path)
-        self.config = config
+        raise NotImplementedError
 
     def load(self) -> None:
         """The weights onto the device; then the state is "warming"."""
-        if not self.config:
-            self.check()
-        try:
-            import torch
-        except ImportError:
-            raise RuntimeError(f"torch is not installed for {sys.executable}") from None
-        from ..modelload.loader import load_model_dir
-
-        self.device = _pick_device(torch, self.device_arg)
-        start = time.perf_counter()
-        self._tensors = load_model_dir(self.model_dir, device=self.device)
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize(self.device)
-        self.load_s = time.perf_counter() - start
-        self.state = "warming"
+        raise NotImplementedError
 
     def warm(self) -> None:
-        """Build the model around the loaded weights and run its first forward pass: "ready"."""
-        import torch
+        """The model built around the loaded weights and its first forward pass run: "ready"."""
+        raise NotImplementedError
 
-        from ..modelload.stages import warm_up
+    @property
+    def max_len(self) -> int:
+        """The longest prompt, in tokens (/v1/models' max_model_len)."""
+        raise NotImplementedError
 
-        assert self._tensors is not None, "load() first"
-        start = time.perf_counter()
-        seq = min(WARMUP_TOKENS, int(self.config["max_seq"]))
-        self._model, _ = warm_up(torch, self.config, self._tensors, self.device, seq)
-        self.warmup_s = time.perf_counter() - start
-        self._tensors = None
-        params = list(self._model.parameters())
-        self.params = sum(p.numel() for p in params)
-        if self.device.startswith("cuda"):
-            # What the GPU holds for this process (weights, activations, the allocator's cache).
-            self.memory_bytes = int(torch.cuda.memory_reserved(self.device))
-        else:
-            self.memory_bytes = sum(p.numel() * p.element_size() for p in params)
-        self.state = "ready"
+    def encode(self, text: str) -> List[int]:
+        raise NotImplementedError
+
+    def chat_tokens(self, messages: List[Dict[str, str]]) -> List[int]:
+        """The chat's prompt as the model's chat template writes it, ready for the answer."""
+        raise ApiError(
+            400,
+            f"{self.name} is a {self.format} model: it has no chat template; use /v1/completions",
+            "messages",
+        )
+
+    def decode(self, tokens: List[int]) -> str:
+        raise NotImplementedError
+
+    def token_strings(self, tokens: List[int]) -> List[str]:
+        """Each token's own text (the API's logprobs.tokens)."""
+        raise NotImplementedError
+
+    def tokens(
+        self, ids: List[int], n: int, temperature: float, top_p: float, generator: Any, logprobs: bool
+    ) -> Iterator[Tuple[int, Optional[float]]]:
+        """Up to `n` tokens after `ids`, each computed when asked for (the caller stops early on a
+        stop sequence or a client gone), with its log-probability when `logprobs`. Temperature 0
+        is greedy; above it, sample_token() with `generator`. Hold self.lock."""
+        raise NotImplementedError
+
+    def prompt_logprobs(self, ids: List[int]) -> List[float]:
+        """Each token's log-probability given those before it (the first has none: len - 1)."""
+        raise NotImplementedError
+
+    # ---- lifecycle ---------------------------------------------------------------------------
 
     def health(self) -> Tuple[int, Dict[str, Any]]:
         if self.state != "ready":
@@ -137,7 +173,9 @@ class Model:
         return 200, {
             "state": "ready",
             "name": self.name,
+            "format": self.format,
             "device": self.device,
+            "dtype": self.dtype,
             "params": self.params,
             "load_s": round(self.load_s, 4),
             "warmup_s": round(self.warmup_s, 4),
@@ -156,18 +194,34 @@ class Model:
             with self._counting:
                 self.in_flight -= 1
 
+    # ---- requests ----------------------------------------------------------------------------
+
     def _encode(self, text: Any, field: str) -> List[int]:
         if not isinstance(text, str):
             raise BadRequest(f"{field} must be a string")
-        vocab = int(self.config["vocab"])
-        ids = [b % vocab for b in text.encode("utf-8")]
-        if len(ids) > int(self.config["max_seq"]):
+        return self._fits(self.encode(text), field)
+
+    def _fits(self, ids: List[int], field: str) -> List[int]:
+        if len(ids) > self.max_len:
             raise BadRequest(
-                f"{field} is {len(ids)} tokens (bytes); this model takes at most max_seq={self.config['max_seq']}"
+                f"{field} is {len(ids)} {self.token_unit}; this model takes at most "
+                f"{self.limit_name}={self.max_len}"
             )
         return ids
 
+    def new_generator(self, seed: Optional[int]) -> Any:
+        """The random source of one request's samples: seeded, or from the OS."""
+        import torch
+
+        generator = torch.Generator()
+        if seed is not None:
+            generator.manual_seed(seed)
+        else:
+            generator.seed()
+        return generator
+
     def generate(self, body: Dict[str, Any]) -> Dict[str, Any]:
+        """POST /generate: the prompt continued greedily; `tokens` has every token generated."""
         ids = self._encode(body.get("prompt"), "prompt")
         if not ids:
             raise BadRequest("prompt is empty: give at least one character to continue")
@@ -175,74 +229,27 @@ class Model:
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_TOKENS:
             raise BadRequest(f"max_tokens must be an integer from 0 to {MAX_TOKENS}, got {n!r}")
         start = time.perf_counter()
-        with self._lock:
-            out, _, _ = self._extend(ids, n)
+        out = Choice()
+        with self.lock:
+            for _ in self._choice(ids, n, 0.0, 1.0, None, [], False, out, None, False):
+                pass
         return {
             "name": self.name,
-            "tokens": out,
-            "text": _text(out),
+            "tokens": out.tokens,
+            "text": out.text,
             "seconds": round(time.perf_counter() - start, 4),
         }
 
-    def _extend(
-        self,
-        ids: List[int],
-        n: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        generator: Any = None,
-        stops: Optional[List[str]] = None,
-        gone: Optional[Callable[[], bool]] = None,
-    ) -> Tuple[List[int], List[float], str]:
-        """`ids` continued by up to `n` tokens: (tokens, their log-probabilities, finish_reason).
-        Temperature 0 is greedy (the first of equal maxima: deterministic); above it, a sample
-        from `generator` among the smallest set of tokens whose probability reaches top_p. A
-        stop sequence ends it early, left out of the tokens returned. Hold self._lock."""
-        import torch
-
-        max_seq = int(self.config["max_seq"])
-        out: List[int] = []
-        logprobs: List[float] = []
-        with torch.no_grad():
-            seq = torch.tensor([ids], dtype=torch.long, device=self.device)
-            for _ in range(n):
-                if gone is not None and gone():
-                    raise ClientGone()
-                logits = self._model(seq[:, -max_seq:])[0, -1].float()
-                logp = torch.log_softmax(logits, dim=-1)
-                if temperature == 0:
-                    nxt = int(torch.argmax(logits))
-                else:
-                    nxt = _sample(torch, logits, temperature, top_p, generator)
-                out.append(nxt)
-                logprobs.append(float(logp[nxt]))
-                if stops:
-                    kept = openai_api.cut_at_stop(_text(out), stops)
-                    if kept is not None:
-                        keep = len(kept.encode("utf-8"))
-                        return out[:keep], logprobs[:keep], "stop"
-                seq = torch.cat([seq, torch.tensor([[nxt]], dtype=torch.long, device=self.device)], dim=1)
-        return out, logprobs, "length"
-
-    def _prompt_logprobs(self, ids: List[int]) -> List[float]:
-        """Each token's log-probability given those before it (the first has none: len - 1)."""
-        import torch
-        from torch.nn import functional as F
-
-        with torch.no_grad():
-            seq = torch.tensor([ids], dtype=torch.long, device=self.device)
-            logp = F.log_softmax(self._model(seq)[0, :-1].float(), dim=-1)
-            return [float(x) for x in logp.gather(1, seq[0, 1:].unsqueeze(1)).squeeze(1)]
-
     def score(self, body: Dict[str, Any]) -> Dict[str, Any]:
+        """POST /score: the text's mean log-probability, each token given those before it."""
         ids = self._encode(body.get("text"), "text")
         if len(ids) < 2:
             raise BadRequest(
-                "text must be at least 2 tokens (bytes): each one is scored given those before it"
+                f"text must be at least 2 {self.token_unit}: each one is scored given those before it"
             )
         start = time.perf_counter()
-        with self._lock:
-            picked = self._prompt_logprobs(ids)
+        with self.lock:
+            picked = self.prompt_logprobs(ids)
         return {
             "name": self.name,
             "mean_logprob": sum(picked) / len(picked),
@@ -250,54 +257,162 @@ class Model:
             "seconds": round(time.perf_counter() - start, 4),
         }
 
-    def complete(self, req: CompletionRequest, gone: Optional[Callable[[], bool]] = None) -> Dict[str, Any]:
-        """/v1/completions: n choices per prompt, in the API's order (prompt by prompt). `gone`
-        says the client hung up (it timed out): the work stops there, ClientGone, instead of
-        holding the model for an answer nobody reads while live requests queue behind it."""
-        import torch
-
+    def _prompts(self, req: Request) -> List[Tuple[List[int], str]]:
+        """(tokens, the text an echo repeats) per prompt; ApiError 400 for one the model cannot take."""
+        if isinstance(req, ChatRequest):
+            try:
+                return [(self._fits(self.chat_tokens(req.messages), "messages"), "")]
+            except BadRequest as exc:
+                raise ApiError(400, str(exc), "messages") from None
         try:
-            encoded = [self._encode(p, "prompt") for p in req.prompts]
+            return [(self._encode(p, "prompt"), p if req.echo else "") for p in req.prompts]
         except BadRequest as exc:
             raise ApiError(400, str(exc), "prompt") from None
-        generator = None
-        if req.temperature > 0:
-            generator = torch.Generator()
-            if req.seed is not None:
-                generator.manual_seed(req.seed)
-            else:
-                generator.seed()
+
+    def complete(self, req: Request, gone: Gone = None) -> Dict[str, Any]:
+        """/v1/completions (or, for a ChatRequest, /v1/chat/completions) answered whole: n
+        choices per prompt, in the API's order (prompt by prompt). `gone` says the client hung
+        up (it timed out): the work stops there, ClientGone, instead of holding the model for an
+        answer nobody reads while live requests queue behind it."""
+        prompts = self._prompts(req)
         choices: List[Dict[str, Any]] = []
-        with self._lock:
-            for i, ids in enumerate(encoded):  # not zip(strict=): Python 3.8
-                prompt = req.prompts[i]
-                echoed = self._prompt_logprobs(ids) if req.echo and req.logprobs is not None and ids else []
+        with closing(self._answers(req, prompts, gone, False)) as answers:
+            for index, _, done in answers:
+                if done is None:
+                    continue
+                ids, echo = prompts[index // req.n]
+                choice: Dict[str, Any] = {
+                    "text": echo + (done.text or ""),
+                    "finish_reason": done.finish,
+                    "tokens": len(done.tokens),
+                }
+                if req.logprobs is not None:
+                    choice["logprobs"] = self._logprobs_doc(ids if echo else [], done)
+                choices.append(choice)
+        prompt_tokens = sum(len(ids) for ids, _ in prompts)
+        if isinstance(req, ChatRequest):
+            return openai_api.chat_doc(self.name, choices, prompt_tokens)
+        return openai_api.completion_doc(self.name, choices, prompt_tokens)
+
+    def stream(self, req: Request, gone: Gone = None) -> Iterator[Dict[str, Any]]:
+        """The same answer as complete(), as the API's stream chunks. The prompts are checked
+        here, before the first chunk: a refusal is still a plain error answer."""
+        return self._stream(req, self._prompts(req), gone)
+
+    def _stream(
+        self, req: Request, prompts: List[Tuple[List[int], str]], gone: Gone
+    ) -> Iterator[Dict[str, Any]]:
+        chunks = openai_api.Chunks(self.name, isinstance(req, ChatRequest), req.include_usage)
+        opened = -1
+        completion_tokens = 0
+        with closing(self._answers(req, prompts, gone, True)) as answers:
+            for index, text, done in answers:
+                if index != opened:
+                    opened = index
+                    first = chunks.start(index)
+                    if first is not None:
+                        yield first
+                    echo = prompts[index // req.n][1]
+                    if echo:
+                        yield chunks.text(index, echo)
+                if done is not None:
+                    completion_tokens += len(done.tokens)
+                    yield chunks.text(index, "", done.finish)
+                elif text:
+                    yield chunks.text(index, text)
+        usage = chunks.usage(sum(len(ids) for ids, _ in prompts), completion_tokens)
+        if usage is not None:
+            yield usage
+
+    def _answers(
+        self, req: Request, prompts: List[Tuple[List[int], str]], gone: Gone, live: bool
+    ) -> Iterator[Tuple[int, str, Optional[Choice]]]:
+        """(choice index, text to send now, None) while a choice grows when `live`, then (index,
+        "", the finished Choice). Holds the model from the first token to the last."""
+        generator = self.new_generator(req.seed) if req.temperature > 0 else None
+        want = req.logprobs is not None
+        index = 0
+        with self.lock:
+            for ids, _ in prompts:
+                echoed = self.prompt_logprobs(ids) if req.echo and want and ids else []
                 for _ in range(req.n):
-                    out, logprobs, finish = self._extend(
-                        ids, req.max_tokens, req.temperature, req.top_p, generator, req.stop, gone
+                    out = Choice()
+                    out.echoed = echoed
+                    grown = self._choice(
+                        ids, req.max_tokens, req.temperature, req.top_p, generator, req.stop, want, out, gone, live
                     )
-                    choice: Dict[str, Any] = {
-                        "text": (prompt if req.echo else "") + _text(out),
-                        "finish_reason": finish,
-                        "tokens": len(out),
-                    }
-                    if req.logprobs is not None:
-                        shown = (ids if req.echo else []) + out
-                        values: List[Optional[float]] = (
-                            [None, *echoed, *logprobs] if req.echo else [*logprobs]
-                        )
-                        choice["logprobs"] = {
-                            "tokens": [chr(t % 256) for t in shown],
-                            "token_logprobs": values,
-                            "top_logprobs": None,
-                            "text_offset": list(range(len(shown))),
-                        }
-                    choices.append(choice)
-        return openai_api.completion_doc(self.name, choices, sum(len(i) for i in encoded))
+                    with closing(grown):
+                        for text in grown:
+                            yield index, text, None
+                    yield index, "", out
+                    index += 1
 
+    def _choice(
+        self,
+        ids: List[int],
+        n: int,
+        temperature: float,
+        top_p: float,
+        generator: Any,
+        stops: List[str],
+        logprobs: bool,
+        out: Choice,
+        gone: Gone,
+        live: bool,
+    ) -> Iterator[str]:
+        """Fills `out` token by token; when `live`, yields the text as it becomes safe to send
+        (openai_api.releasable). A stop sequence ends it, left out with what follows; an end-of-
+        sequence token ends it too. Hold self.lock."""
+        sent = ""
+        steps = self.tokens(ids, n, temperature, top_p, generator, logprobs)
+        with closing(steps):
+            while True:
+                if gone is not None and gone():
+                    raise ClientGone()
+                step = next(steps, None)
+                if step is None:
+                    break
+                out.tokens.append(step[0])
+                out.logprobs.append(step[1])
+                if step[0] in self.eos:
+                    out.finish = "stop"
+                    break
+                if not stops and not live:
+                    continue
+                text = self.decode(out.tokens)
+                kept = openai_api.cut_at_stop(text, stops) if stops else None
+                if kept is not None:
+                    out.finish = "stop"
+                    self._trim(out, kept)
+                    break
+                ready = openai_api.releasable(text, stops)
+                # A decoder may respell the end when a token arrives; what was sent stays sent.
+                if len(ready) > len(sent) and ready.startswith(sent):
+                    yield ready[len(sent) :]
+                    sent = ready
+        if out.text is None:
+            out.text = self.decode(out.tokens)
+        if live and len(out.text) > len(sent) and out.text.startswith(sent):
+            yield out.text[len(sent) :]
 
-class ClientGone(Exception):
-    """The client closed its connection before its answer was ready."""
+    def _trim(self, out: Choice, kept: str) -> None:
+        """`out` cut to the tokens that wrote `kept` (the text before the stop sequence)."""
+        k = len(out.tokens)
+        while k > 0 and len(self.decode(out.tokens[: k - 1])) >= len(kept):
+            k -= 1
+        del out.tokens[k:]
+        del out.logprobs[k:]
+        out.text = kept
+
+    def _logprobs_doc(self, echoed_ids: List[int], done: Choice) -> Dict[str, Any]:
+        shown = echoed_ids + done.tokens
+        values: List[Optional[float]] = [None, *done.echoed, *done.logprobs] if echoed_ids else [*done.logprobs]
+        strings = self.token_strings(shown)
+        offsets, at = [], 0
+        for s in strings:
+            offsets.append(at)
+            at += len(s)
+        return {"tokens": strings, "token_logprobs": values, "top_logprobs": None, "text_offset": offsets}
 
 
 def peer_closed(sock: socket.socket) -> bool:
@@ -310,19 +425,15 @@ def peer_closed(sock: socket.socket) -> bool:
         return True
 
 
-def _not_ready(model: Model) -> Tuple[int, Dict[str, Any]]:
+def _not_ready(model: Engine) -> Tuple[int, Dict[str, Any]]:
     message = f"{model.name} is {model.state}: poll /health until it answers 200"
     return 503, openai_api.error_doc(message, "service_unavailable", code=model.state)
 
 
-def _text(tokens: List[int]) -> str:
-    return bytes(t % 256 for t in tokens).decode("utf-8", "replace")
-
-
-def _sample(torch: Any, logits: Any, temperature: float, top_p: float, generator: Any) -> int:
+def sample_token(torch: Any, logits: Any, temperature: float, top_p: float, generator: Any) -> int:
     """One token from softmax(logits / temperature), kept to the top_p nucleus; drawn on the CPU
     so that a seed gives the same tokens on every device."""
-    probs = torch.softmax(logits.cpu() / temperature, dim=-1)
+    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
     if top_p < 1.0:
         ordered, order = torch.sort(probs, descending=True)
         # Keep each token whose predecessors sum below top_p: the first one always stays.
@@ -331,7 +442,7 @@ def _sample(torch: Any, logits: Any, temperature: float, top_p: float, generator
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def _pick_device(torch: Any, wanted: str) -> str:
+def pick_device(torch: Any, wanted: str) -> str:
     """auto: cuda:0 (the first GPU CUDA_VISIBLE_DEVICES leaves) where torch sees one, else cpu."""
     if wanted == "auto":
         return "cuda:0" if torch.cuda.is_available() else "cpu"
@@ -342,12 +453,43 @@ def _pick_device(torch: Any, wanted: str) -> str:
     return wanted
 
 
+def detect_format(model_dir: str) -> str:
+    """"hf" for a Hugging Face folder (config.json names a model_type), "tinylm" for labctl's
+    own (vocab and max_seq); ValueError for anything else."""
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    if isinstance(config, dict):
+        if "model_type" in config:
+            return "hf"
+        if "vocab" in config and "max_seq" in config:
+            return "tinylm"
+    raise ValueError(
+        f"{path} is neither a Hugging Face config (model_type) nor a tinylm one (vocab, max_seq)"
+    )
+
+
+def open_model(name: str, model_dir: str, device: str = "auto", fmt: str = "auto") -> Engine:
+    """The engine for the folder's format (read from config.json when `fmt` is auto); nothing loaded yet."""
+    if fmt == "auto":
+        fmt = detect_format(model_dir)
+    if fmt == "hf":
+        from .hf_model import HFModel
+
+        return HFModel(name, model_dir, device)
+    if fmt == "tinylm":
+        from .tinylm_model import Model
+
+        return Model(name, model_dir, device)
+    raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
 class Handler(JsonHandler):
     server_version = "labctl-orchestra/1"
     max_body = MAX_BODY
 
     @property
-    def model(self) -> Model:
+    def model(self) -> Engine:
         return cast(Server, self.server).model
 
     def do_GET(self) -> None:
@@ -359,9 +501,7 @@ class Handler(JsonHandler):
             if model.state != "ready":
                 self._send(*_not_ready(model))
             else:
-                self._send(
-                    200, openai_api.models_doc(model.name, model.created, int(model.config["max_seq"]))
-                )
+                self._send(200, openai_api.models_doc(model.name, model.created, model.max_len))
         elif route.startswith("/v1/"):
             self._send(404, ApiError(404, f"no such endpoint: GET {route}; try /v1/models").doc())
         else:
@@ -401,32 +541,72 @@ class Handler(JsonHandler):
     def _openai(self, route: str) -> None:
         """POST /v1/...: answers and errors in the API's shapes, so an SDK raises its own errors."""
         model = self.model
-        if route != "/v1/completions":
-            self._send(404, ApiError(404, f"no such endpoint: POST {route}; try /v1/completions").doc())
+        parse = {COMPLETIONS: openai_api.parse_completion, CHAT: openai_api.parse_chat}.get(route)
+        if parse is None:
+            message = f"no such endpoint: POST {route}; try {COMPLETIONS} or {CHAT}"
+            self._send(404, ApiError(404, message).doc())
             return
         if model.state != "ready":
             self._send(*_not_ready(model))
             return
         with model.serving():
-            self._complete(route)
+            self._complete(route, parse)
 
-    def _complete(self, route: str) -> None:
+    def _complete(self, route: str, parse: Callable[[Any, str, int], Request]) -> None:
         model = self.model
         body, unreadable = self._body()
         if unreadable:
             self._send(unreadable[0], ApiError(*unreadable).doc())
             return
+        gone = lambda: peer_closed(self.connection)  # noqa: E731
         try:
-            request = openai_api.parse_completion(body, model.name, MAX_TOKENS)
-            self._send(200, model.complete(request, lambda: peer_closed(self.connection)))
+            request = parse(body, model.name, MAX_TOKENS)
+            if not request.stream:
+                self._send(200, model.complete(request, gone))
+                return
+            chunks = model.stream(request, gone)
         except ClientGone:
             _event("abandoned", route=route, note="the client hung up before the answer; work stopped")
             self.close_connection = True
+            return
         except ApiError as exc:
             self._send(exc.status, exc.doc())
+            return
         except Exception as exc:
             _event("error", route=route, error=f"{type(exc).__name__}: {exc}")
             self._send(500, openai_api.error_doc(f"{type(exc).__name__}: {exc}", "server_error"))
+            return
+        self._stream(route, chunks)
+
+    def _stream(self, route: str, chunks: Iterator[Dict[str, Any]]) -> None:
+        """Server-sent events, one per chunk, then `data: [DONE]`. The answer has no length: it
+        ends when the connection closes. A client that hangs up stops the generation (a write
+        fails, or the next token finds the peer gone); an error after the first event can only
+        be told as an event, in the API's error shape."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            with closing(chunks):
+                for doc in chunks:
+                    self._write(openai_api.sse(doc))
+            self._write(openai_api.DONE)
+        except ClientGone:
+            _event("abandoned", route=route, note="the client hung up mid-stream; work stopped")
+        except Exception as exc:
+            _event("error", route=route, error=f"{type(exc).__name__}: {exc}")
+            try:
+                self._write(openai_api.sse(openai_api.error_doc(f"{type(exc).__name__}: {exc}", "server_error")))
+            except ClientGone:
+                pass
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.wfile.write(data)
+        except OSError:  # a reset, a broken pipe, or a client that stopped reading (the timeout)
+            raise ClientGone() from None
 
 
 class Server(ThreadingHTTPServer):
@@ -435,7 +615,7 @@ class Server(ThreadingHTTPServer):
     # Graceful stop: server_close() waits for the requests in flight (non-daemon threads).
     daemon_threads = False
 
-    def __init__(self, port: int, model: Model, address: str = "0.0.0.0") -> None:
+    def __init__(self, port: int, model: Engine, address: str = "0.0.0.0") -> None:
         self.model = model
         super().__init__((address, port), Handler)
 
@@ -476,18 +656,30 @@ def _one_line(exc: BaseException) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labctl.agent.orchestra.server", description=__doc__)
-    parser.add_argument("--model-dir", required=True, help="a tinylm checkpoint: *.safetensors + config.json")
+    parser.add_argument(
+        "--model-dir",
+        required=True,
+        help="a model folder: a Hugging Face causal LM, or a tinylm checkpoint (*.safetensors + config.json)",
+    )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", required=True, help="the model's name in the orchestra")
     parser.add_argument(
         "--device", default="auto", help="auto (cuda:0 where torch sees a GPU), cpu, cuda, cuda:N"
     )
+    parser.add_argument("--host", default="0.0.0.0", help="the address to listen on (default: every one)")
+    parser.add_argument(
+        "--format", default="auto", choices=FORMATS, help="the folder's format (auto: read from config.json)"
+    )
     args = parser.parse_args(argv)
     # Blocked in every thread (those made later inherit it): only the watcher takes them.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    model = Model(args.name, args.model_dir, args.device)
     try:
-        httpd = Server(args.port, model)
+        model = open_model(args.name, args.model_dir, args.device, args.format)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"orchestra server {args.name}: cannot load {args.model_dir}: {_one_line(exc)}\n")
+        return 1
+    try:
+        httpd = Server(args.port, model, args.host)
     except OSError as exc:
         sys.stderr.write(
             f"orchestra server {args.name}: cannot listen on port {args.port}: {_one_line(exc)}\n"
@@ -542,5 +734,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     return rc
 
 
+def __getattr__(name: str) -> Any:
+    # The tinylm engine moved to tinylm_model.py, which builds on this module; callers that
+    # import `Model` from here still find it (lazily: an import at the top would be a cycle).
+    if name == "Model":
+        from .tinylm_model import Model
+
+        return Model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as the package's module, not as __main__: the engines import it by that name, and one
+    # copy of it keeps its exceptions (ClientGone) and classes one.
+    from labctl.agent.orchestra import server
+
+    sys.exit(server.main())

@@ -120,6 +120,12 @@ def _sandbox(p: Dict[str, Any]) -> Dict[str, Any]:
     return probe(p)
 
 
+def _llama_cpp(p: Dict[str, Any]) -> Dict[str, Any]:
+    from .llama_cpp import probe
+
+    return probe(p)
+
+
 def _net_txn(p: Dict[str, Any]) -> Dict[str, Any]:
     from ..network.txn import open_probe
 
@@ -127,6 +133,7 @@ def _net_txn(p: Dict[str, Any]) -> Dict[str, Any]:
 
 
 PROBES: Dict[str, Callable[[Dict[str, Any]], Dict[str, Any]]] = {
+    "llama_cpp": _llama_cpp,
     "net_txn": _net_txn,
     "sandbox": _sandbox,
     "authorized_keys": _authorized_keys,
@@ -306,6 +313,12 @@ def _op_sandbox_image(op: Dict[str, Any]) -> str:
     return build_op(op)
 
 
+def _op_llama_cpp(op: Dict[str, Any]) -> str:
+    from .llama_cpp import build_op
+
+    return build_op(op)
+
+
 def _op_torch_env(op: Dict[str, Any]) -> str:
     from .torch_env import build_op
 
@@ -313,6 +326,7 @@ def _op_torch_env(op: Dict[str, Any]) -> str:
 
 
 OPS: Dict[str, Callable[[Dict[str, Any]], str]] = {
+    "llama_cpp": _op_llama_cpp,
     "torch_env": _op_torch_env,
     "dockerd": _op_dockerd,
     "sandbox_image": _op_sandbox_image,

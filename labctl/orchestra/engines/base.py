@@ -44,7 +44,17 @@ class Engine:
     # Readiness is proven by a one-token completion through the OpenAI API, after health.
     ready_by_completion: bool = True
     max_tokens: int | None = None  # the most tokens one request may ask (None: the model's context)
+    # Below this compute capability the engine computes 16-bit weights in fp32 (fp16 is slow
+    # there: a P40 runs it at 1/64 rate), so they take twice their bytes on the GPU.
+    fp32_below: Cap | None = None
     notes: tuple[str, ...] = field(default=())
+
+    def weight_scale(self, cap: Cap | None, dtype: str | None) -> float:
+        """GPU bytes per file byte of weights of `dtype` on a GPU of `cap`."""
+        half = (dtype or "").upper() in ("BF16", "F16", "FLOAT16", "BFLOAT16")
+        if half and self.fp32_below is not None and cap is not None and cap < self.fp32_below:
+            return 2.0
+        return 1.0
 
     def serves(self, fmt: str) -> bool:
         return "*" in self.formats or fmt in self.formats
