@@ -166,17 +166,43 @@ def make_model(
         Optional[str], typer.Option("--host", help="Where to write it (default: the storage host).")
     ] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="tinylm (labctl's own, any --size-gb, no torch needed), hf (a tiny Llama-architecture "
+            "Hugging Face model with a BPE tokenizer and a chat template) or gguf (the same model as a GGUF file).",
+        ),
+    ] = "tinylm",
+    seed: Annotated[
+        int, typer.Option("--seed", help="The weights' seed: the same seed writes the same model.")
+    ] = 0,
+    python: Annotated[
+        Optional[str],
+        typer.Option(
+            "--python",
+            help="hf/gguf: the host's interpreter with torch and transformers (default its torch_env).",
+            show_default=False,
+        ),
+    ] = None,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
-    """Write a safetensors checkpoint of a real small transformer on a host's model folder.
+    """Write a model of a real architecture on a host's model folder, made from a seed.
 
-    The weights are written on the host itself by labctl's agent (no torch needed there,
-    nothing crosses the network), as `storage.models/NAME/` with `config.json`, so
-    `bench model-load` can build the model and run real forward passes.
+    tinylm: the weights are written on the host itself by labctl's agent (no torch needed
+    there, nothing crosses the network), as `storage.models/NAME/` with `config.json`, so
+    `bench model-load` can build the model and run real forward passes. hf and gguf: a tiny
+    Llama-architecture model (a byte-level BPE tokenizer trained on the phase-3 tasks, a ChatML
+    chat template) that the orchestra serves with labctl's server (hf) or llama.cpp (gguf);
+    --size-gb does not apply to them.
 
-    Example: labctl bench make-model --size-gb 2 --host irina
+    Examples:
+
+        labctl bench make-model --size-gb 2 --host irina
+
+        labctl bench make-model --format gguf --name tiny-llama-gguf --host irina
     """
     from labctl.cache.targets import check_models, library_root, storage_host
     from labctl.hosts.agent_ship import call_agent
@@ -187,7 +213,11 @@ def make_model(
         check_models(
             [name], "make-model", "For example: labctl bench make-model --name tinylm-2g --size-gb 2."
         )
-    folder = name or f"tinylm-{size_gb:g}g"
+    if fmt not in ("tinylm", "hf", "gguf"):
+        from labctl.output.errors import InputError
+
+        raise InputError(f"--format {fmt!r} is not a model format labctl makes.", "Use tinylm, hf or gguf.")
+    folder = name or (f"tinylm-{size_gb:g}g" if fmt == "tinylm" else f"tiny-llama-{fmt}")
 
     def work(c: Context) -> Outcome:
         target = storage_host(c.inventory, host)
@@ -195,10 +225,13 @@ def make_model(
 
         def step(run: HostRun) -> HostResult:
             args = {"models": library, "name": folder, "size_gb": size_gb, "dtype": dtype}
+            if fmt != "tinylm":
+                args.update(format=fmt, seed=seed, python=python)
             ans = call_agent(run, "make_model", args, timeout=3600)
             return HostResult(run.host.name, "changed", data=ans)
 
-        results = fan_out(c, [target], step, label=f"writing {size_gb:g} GB model")
+        what = f"{size_gb:g} GB model" if fmt == "tinylm" else f"{fmt} model"
+        results = fan_out(c, [target], step, label=f"writing {what}")
         r = results[0]
 
         def render() -> None:

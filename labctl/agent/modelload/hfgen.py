@@ -62,7 +62,9 @@ def make_tokenizer(vocab: int) -> Any:
     return tok
 
 
-def model_config(arch: str, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, context: int) -> Any:
+def model_config(
+    arch: str, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, context: int
+) -> Any:
     import transformers
 
     cls = {
@@ -142,6 +144,68 @@ def make_hf_model(
         raise
     params = sum(p.numel() for p in model.parameters())
     return {"path": out, "arch": arch, "params": params, "vocab": n_vocab, "context": context, "seed": seed}
+
+
+def make_on_host(path: str, fmt: str, seed: int, python: Optional[str], ftype: str = "f16") -> Dict[str, Any]:
+    """`bench make-model --format hf|gguf` on a host: this module (and ggufgen for GGUF) run with
+    the host's torch python, as the server does; the agent itself stays stdlib-only. A GGUF
+    model is written as a folder holding one model.gguf (the RAM cache holds folders)."""
+    import subprocess
+    import time
+
+    from ..errors import AgentError
+    from ..launch import IMPORT_ROOT, torch_python
+
+    py, _ = torch_python(python)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (IMPORT_ROOT, env.get("PYTHONPATH")) if p)
+    start = time.monotonic()
+
+    def run(argv: List[str]) -> str:
+        try:
+            done = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True, timeout=1800)
+        except OSError as exc:
+            raise AgentError(f"make_model: cannot run {py}: {exc.strerror or exc}", "io") from None
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise AgentError(
+                f"make_model: {' '.join(argv[1:3])} failed: {' | '.join(tail)}; the {fmt} format needs "
+                f"torch, transformers and tokenizers for {py} (the `hf` extra)",
+                "io",
+            )
+        return done.stdout
+
+    if fmt == "hf":
+        info = json.loads(run([py, "-m", "labctl.agent.modelload.hfgen", "--out", path, "--seed", str(seed)]))
+    else:
+        parent = os.path.dirname(os.path.abspath(path)) or "."
+        os.makedirs(parent, exist_ok=True)
+        hf = tempfile.mkdtemp(prefix=".hf-for-gguf-", dir=parent)
+        out = tempfile.mkdtemp(prefix=".gguf-", dir=parent)
+        try:
+            info = json.loads(
+                run([py, "-m", "labctl.agent.modelload.hfgen", "--out", hf + "/m", "--seed", str(seed)])
+            )
+            run(
+                [py, "-m", "labctl.agent.modelload.ggufgen", "--hf", hf + "/m", "--out", out + "/model.gguf",
+                 "--ftype", ftype]
+            )  # fmt: skip
+            os.chmod(out, 0o755)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            os.rename(out, path)
+        finally:
+            shutil.rmtree(hf, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)
+    files = [{"name": n, "bytes": os.path.getsize(os.path.join(path, n))} for n in sorted(os.listdir(path))]
+    return dict(
+        info,
+        path=path,
+        format=fmt,
+        files=files,
+        bytes=sum(f["bytes"] for f in files),
+        seconds=round(time.monotonic() - start, 3),
+    )
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -213,11 +213,15 @@ def make_model(
     seed=Opt(int, 0),
     shard_gb=Opt(NUMBER_OR_NULL, None),
     dtype=Opt(str, "bf16"),
+    format=Opt(str, "tinylm"),
+    python=Opt(object, None),
 )
 def make_model_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """Agent command: {models, name | path, size_gb, dtype="bf16", seed=0, shard_gb=None} ->
-    make_model's answer. `models` + `name`: the model library and the model's folder in it (a
-    name that would leave the library is refused here too); `path`: any folder (benchmarks)."""
+    """Agent command: {models, name | path, size_gb, dtype="bf16", seed=0, shard_gb=None,
+    format="tinylm", python=None} -> make_model's answer. `models` + `name`: the model library
+    and the model's folder in it (a name that would leave the library is refused here too);
+    `path`: any folder (benchmarks). format hf or gguf: a tiny Llama-architecture model with a
+    tokenizer trained here (hfgen.py), made by the host's torch python (`python`)."""
     path: Any = args["path"]
     if args["models"] is not None:
         from ..cache.manifest import check_name
@@ -231,6 +235,12 @@ def make_model_command(args: Dict[str, Any]) -> Dict[str, Any]:
             "make_model needs a folder path (args.path), or the library and a model name (args.models, args.name)",
             "bad_args",
         )
+    if args["format"] in ("hf", "gguf"):
+        from .hfgen import make_on_host
+
+        return make_on_host(path, args["format"], int(args["seed"]), args["python"])
+    if args["format"] != "tinylm":
+        raise AgentError(f"make_model: format must be tinylm, hf or gguf, got {args['format']!r}", "bad_args")
     size_gb, seed, shard_gb = args["size_gb"], args["seed"], args["shard_gb"]
     shard_bytes = int(float(shard_gb) * GB) if shard_gb else None
     if not size_gb > 0:
