@@ -499,7 +499,8 @@ def _describe_gguf(folder: str, names: List[str], desc: Dict[str, Any]) -> None:
             head_dim = desc["hidden"] // heads
         desc["head_dim"] = head_dim
         desc["vocab"] = _positive(meta.get(p + "vocab_size"))
-    elif first.complete:
+    elif first.complete and not meta.get("split.no"):
+        # A later part of a split model carries no metadata: its missing first part is the problem.
         problems.append(f"{names[0]}: no general.architecture key: convert the model again with llama.cpp")
     tokens = meta.get("tokenizer.ggml.tokens")
     if desc["vocab"] is None and isinstance(tokens, (_Array, list)):
@@ -709,7 +710,8 @@ def describe(path: str, file: Optional[str] = None) -> Dict[str, Any]:
             _describe_weights(folder, names, desc)
         else:
             problems.append(
-                "not a model folder: no config.json, *.safetensors or *.gguf in it (is the download complete?)"
+                "not a model folder: no config.json, *.safetensors or *.gguf in it "
+                "(is the download complete?)"
             )
         return desc
     config, why = _read_json(os.path.join(folder, "config.json"))
@@ -725,7 +727,8 @@ def describe(path: str, file: Optional[str] = None) -> Dict[str, Any]:
         return desc
     else:
         problems.append(
-            "config.json has no model_type (Hugging Face) nor tinylm's vocab/d_model/n_layers/n_heads/max_seq: "
+            "config.json has no model_type (Hugging Face) nor tinylm's "
+            "vocab/d_model/n_layers/n_heads/max_seq: "
             "download the model's own config.json"
         )
     if has_weights:
