@@ -103,6 +103,27 @@ def test_sampling_with_a_seed_repeats_and_n_choices_come_per_prompt_in_order(
     assert texts(9, top_p=1e-9)[:3] == [greedy] * 3
 
 
+def test_a_streamed_completion_is_the_whole_answer_in_chunks_with_usage_last(
+    server: tuple[int, dict[str, Any]],
+) -> None:
+    port, _ = server
+    whole = sdk(port).completions.create(model="tiny", prompt="the lab", max_tokens=12, temperature=0)
+    chunks = list(
+        sdk(port).completions.create(
+            model="tiny",
+            prompt="the lab",
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert len(texts) > 2 and "".join(texts) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert not chunks[-1].choices and chunks[-1].usage == whole.usage
+
+
 def test_echo_with_logprobs_scores_the_prompt_as_score_does(server: tuple[int, dict[str, Any]]) -> None:
     port, _ = server
     text = "hello orchestra"
@@ -121,7 +142,8 @@ def test_echo_with_logprobs_scores_the_prompt_as_score_does(server: tuple[int, d
     ("kwargs", "error", "says"),
     [
         ({"model": "other"}, openai.NotFoundError, "holds 'tiny'"),
-        ({"stream": True}, openai.BadRequestError, "stream"),
+        ({"stream": True, "logprobs": 0}, openai.BadRequestError, "logprobs is not supported on a stream"),
+        ({"stream_options": {"include_usage": True}}, openai.BadRequestError, "only allowed with stream"),
         ({"max_tokens": MAX_TOKENS + 1}, openai.BadRequestError, "max_tokens"),
         ({"prompt": "x" * 65}, openai.BadRequestError, "max_seq=64"),
         ({"prompt": [1, 2, 3]}, openai.BadRequestError, "token ids are not taken"),
@@ -146,8 +168,12 @@ def test_unknown_v1_paths_and_bodies_that_are_not_json_get_the_apis_error_shape(
     server: tuple[int, dict[str, Any]],
 ) -> None:
     port, _ = server
-    code, doc = call(port, "POST", "/v1/chat/completions", {"model": "tiny"})
+    code, doc = call(port, "POST", "/v1/embeddings", {"model": "tiny"})
     assert code == 404 and "/v1/completions" in doc["error"]["message"]
+    # A tinylm has no chat template: a chat is refused, not answered in a made-up format.
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    code, doc = call(port, "POST", "/v1/chat/completions", chat)
+    assert code == 400 and "no chat template" in doc["error"]["message"]
     code, doc = call(port, "POST", "/v1/completions", raw=b"{not json")
     assert code == 400 and "not JSON" in doc["error"]["message"]
     assert call(port, "GET", "/v1/nothing")[0] == 404

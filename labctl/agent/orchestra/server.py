@@ -35,7 +35,7 @@ import threading
 import time
 from contextlib import closing, contextmanager
 from http.server import ThreadingHTTPServer
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple, Union, cast
+from typing import Any, Callable, Dict, FrozenSet, Generator, Iterator, List, Optional, Tuple, Union, cast
 
 from .. import procs
 from ..httpjson import JsonHandler
@@ -155,7 +155,7 @@ class Engine:
 
     def tokens(
         self, ids: List[int], n: int, temperature: float, top_p: float, generator: Any, logprobs: bool
-    ) -> Iterator[Tuple[int, Optional[float]]]:
+    ) -> Generator[Tuple[int, Optional[float]], None, None]:
         """Up to `n` tokens after `ids`, each computed when asked for (the caller stops early on a
         stop sequence or a client gone), with its log-probability when `logprobs`. Temperature 0
         is greedy; above it, sample_token() with `generator`. Hold self.lock."""
@@ -229,9 +229,10 @@ class Engine:
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_TOKENS:
             raise BadRequest(f"max_tokens must be an integer from 0 to {MAX_TOKENS}, got {n!r}")
         start = time.perf_counter()
+        greedy = CompletionRequest([], n, 0.0, 1.0, 1, None, [], False, None)
         out = Choice()
         with self.lock:
-            for _ in self._choice(ids, n, 0.0, 1.0, None, [], False, out, None, False):
+            for _ in self._choice(ids, greedy, None, out, None, False):
                 pass
         return {
             "name": self.name,
@@ -294,14 +295,14 @@ class Engine:
             return openai_api.chat_doc(self.name, choices, prompt_tokens)
         return openai_api.completion_doc(self.name, choices, prompt_tokens)
 
-    def stream(self, req: Request, gone: Gone = None) -> Iterator[Dict[str, Any]]:
+    def stream(self, req: Request, gone: Gone = None) -> Generator[Dict[str, Any], None, None]:
         """The same answer as complete(), as the API's stream chunks. The prompts are checked
         here, before the first chunk: a refusal is still a plain error answer."""
         return self._stream(req, self._prompts(req), gone)
 
     def _stream(
         self, req: Request, prompts: List[Tuple[List[int], str]], gone: Gone
-    ) -> Iterator[Dict[str, Any]]:
+    ) -> Generator[Dict[str, Any], None, None]:
         chunks = openai_api.Chunks(self.name, isinstance(req, ChatRequest), req.include_usage)
         opened = -1
         completion_tokens = 0
@@ -326,7 +327,7 @@ class Engine:
 
     def _answers(
         self, req: Request, prompts: List[Tuple[List[int], str]], gone: Gone, live: bool
-    ) -> Iterator[Tuple[int, str, Optional[Choice]]]:
+    ) -> Generator[Tuple[int, str, Optional[Choice]], None, None]:
         """(choice index, text to send now, None) while a choice grows when `live`, then (index,
         "", the finished Choice). Holds the model from the first token to the last."""
         generator = self.new_generator(req.seed) if req.temperature > 0 else None
@@ -338,9 +339,7 @@ class Engine:
                 for _ in range(req.n):
                     out = Choice()
                     out.echoed = echoed
-                    grown = self._choice(
-                        ids, req.max_tokens, req.temperature, req.top_p, generator, req.stop, want, out, gone, live
-                    )
+                    grown = self._choice(ids, req, generator, out, gone, live)
                     with closing(grown):
                         for text in grown:
                             yield index, text, None
@@ -348,23 +347,16 @@ class Engine:
                     index += 1
 
     def _choice(
-        self,
-        ids: List[int],
-        n: int,
-        temperature: float,
-        top_p: float,
-        generator: Any,
-        stops: List[str],
-        logprobs: bool,
-        out: Choice,
-        gone: Gone,
-        live: bool,
-    ) -> Iterator[str]:
+        self, ids: List[int], req: Request, generator: Any, out: Choice, gone: Gone, live: bool
+    ) -> Generator[str, None, None]:
         """Fills `out` token by token; when `live`, yields the text as it becomes safe to send
         (openai_api.releasable). A stop sequence ends it, left out with what follows; an end-of-
         sequence token ends it too. Hold self.lock."""
         sent = ""
-        steps = self.tokens(ids, n, temperature, top_p, generator, logprobs)
+        stops = req.stop
+        steps = self.tokens(
+            ids, req.max_tokens, req.temperature, req.top_p, generator, req.logprobs is not None
+        )
         with closing(steps):
             while True:
                 if gone is not None and gone():
@@ -406,7 +398,9 @@ class Engine:
 
     def _logprobs_doc(self, echoed_ids: List[int], done: Choice) -> Dict[str, Any]:
         shown = echoed_ids + done.tokens
-        values: List[Optional[float]] = [None, *done.echoed, *done.logprobs] if echoed_ids else [*done.logprobs]
+        values: List[Optional[float]] = (
+            [None, *done.echoed, *done.logprobs] if echoed_ids else [*done.logprobs]
+        )
         strings = self.token_strings(shown)
         offsets, at = [], 0
         for s in strings:
@@ -454,16 +448,16 @@ def pick_device(torch: Any, wanted: str) -> str:
 
 
 def detect_format(model_dir: str) -> str:
-    """"hf" for a Hugging Face folder (config.json names a model_type), "tinylm" for labctl's
-    own (vocab and max_seq); ValueError for anything else."""
+    """The folder's format from its config.json: "tinylm" for labctl's own (vocab and max_seq; its
+    model_type says tinylm too), "hf" for a Hugging Face one (any other model_type), else ValueError."""
     path = os.path.join(model_dir, "config.json")
     with open(path) as f:
         config = json.load(f)
     if isinstance(config, dict):
-        if "model_type" in config:
-            return "hf"
-        if "vocab" in config and "max_seq" in config:
+        if config.get("model_type") == "tinylm" or ("vocab" in config and "max_seq" in config):
             return "tinylm"
+        if isinstance(config.get("model_type"), str):
+            return "hf"
     raise ValueError(
         f"{path} is neither a Hugging Face config (model_type) nor a tinylm one (vocab, max_seq)"
     )
@@ -541,7 +535,11 @@ class Handler(JsonHandler):
     def _openai(self, route: str) -> None:
         """POST /v1/...: answers and errors in the API's shapes, so an SDK raises its own errors."""
         model = self.model
-        parse = {COMPLETIONS: openai_api.parse_completion, CHAT: openai_api.parse_chat}.get(route)
+        parsers: Dict[str, Callable[[Any, str, int], Request]] = {
+            COMPLETIONS: openai_api.parse_completion,
+            CHAT: openai_api.parse_chat,
+        }
+        parse = parsers.get(route)
         if parse is None:
             message = f"no such endpoint: POST {route}; try {COMPLETIONS} or {CHAT}"
             self._send(404, ApiError(404, message).doc())
@@ -578,7 +576,7 @@ class Handler(JsonHandler):
             return
         self._stream(route, chunks)
 
-    def _stream(self, route: str, chunks: Iterator[Dict[str, Any]]) -> None:
+    def _stream(self, route: str, chunks: Generator[Dict[str, Any], None, None]) -> None:
         """Server-sent events, one per chunk, then `data: [DONE]`. The answer has no length: it
         ends when the connection closes. A client that hangs up stops the generation (a write
         fails, or the next token finds the peer gone); an error after the first event can only
@@ -598,7 +596,9 @@ class Handler(JsonHandler):
         except Exception as exc:
             _event("error", route=route, error=f"{type(exc).__name__}: {exc}")
             try:
-                self._write(openai_api.sse(openai_api.error_doc(f"{type(exc).__name__}: {exc}", "server_error")))
+                self._write(
+                    openai_api.sse(openai_api.error_doc(f"{type(exc).__name__}: {exc}", "server_error"))
+                )
             except ClientGone:
                 pass
 
