@@ -47,6 +47,7 @@ TOP_TENSORS = {
     "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
 }
+REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")
 BLOCK_RE = re.compile(r"^model\.layers\.([0-9]+)\.(.+)\.(weight|bias)$")
 # Buffers some checkpoints carry that llama.cpp recomputes.
 SKIPPED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
@@ -157,6 +158,8 @@ def read_tokenizer(hf_dir: str, config: Dict[str, Any], n_vocab: int) -> Dict[st
 
     import gguf
 
+    if not isinstance(model.get("vocab"), dict):
+        raise ConvertError(f"{path}: the BPE model has no vocab")
     vocab: Dict[str, int] = dict(model["vocab"])
     added = {t["content"]: t for t in tok.get("added_tokens") or []}
     for text, t in added.items():
@@ -251,6 +254,9 @@ def hf_to_gguf(hf_dir: str, out_path: str, ftype: str = "f16", name: Optional[st
         raise ConvertError(f"RoPE scaling {rope_type!r} is not converted here")
     rope_theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
 
+    missing = [k for k in REQUIRED if not isinstance(config.get(k), int)]
+    if missing:
+        raise ConvertError(f"{config_path} lacks {', '.join(missing)} (or they are not integers)")
     hidden = int(config["hidden_size"])
     n_head = int(config["num_attention_heads"])
     n_kv = int(config.get("num_key_value_heads") or n_head)
@@ -365,7 +371,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = parser.parse_args(argv)
     try:
         info = hf_to_gguf(a.hf, a.out, a.ftype, a.name)
-    except (ImportError, ConvertError, OSError, ValueError, KeyError) as exc:
+    except (ImportError, ConvertError, OSError, ValueError) as exc:
         sys.stderr.write(f"ggufgen: {exc}\n")
         return 1
     sys.stdout.write(json.dumps(info) + "\n")

@@ -29,18 +29,22 @@ import tarfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import paths, procs
+from .. import procs
 from ..argspec import Or, takes
 from ..cache.manifest import emit
 from ..errors import AgentError
 from ..fsutil import write_json
 
-ROOT = paths.HOME + "/llama.cpp"  # one folder per build: ROOT/<version>-<cpu|cuda-61_70>
+# One folder per build: ROOT/<version>-<cpu|cuda-61_70>, where the orchestra's engine looks for
+# llama-server (labctl/agent/orchestra/host.py ENGINE_ROOTS). Programs, not labctl's state: /opt.
+ROOT = "/opt/labctl/llama.cpp"
 SDIST_DIR = ROOT + "/src"  # the sdists the controller pushed
 SERVER = "bin/llama-server"
 MANIFEST = "build.json"
 # llama-cpp-python sdists this code has built, by sha256 of the file on PyPI.
 PINNED = {"0.3.36": "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"}
+# ... and the llama.cpp commit each vendors (for the plan to show; the build reads it from the sdist).
+COMMITS = {"0.3.36": "0c1e570"}
 DEFAULT_VERSION = "0.3.36"
 HEARTBEAT_S = 10.0
 STEP_WORDS = {
@@ -203,7 +207,13 @@ def cuda_check(
 
 
 def cmake_args(
-    src: str, build: str, version: str, archs: Sequence[str], nvcc: Optional[str] = None, ninja: bool = False
+    src: str,
+    build: str,
+    version: str,
+    archs: Sequence[str],
+    nvcc: Optional[str] = None,
+    ninja: bool = False,
+    commit: str = "",
 ) -> List[str]:
     """The configure command: llama-server alone, static, nothing fetched at build or run time."""
     argv = ["cmake", "-S", src, "-B", build] + (["-G", "Ninja"] if ninja else [])
@@ -226,9 +236,10 @@ def cmake_args(
         # The build runs on the host it serves, so the CPU code may use all of this CPU's
         # instructions (AVX2, AVX-512 ...): several times faster than the x86-64 baseline.
         "-DGGML_NATIVE=ON",
-        # The sdist has no .git: name the sources in `--version` instead of a commit.
+        # The sdist's .git file points at a submodule folder it does not carry, and a folder above
+        # may be another repository: name the commit (read from the sdist) instead of asking git.
         "-DLLAMA_BUILD_NUMBER=0",
-        f"-DLLAMA_BUILD_COMMIT=llama-cpp-python-{version}",
+        f"-DLLAMA_BUILD_COMMIT={commit or 'llama-cpp-python-' + version}",
     ]
     if archs:
         argv += ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=" + ";".join(archs)]
@@ -406,14 +417,21 @@ def remove_stale(parent: str, base: str) -> List[str]:
     return removed
 
 
-def extract_llama_cpp(sdist: str, dest: str) -> str:
-    """Unpack the sdist's vendor/llama.cpp (less what no build reads) into `dest`; its path."""
+def extract_llama_cpp(sdist: str, dest: str) -> Tuple[str, Optional[str]]:
+    """Unpack the sdist's vendor/llama.cpp (less what no build reads) into `dest`: its path, and
+    the llama.cpp commit the sdist was made from (its git submodule's HEAD, which it carries)."""
     real_dest = os.path.realpath(dest)
+    commit: Optional[str] = None
     with tarfile.open(sdist, "r:gz") as tar:
         members = []
         top = ""
         for m in tar.getmembers():
             parts = m.name.split("/")
+            if parts[1:] == [".git", "modules", "vendor", "llama.cpp", "HEAD"] and m.isfile():
+                f = tar.extractfile(m)
+                head = f.read(100).decode("ascii", "replace").strip() if f else ""
+                commit = head if re.fullmatch(r"[0-9a-f]{40}", head) else None
+                continue
             if len(parts) < 3 or parts[1:3] != ["vendor", "llama.cpp"]:
                 continue
             top = parts[0]
@@ -426,7 +444,7 @@ def extract_llama_cpp(sdist: str, dest: str) -> str:
         if not members:
             raise Failed(f"{sdist} has no vendor/llama.cpp: not a llama-cpp-python sdist")
         tar.extractall(dest, members=members)
-    return os.path.join(dest, top, "vendor", "llama.cpp")
+    return os.path.join(dest, top, "vendor", "llama.cpp"), commit
 
 
 class Build:
@@ -582,11 +600,12 @@ class Build:
     ) -> Dict[str, Any]:
         self.progress("unpack", sdist)
         os.makedirs(self.work)
-        src = extract_llama_cpp(sdist, os.path.join(self.work, "src"))
+        src, commit = extract_llama_cpp(sdist, os.path.join(self.work, "src"))
         build = os.path.join(self.work, "build")
         jobs = int(self.args["jobs"] or os.cpu_count() or 1)
         timeout = float(self.args["timeout"] or (CUDA_BUILD_TIMEOUT_S if self.archs else BUILD_TIMEOUT_S))
-        configure = cmake_args(src, build, version, self.archs, nvcc, ninja=shutil.which("ninja") is not None)
+        ninja = shutil.which("ninja") is not None
+        configure = cmake_args(src, build, version, self.archs, nvcc, ninja, commit[:7] if commit else "")
         self.progress("configure", " ".join(configure[5:]))
         self.tool(configure, 600, "cmake (configure)")
         self.progress("compile", f"llama-server with {jobs} jobs")
@@ -608,6 +627,7 @@ class Build:
         manifest = {
             "version": version,
             "source_sha256": digest,
+            "llama_cpp_commit": commit,
             "cuda_archs": self.archs,
             "nvcc": nvcc_version,
             "nvcc_path": nvcc,

@@ -5,7 +5,7 @@
     - llama_cpp: {cuda: "61,70", nvcc: /usr/local/cuda-12.4/bin/nvcc}
 
 The sources are llama-cpp-python's sdist from PyPI (it vendors llama.cpp), pinned by version and
-sha256. The controller downloads it once into its cache (~/.cache/labctl/llama.cpp/) and pushes
+sha256. The controller downloads it once into its cache (`sdist_cache()`) and pushes
 it to each host that lacks it: hosts need no index and no network, one download serves the lab,
 and every host builds the very same bytes. The host builds `llama-server` alone, static, with no
 web UI and nothing fetched, into PREFIX/bin/llama-server beside a build.json manifest, and puts
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import shlex
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from pydantic import Field
 
 from labctl.agent.provision.llama_cpp import (
+    COMMITS,
     DEFAULT_VERSION,
     PINNED,
     ROOT,
@@ -167,7 +169,11 @@ class LlamaCpp(Resource):
         return found
 
     def host_sdist(self) -> str:
-        return f"{SDIST_DIR}/{sdist_name(self.params.version)}"
+        """Where the host keeps the sources: src/ beside the builds (ROOT/src by default)."""
+        folder = (
+            f"{posixpath.dirname(self.params.prefix.rstrip('/'))}/src" if self.params.prefix else SDIST_DIR
+        )
+        return f"{folder}/{sdist_name(self.params.version)}"
 
     def probes(self) -> Probes:
         return {
@@ -257,7 +263,7 @@ class LlamaCpp(Resource):
                 "timeout": timeout,
             },
         )
-        shown = cmake_args("SRC", "BUILD", p.version, archs, nvcc)
+        shown = cmake_args("SRC", "BUILD", p.version, archs, nvcc, commit=COMMITS.get(p.version, ""))
         change.diffs.append(f"+ {shlex.join(shown)}\n+ {shlex.join(build_args('BUILD', jobs))}\n")
         change.diffs.append(f"+ {prefix}/{SERVER}, {prefix}/build.json ({flavor(archs)})\n")
         return change
