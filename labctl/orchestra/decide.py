@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from labctl.orchestra.choose import Choice, choose, lowest_warm, order_steps
-from labctl.orchestra.engines.check import ModelFit
+from labctl.orchestra.fit import ModelFit
 from labctl.orchestra.place import CapacityRow, Gpu, Placement, capacity, place, placement_of, split_gpus
 from labctl.output.errors import InputError
 
@@ -108,9 +108,9 @@ def fitted(
     orch: Orchestra, files: Mapping[str, Mapping[str, Any]], gpus: Sequence[Gpu], names: Sequence[str]
 ) -> tuple[dict[str, float], dict[str, set[Any]], dict[str, ModelFit]]:
     """(needs, the GPUs each model may use, each model's fit) for `names`, or the InputError
-    naming every model whose engine cannot serve it here (engines/check.py)."""
+    naming every model whose engine cannot serve it here (orchestra/fit.py)."""
     from labctl.orchestra.engines import engine
-    from labctl.orchestra.engines.check import check_models, refusals
+    from labctl.orchestra.fit import check_models, refusals
 
     fits = check_models(orch, files, gpus, names)
     refused = refusals(fits)
@@ -406,7 +406,7 @@ def model_rows(
     needs: Mapping[str, float],
 ) -> list[dict[str, Any]]:
     """One row per library model: what `orchestra plan` shows of its files."""
-    from labctl.orchestra.spec import kv_cache_gb
+    from labctl.orchestra.sizes import kv_cache_gb
 
     rows = []
     for name in orch.names:

@@ -190,7 +190,7 @@ def place(
     so the orchestra spreads over the GPUs; where that spreading leaves a model no room, the
     tightest fit is tried instead before giving up. A model that fits nowhere is an InputError
     naming it, its need and the largest free GPU. `allowed` ({name: GPU keys}) keeps a model
-    to the GPUs its engine runs on (engines/check.py); a model not in it may go anywhere.
+    to the GPUs its engine runs on (orchestra/fit.py); a model not in it may go anywhere.
     """
     if not gpus:
         raise InputError(

@@ -131,10 +131,10 @@ class Options:
 def start_args(orch: Orchestra, model: str, gpu: int | None, files: dict[str, Any] | None) -> dict[str, Any]:
     """What orch_start and orch_health need of `model`'s engine (engines/base.py's contract)."""
     from labctl.orchestra.engines import engine
-    from labctl.orchestra.spec import served_context
+    from labctl.orchestra.sizes import served_context
 
     eng = engine(orch.engine_name(model))
-    args = eng.start_args(model, served_context(orch.model(model), orch.context, files), gpu)
+    args = eng.start_args(model, served_context(orch.model(model).context, orch.context, files), gpu)
     if eng.name == "command":
         args["command"] = orch.server.command
         args["health_path"] = orch.server.health

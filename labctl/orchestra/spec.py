@@ -35,6 +35,7 @@ from labctl.documents.suggest import did_you_mean
 from labctl.documents.validation import DocumentError, Problem, dotted, fix_the_lines
 from labctl.documents.yamlpos import PositionedYaml
 from labctl.inventory.model import HostPath, Strict
+from labctl.orchestra.sizes import kv_cache_gb, served_context
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Host, Inventory
@@ -446,24 +447,6 @@ class Orchestra(Strict):
         }
 
 
-def served_context(model: ModelEntry, default: int, files: Mapping[str, Any] | None) -> int:
-    """The context a model is served with: its own `context:`, else the file's default, capped at
-    what the model was trained for where its files say."""
-    wanted = model.context or default
-    limit = (files or {}).get("context")
-    return min(wanted, int(limit)) if isinstance(limit, int) and limit > 0 else wanted
-
-
-def kv_cache_gb(files: Mapping[str, Any], context: int, bytes_per_elem: int = 2) -> float | None:
-    """GB the KV cache of `context` tokens takes (K and V of every layer), or None where the
-    files did not say the geometry."""
-    try:
-        layers, kv_heads, head_dim = (int(files[k]) for k in ("layers", "kv_heads", "head_dim"))
-    except (KeyError, TypeError, ValueError):
-        return None
-    return 2 * layers * kv_heads * head_dim * context * bytes_per_elem / 1e9
-
-
 def gpu_need_gb(
     model: ModelEntry,
     overhead: Overhead,
@@ -478,7 +461,7 @@ def gpu_need_gb(
         return model.gpu_gb
     if files and isinstance(files.get("weight_bytes"), int):
         weights = files["weight_bytes"] / 1e9 * scale
-        kv = kv_cache_gb(files, served_context(model, default_context, files))
+        kv = kv_cache_gb(files, served_context(model.context, default_context, files))
         if kv is not None:
             return weights * (1 + overhead.activations) + kv + overhead.context_gb
         return weights * (1 + overhead.fraction) + overhead.context_gb

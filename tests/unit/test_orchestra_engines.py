@@ -11,10 +11,11 @@ import pytest
 
 from labctl.orchestra.decide import fitted, plan_placement
 from labctl.orchestra.engines import ENGINES, engine
-from labctl.orchestra.engines.check import check_models
+from labctl.orchestra.fit import check_models
 from labctl.orchestra.place import Gpu
 from labctl.orchestra.rotate import start_args
-from labctl.orchestra.spec import Orchestra, kv_cache_gb, load_orchestra, serving_hosts
+from labctl.orchestra.sizes import kv_cache_gb
+from labctl.orchestra.spec import Orchestra, load_orchestra, serving_hosts
 from labctl.output.errors import InputError
 from tests.unit.test_orchestra_plan import seed_claims, seed_inventory, seed_orchestra
 

@@ -197,7 +197,9 @@ def make_on_host(path: str, fmt: str, seed: int, python: Optional[str], ftype: s
         finally:
             shutil.rmtree(hf, ignore_errors=True)
             shutil.rmtree(out, ignore_errors=True)
-    files = [{"name": n, "bytes": os.path.getsize(os.path.join(path, n))} for n in sorted(os.listdir(path))]
+    files: List[Dict[str, Any]] = [
+        {"name": n, "bytes": os.path.getsize(os.path.join(path, n))} for n in sorted(os.listdir(path))
+    ]
     return dict(
         info,
         path=path,

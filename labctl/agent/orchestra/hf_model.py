@@ -22,8 +22,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Dict, Generator, Iterator, List, Optional, Tuple
 
+from .backend import ServedModel, pick_device, sample_token
 from .openai_api import ApiError
-from .server import Engine, pick_device, sample_token
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
@@ -76,7 +76,7 @@ def _ids(value: Any) -> List[int]:
     return [int(v) for v in (value if isinstance(value, list) else [value])]
 
 
-class HFModel(Engine):
+class HFModel(ServedModel):
     """A Hugging Face causal LM folder, from files to ready, and its primitives."""
 
     format = "hf"

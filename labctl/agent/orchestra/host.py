@@ -30,6 +30,7 @@ from ..fsutil import write_atomic, write_json
 from ..gpus import GpuQueryError, gather_gpus
 from ..launch import IMPORT_ROOT, port_state, start_detached, torch_python
 from ..modelload.loader import model_files
+from ..provision.llama_cpp import ROOT as LLAMA_CPP_ROOT
 
 TAGS = (
     "LABCTL_LAB",
@@ -52,7 +53,7 @@ LOG_HEADER = "==== labctl orch_start "
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}\Z")
 TEMPLATE_FIELDS = "{path} {port} {gpu} {name} {file} {binary}"
 # Where the llama_cpp provision resource installs its builds (one folder per version and CUDA archs).
-ENGINE_ROOTS = {"llama-server": "/opt/labctl/llama.cpp"}
+ENGINE_ROOTS = {"llama-server": LLAMA_CPP_ROOT}
 READY_PROMPT = "Hello"
 
 

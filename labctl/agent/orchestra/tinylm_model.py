@@ -16,12 +16,12 @@ import sys
 import time
 from typing import Any, Generator, List, Optional, Tuple
 
-from .server import Engine, pick_device, sample_token
+from .backend import ServedModel, pick_device, sample_token
 
 WARMUP_TOKENS = 128
 
 
-class Model(Engine):
+class Model(ServedModel):
     """A tinylm checkpoint, from files to ready, and its primitives."""
 
     format = "tinylm"

@@ -27,4 +27,4 @@ ENGINES = {
 
 def engine(name: str) -> Engine:
     """The engine `name` (a key of ENGINES); KeyError for another name."""
-    return load(ENGINES[name])  # type: ignore[no-any-return]
+    return load(ENGINES[name])

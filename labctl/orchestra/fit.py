@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from labctl.orchestra.engines import ENGINES, engine
 from labctl.orchestra.engines.base import FORMAT_NAMES, Engine, fmt_cap
+from labctl.orchestra.sizes import served_context
 
 if TYPE_CHECKING:
     from labctl.orchestra.place import Gpu, GpuKey
@@ -111,15 +112,13 @@ def check_models(
     names: Sequence[str] | None = None,
 ) -> dict[str, ModelFit]:
     """{name: ModelFit} for `names` (default the library), in that order."""
-    from labctl.orchestra.spec import served_context
-
     out: dict[str, ModelFit] = {}
     for name in orch.names if names is None else names:
         entry = orch.model(name)
         seen = files.get(name)
         fmt, note = model_format(entry, seen)
         eng = engine(orch.engine_name(name))
-        fit = ModelFit(name, fmt, eng.name, served_context(entry, orch.context, seen))
+        fit = ModelFit(name, fmt, eng.name, served_context(entry.context, orch.context, seen))
         if note:
             fit.notes.append(note)
         for problem in (seen or {}).get("problems") or []:
