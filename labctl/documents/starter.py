@@ -22,6 +22,7 @@ FILES = [
     ("playbooks/train.yaml", "playbooks/train.yaml"),
     ("playbooks/orchestra.yaml", "playbooks/orchestra.yaml"),
     ("playbooks/sandbox.yaml", "playbooks/sandbox.yaml"),
+    ("playbooks/engines.yaml", "playbooks/engines.yaml"),
     ("playbooks/network.yaml", "playbooks/network.yaml"),
     ("playbooks/alerts.yaml", "playbooks/alerts.yaml"),
     ("playbooks/plan.yaml", "playbooks/plan.yaml"),

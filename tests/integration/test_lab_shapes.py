@@ -56,6 +56,7 @@ PRECONDITIONS = {
     "the orchestra's warm set": r"warm set|has not been rotated",
     "a model cache to serve from": r"no model_cache",
     "a storage host for checkpoints": r"(has|have) a 'storage' section",
+    "a CUDA toolkit that compiles for the GPUs": r"needs nvcc|CUDA [0-9.]+ cannot compile for",
 }
 # What doctor and status may write on a host: labctl's own records of what they saw.
 RECORDS = ("var/lib/labctl/status/", "var/lib/labctl/cache/torch-probe/")

@@ -142,7 +142,7 @@ def test_a_host_without_the_engines_program_is_refused_naming_how_to_get_it(
 ) -> None:
     doc = start(agent, tmp_path / "nowhere" / "llama-server", gguf_folder(tmp_path))
     assert doc["kind"] == "no_engine"
-    assert "labctl provision --tags llama_cpp" in doc["error"]
+    assert "labctl provision -p playbooks/engines.yaml" in doc["error"]
     assert "server.binaries" in doc["error"]
     assert orch_host.server_processes(agent.lab, agent.host) == []
 
@@ -193,7 +193,7 @@ def test_a_llama_cpp_build_must_cover_the_placed_card_mock_gpu(
     assert refused in e.value.message and "m5 GPU 1, a Tesla P40" in e.value.message.replace(
         "GPU 1 is a", "GPU 1, a"
     )
-    assert "labctl provision --tags llama_cpp" in e.value.message
+    assert "labctl provision -p playbooks/engines.yaml" in e.value.message
 
 
 def test_the_program_is_found_on_path_then_under_labctls_install_root(

@@ -456,7 +456,7 @@ def find_binary(binary: Any, host: str, engine: str) -> str:
             found = builds[-1] if builds else None
     if found is None:
         how = (
-            "provision it (labctl provision --tags llama_cpp), or set server.binaries in the orchestra file"
+            "provision it (labctl provision -p playbooks/engines.yaml), or set server.binaries in the orchestra file"
             if binary.endswith("llama-server")
             else f"install {engine} there, or set server.binaries: {{{engine}: PATH}} in the orchestra file"
         )
@@ -498,14 +498,14 @@ def check_build_covers(binary: str, gpu: int, host: str, engine: str) -> None:
     if not archs:
         raise AgentError(
             f"{binary} is a CPU-only build, and {host} GPU {gpu} is a {name} ({cap}): provision "
-            f"llama.cpp with CUDA for sm_{want} (labctl provision --tags llama_cpp)",
+            f"llama.cpp with CUDA for sm_{want} (labctl provision -p playbooks/engines.yaml)",
             "no_engine",
         )
     # A cubin runs on the same major version at an equal or newer minor.
     if not any(a // 10 == want // 10 and a <= want for a in archs):
         raise AgentError(
             f"{binary} was built for sm_{', sm_'.join(str(a) for a in archs)}, which does not run on {host} "
-            f"GPU {gpu}, a {name} ({cap}): rebuild it for sm_{want} (labctl provision --tags llama_cpp)",
+            f"GPU {gpu}, a {name} ({cap}): rebuild it for sm_{want} (labctl provision -p playbooks/engines.yaml)",
             "no_engine",
         )
 
