@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 SIM_DIR := .labctl/sim
 SIM_INV := $(SIM_DIR)/inventory.yaml
 
-.PHONY: install deps lint test test-unit test-integration demo bench gpu-check gpu-wheels sim-down clean
+.PHONY: install deps lint test test-unit test-integration llama-server demo bench gpu-check gpu-wheels sim-down clean
 
 install: $(VENV)/.installed
 
@@ -39,7 +39,15 @@ lint: install
 # of a run without workers.
 test: install deps
 	$(BIN)/pytest -q -rs --durations=15 -n 2 -m "not integration" tests
+	$(MAKE) llama-server
 	$(BIN)/pytest -q -rs --durations=40 -n 2 --dist loadgroup --no-loadscope-reorder -m integration tests
+
+# llama.cpp's llama-server, CPU-only, from pinned sources (the llama-cpp-python source package from
+# PyPI), built once into ~/.cache/labctl-tests and reused: the integration tests serve GGUF models
+# with it. The first build takes about 10 minutes on 2 cores; later runs find it in a second.
+llama-server: install
+	@command -v cmake >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++; }
+	$(BIN)/python -m tests.llama_cpp_build
 
 test-unit: install
 	$(BIN)/pytest -q -rs -n 2 -m "not integration" tests

@@ -54,3 +54,12 @@ def build(version: str = VERSION, jobs: int = 0) -> dict[str, Any]:
 def llama_server(version: str = VERSION) -> Path:
     """The path of the cached llama-server binary, built first if needed."""
     return Path(build(version)["prefix"]) / SERVER
+
+
+if __name__ == "__main__":
+    # `make llama-server`: the cached build before the integration tests (the first takes minutes).
+    import json
+    import sys
+
+    done = build()
+    sys.stdout.write(json.dumps({k: done[k] for k in ("prefix", "built", "server_version") if k in done}) + "\n")
