@@ -37,10 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.gpucheck.base import CheckEnv, Section, write_inventory
 
 # Order: the headline claim first, so a run cut short still has it.
-SECTIONS = ["loader", "trainer", "orchestra", "nvml", "torch_choice"]
+SECTIONS = ["loader", "trainer", "orchestra", "orchestra_hf", "nvml", "torch_choice"]
 BUDGET_S = 480  # the 8 minutes on one card
 # Rough seconds each section takes on an H100; a section is skipped (and said) when less is left.
-EXPECTED_S = {"loader": 90, "trainer": 150, "orchestra": 110, "nvml": 60, "torch_choice": 15}
+EXPECTED_S = {
+    "loader": 90,
+    "trainer": 150,
+    "orchestra": 110,
+    "orchestra_hf": 60,
+    "nvml": 60,
+    "torch_choice": 15,
+}
 BEGIN = "<!-- gpu-check {card} begin -->"
 END = "<!-- gpu-check {card} end -->"
 

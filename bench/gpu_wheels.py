@@ -2,7 +2,7 @@
 
 That machine brings PyTorch, safetensors, typer, rich, PyYAML, prometheus-client, nvidia-ml-py
 and psutil, on CPython 3.12 for x86-64; labctl also needs pydantic, paramiko and what they
-pull in. This downloads labctl's core dependencies and everything they require, at exactly
+pull in, and the `hf` extra (transformers, tokenizers, gguf, jinja2) for the orchestra_hf section. This downloads labctl's core dependencies and everything they require, at exactly
 the versions installed in this checkout's venv (so the GPU run imports what the tests
 tried), as wheels for CPython 3.12 on manylinux x86-64 into `.whl/` (ignored by git; name it
 where the checkout is copied to the GPU machine). bench/gpu_check.sh installs them there.
@@ -51,10 +51,20 @@ def _requirement(text: str) -> Any:
     return Requirement(text)
 
 
+# Extras whose packages the GPU run imports too: the orchestra_hf section serves a Hugging Face model.
+EXTRAS = ("hf",)
+
+
 def closure(root: str) -> dict[str, str]:
-    """name -> installed version for `root`'s core requirements and theirs (no extras)."""
+    """name -> installed version for `root`'s core requirements, those of its EXTRAS, and theirs."""
     found: dict[str, str] = {}
     todo = [r for r in requires(root) or []]
+    for extra in EXTRAS:
+        wanted = {**TARGET_ENV, "extra": extra}
+        for r in requires(root) or []:
+            req = _requirement(r)
+            if req.marker is not None and req.marker.evaluate(wanted):
+                todo.append(req.name)  # the marker names the extra: taken here, without it
     while todo:
         req = _requirement(todo.pop())
         if req.marker is not None and not req.marker.evaluate(TARGET_ENV):

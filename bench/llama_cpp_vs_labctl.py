@@ -11,8 +11,11 @@ GGUF files by labctl's converter (f32, f16, q8_0). In the same run, on the same 
 
 Tokens/s is 128 over the wall time of one request (prompt included), median of --reps after one
 warm-up; llama-server's own decode rate (its `timings`) is shown beside it. The f32 rows also say
-whether both produced the same 128 tokens. The build time is the cached build's, from its
-manifest (a run that had to build says so). labctl's own model server joins the table later.
+whether both produced the same 128 tokens. labctl's own model server (labctl/agent/orchestra/
+server.py, its own process as the orchestra starts it, asked over /v1/completions) serves the
+Hugging Face folder in the same run: the same model as GGUF against HF. It stops at the end of
+text where the model writes one, so its rate is its completion tokens over the wall time. The
+build time is the cached build's, from its manifest (a run that had to build says so).
 
     .venv/bin/python bench/llama_cpp_vs_labctl.py [--reps 5] [--out docs/benchmarks.md]
 """
@@ -104,12 +107,64 @@ def transformers_row(hf_dir: Path, reps: int, threads: int) -> dict[str, Any]:
     }
 
 
+def labctl_row(hf_dir: Path, reps: int, threads: int, work: Path) -> dict[str, Any]:
+    """labctl's server on the HF folder, in a process of its own on 127.0.0.1, as the orchestra runs it."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(threads))
+    argv = [sys.executable, "-m", "labctl.agent.orchestra.server", "--model-dir", str(hf_dir)]
+    argv += ["--port", str(port), "--name", ALIAS, "--device", "cpu", "--host", "127.0.0.1"]
+    start = time.perf_counter()
+    with open(work / "labctl-server.log", "wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                status, doc = http(url + "/health", None, timeout=5)
+            except OSError:
+                status, doc = 0, {}
+            if status == 200:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"labctl's server did not become ready: {(work / 'labctl-server.log').read_text()[-400:]}"
+                )
+            time.sleep(0.2)
+        ready_s = time.perf_counter() - start
+        body = {"model": ALIAS, "prompt": PROMPT, "max_tokens": N_TOKENS, "temperature": 0}
+        http(url + "/v1/completions", body, timeout=600)  # warm-up
+        rates, counts = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            status, answer = http(url + "/v1/completions", body, timeout=600)
+            wall = time.perf_counter() - t0
+            assert status == 200, answer
+            n = int(answer["usage"]["completion_tokens"])
+            rates.append(n / wall)
+            counts.append(n)
+        return {
+            "ready_s": round(ready_s, 3),
+            "tokens_per_s": round(statistics.median(rates), 1),
+            "completion_tokens": counts[-1],
+            "dtype": doc.get("dtype"),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 def render(r: dict[str, Any]) -> str:
     m = r["model"]
     build = r["build"]
     lines = [
         MARK_BEGIN,
-        "## llama.cpp's llama-server vs transformers (CPU)",
+        "## llama.cpp's llama-server vs labctl's server vs transformers (CPU)",
         "",
         f"`bench/llama_cpp_vs_labctl.py` on {r['machine']}, {r['threads']} threads each. Model: labctl's tiny "
         f"Llama (hidden {m['hidden']}, {m['layers']} layers, {m['params'] / 1e6:.1f} M parameters, vocab "
@@ -132,6 +187,12 @@ def render(r: dict[str, Any]) -> str:
         f"| transformers {t['version']} (torch {t['torch']}) | safetensors fp32 | {m['file_bytes'] / 1e6:.1f} MB | "
         f"{t['ready_s']:.2f} s | {t['tokens_per_s']:.0f} | - | - |"
     )
+    lab = r.get("labctl")
+    if lab:
+        lines.append(
+            f"| labctl's server (HTTP, its own process) | safetensors {lab['dtype']} | {m['file_bytes'] / 1e6:.1f} MB | "
+            f"{lab['ready_s']:.2f} s | {lab['tokens_per_s']:.0f} | - | - ({lab['completion_tokens']} tokens: it stops at end of text) |"
+        )
     lines += ["", MARK_END]
     return "\n".join(lines)
 
@@ -164,6 +225,7 @@ def main() -> int:
         prompt_tokens = len(AutoTokenizer.from_pretrained(str(hf_dir))(PROMPT)["input_ids"])
         rows = llama_rows(binary, files, args.reps, args.threads, work)
         hf_row = transformers_row(hf_dir, args.reps, args.threads)
+        lab_row = labctl_row(hf_dir, args.reps, args.threads, work)
         model = {
             "hidden": 256,
             "layers": 4,
@@ -184,6 +246,7 @@ def main() -> int:
         },
         "llama_server": rows,
         "transformers": hf_row,
+        "labctl": lab_row,
         "time": time.time(),
     }
     publish(result, render(result), args.json, args.out, MARK_BEGIN, MARK_END)
