@@ -452,3 +452,28 @@ def test_a_stream_sends_only_text_that_no_later_token_can_turn_into_a_stop(
     text: str, stops: list[str], sent: str
 ) -> None:
     assert releasable(text, stops) == sent
+
+
+@pytest.mark.parametrize(
+    ("archs", "cap", "runs"),
+    [
+        (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], (6, 1), False),  # cu128 torch, a P40
+        (
+            ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"],
+            (6, 1),
+            True,
+        ),  # cu126: sm_60 runs on 6.1
+        (["sm_75", "sm_80", "sm_90", "compute_90"], (12, 0), True),  # PTX is compiled for newer cards
+        (["sm_80", "sm_90"], (7, 0), False),
+        ([], (6, 1), True),  # a build that does not say is let through: its first kernel will
+    ],
+)
+def test_a_card_the_torch_build_has_no_kernels_for_is_refused_before_loading(
+    archs: list[str], cap: tuple[int, int], runs: bool
+) -> None:
+    from labctl.agent.orchestra.backend import arch_gap
+
+    why = arch_gap(archs, cap)
+    assert (why is None) == runs
+    if not runs:
+        assert f"no kernels for sm_{cap[0]}{cap[1]}" in (why or "")

@@ -401,11 +401,41 @@ def sample_token(torch: Any, logits: Any, temperature: float, top_p: float, gene
 
 
 def pick_device(torch: Any, wanted: str) -> str:
-    """auto: cuda:0 (the first GPU CUDA_VISIBLE_DEVICES leaves) where torch sees one, else cpu."""
+    """auto: cuda:0 (the first GPU CUDA_VISIBLE_DEVICES leaves) where torch sees one, else cpu. A
+    card this torch build has no kernels for is refused before any weight is loaded."""
     if wanted == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if wanted.startswith("cuda"):
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    elif wanted.startswith("cuda"):
         if not torch.cuda.is_available():
             raise RuntimeError(f"--device {wanted} asked for, but torch {torch.__version__} sees no GPU here")
-        return "cuda:0" if wanted == "cuda" else wanted
-    return wanted
+        device = "cuda:0" if wanted == "cuda" else wanted
+    else:
+        return wanted
+    if device.startswith("cuda"):
+        cap = tuple(torch.cuda.get_device_capability(device))
+        why = arch_gap(list(torch.cuda.get_arch_list()), (int(cap[0]), int(cap[1])))
+        if why:
+            raise RuntimeError(
+                f"torch {torch.__version__} {why} {torch.cuda.get_device_name(device)}: provision a torch "
+                "build for it (labctl provision --tags torch_env) or serve the model as GGUF with llama.cpp"
+            )
+    return device
+
+
+def arch_gap(arch_list: List[str], cap: Tuple[int, int]) -> Optional[str]:
+    """Why a torch built for `arch_list` (torch.cuda.get_arch_list()) cannot run on a card of
+    compute capability `cap`, or None where it can: a cubin sm_XY runs on X.Z with Z >= Y, PTX
+    (compute_XY) is compiled for anything newer."""
+    if not arch_list:
+        return None  # a build that does not say: its first kernel will
+    for arch in arch_list:
+        kind, _, digits = arch.partition("_")
+        digits = "".join(c for c in digits if c.isdigit())
+        if len(digits) < 2:
+            continue
+        have = (int(digits[:-1]), int(digits[-1]))
+        if kind == "sm" and have[0] == cap[0] and have[1] <= cap[1]:
+            return None
+        if kind == "compute" and have <= cap:
+            return None
+    return f"was built for {', '.join(arch_list)}, which has no kernels for sm_{cap[0]}{cap[1]}, the"
