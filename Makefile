@@ -103,13 +103,14 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) ckpt verify
 	@echo "== the week over free cloud GPUs (Kaggle's and SageMaker's free quotas), with a Gantt chart =="
 	$(BIN)/labctl -i $(SIM_INV) plan week --plot $(SIM_DIR)/week.png
-	@echo "== the LLM orchestra: 3 of 4 small models kept warm on m5 (CPU servers), one rotation, phase 3's check =="
+	@echo "== the LLM orchestra: 3 of 5 small models kept warm on m5 (CPU servers; one a Hugging Face Llama served through transformers), one rotation, phase 3's check =="
 	for m in demo-a demo-b demo-c demo-d; do $(BIN)/labctl -i $(SIM_INV) bench make-model --size-gb 0.05 --host irina --name $$m; done
+	$(BIN)/labctl -i $(SIM_INV) bench make-model --format hf --host irina --name demo-hf --python $(CURDIR)/$(BIN)/python
 	$(BIN)/labctl -i $(SIM_INV) orchestra plan -f $(DEMO_ORCH)
 	$(BIN)/labctl -i $(SIM_INV) orchestra start -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
 	$(BIN)/labctl -i $(SIM_INV) rotate -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
 	$(BIN)/labctl -i $(SIM_INV) orchestra status -f $(DEMO_ORCH)
-	@echo "== phase 3's trainers ask the warm set at once over the OpenAI completions API (random tiny models: random bytes) =="
+	@echo "== phase 3's trainers ask the warm set at once over the OpenAI completions API (random tiny models: random text) =="
 	$(BIN)/labctl -i $(SIM_INV) orchestra ask -f $(DEMO_ORCH) --max-tokens 16 'def add(a, b):'
 	@echo "== phase 3 for real: m5 trains the CET, the warm set writes code from its contexts, irina's sandbox service runs it =="
 	@# The sim's hosts share this machine's dockerd but cannot reach Debian's mirror: the image is built here.

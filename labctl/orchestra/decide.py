@@ -320,8 +320,10 @@ class PlacementView:
             if c.note:
                 console.print(f"[dim]{escape(c.label)}: {escape(c.note)}[/]", soft_wrap=True)
         console.print(
-            f"{len(self.warm)} warm of a {self.library}-model library; needs from size x (1 + overhead) + CUDA context "
-            "(overhead: KV cache and activations as a share of the weights), or each model's gpu_gb.",
+            f"{len(self.warm)} warm of a {self.library}-model library; a model's need is its gpu_gb, else its "
+            "weights as the files say (x2 where labctl's server computes 16-bit weights in fp32) + 5% for "
+            "activations + the KV cache of its context + the CUDA context; a model whose files were not read "
+            "needs its size_gb x (1 + overhead.fraction) + the CUDA context.",
             soft_wrap=True,
         )
         if self.remote:
@@ -350,10 +352,10 @@ class PlacementView:
                 + (f" {escape(str(m['dtype']))}" if m.get("dtype") else ""),
                 escape(m["engine"]),
                 "-" if params is None else _count(params),
-                "-" if m.get("weights_gb") is None else f"{m['weights_gb']:.2f} GB",
+                _size(m.get("weights_gb")),
                 str(m["context"]),
-                "-" if kv is None else f"{kv:.2f} GB",
-                f"{m['need_gb']:.2f} GB",
+                _size(kv),
+                _size(m["need_gb"]),
                 escape(m["source"]),
             )
         console.print(table)
@@ -390,6 +392,12 @@ class PlacementView:
                 f"{price['input']:g}, {price['output']:g}",
             )
         console.print(table)
+
+
+def _size(gb: float | None) -> str:
+    if gb is None:
+        return "-"
+    return f"{gb:.2f} GB" if gb >= 0.1 else f"{gb * 1000:.1f} MB"
 
 
 def _count(n: int) -> str:
