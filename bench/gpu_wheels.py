@@ -53,6 +53,9 @@ def _requirement(text: str) -> Any:
 
 # Extras whose packages the GPU run imports too: the orchestra_hf section serves a Hugging Face model.
 EXTRAS = ("hf",)
+# What the GPU machine's own PyTorch install brings: its versions stay (another numpy beside its
+# torch could break it), so these are neither downloaded nor followed.
+PROVIDED = {"torch", "numpy", "safetensors"}
 
 
 def closure(root: str) -> dict[str, str]:
@@ -70,7 +73,7 @@ def closure(root: str) -> dict[str, str]:
         if req.marker is not None and not req.marker.evaluate(TARGET_ENV):
             continue
         name = re.sub(r"[-_.]+", "-", req.name).lower()
-        if name in found:
+        if name in found or name in PROVIDED or name.startswith("nvidia-"):
             continue
         try:
             dist = distribution(name)
