@@ -62,4 +62,6 @@ if __name__ == "__main__":
     import sys
 
     done = build()
-    sys.stdout.write(json.dumps({k: done[k] for k in ("prefix", "built", "server_version") if k in done}) + "\n")
+    sys.stdout.write(
+        json.dumps({k: done[k] for k in ("prefix", "built", "server_version") if k in done}) + "\n"
+    )
