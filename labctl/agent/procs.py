@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -115,3 +116,21 @@ def terminate(procs: Procs, rescan: Callable[[], Procs], grace: float) -> Tuple[
             time.sleep(0.1)
             left = rescan()
     return killed, left
+
+
+def wait_beating(
+    proc: "subprocess.Popen[Any]", timeout: float, beat: float, on_beat: Callable[[], None]
+) -> bool:
+    """Wait for `proc`, calling `on_beat` every `beat` seconds (a long build's heartbeat); past
+    `timeout` it is killed and reaped, and the answer is False."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            proc.wait(timeout=beat)
+            return True
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                return False
+            on_beat()

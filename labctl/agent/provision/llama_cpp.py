@@ -490,20 +490,9 @@ class Build:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env
         )
-        deadline = time.monotonic() + timeout
         beat = float(self.args.get("heartbeat_s") or HEARTBEAT_S)
-        while True:
-            try:
-                proc.wait(timeout=beat)
-                break
-            except subprocess.TimeoutExpired:
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    proc.wait()
-                    raise Failed(
-                        f"{what} ran past {timeout:.0f} s", "Look at the log for where it stalled."
-                    ) from None
-                self.progress(detail=self._last_line())
+        if not procs.wait_beating(proc, timeout, beat, lambda: self.progress(detail=self._last_line())):
+            raise Failed(f"{what} ran past {timeout:.0f} s", "Look at the log for where it stalled.")
         if proc.returncode != 0:
             raise Failed(f"{what} exited {proc.returncode}: {self._error_line(mark)}")
 

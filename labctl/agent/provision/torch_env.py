@@ -230,23 +230,13 @@ class Build:
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        deadline = time.monotonic() + timeout
         beat = float(self.op.get("heartbeat_s") or HEARTBEAT_S)
-        while True:
-            try:
-                proc.wait(timeout=beat)
-                break
-            except subprocess.TimeoutExpired:
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    proc.wait()
-                    reader.join(5)
-                    raise Failed(
-                        f"{STEP_WORDS[self.step]} ran past {timeout:.0f} s",
-                        "Look at the log for where it stalled.",
-                    ) from None
-                self.progress(detail=self.detail)
+        finished = procs.wait_beating(proc, timeout, beat, lambda: self.progress(detail=self.detail))
         reader.join(5)
+        if not finished:
+            raise Failed(
+                f"{STEP_WORDS[self.step]} ran past {timeout:.0f} s", "Look at the log for where it stalled."
+            )
         return proc.returncode, "".join(out)
 
     # -- steps ---------------------------------------------------------------------------------
