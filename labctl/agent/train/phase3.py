@@ -17,25 +17,14 @@ Python 3.8, like the rest of the agent.
 
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .prompting import ask_prompt, context_text, program_of
 from .settings import TrainerError
 
-_FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)(?:```|\Z)", re.S)
-
-
-def context_text(ids: Sequence[int]) -> str:
-    """The CET's context as text for the models: printable ASCII kept, anything else a '?'."""
-    return "".join(chr(i) if 32 <= i < 127 else "?" for i in ids)
-
-
-def program_of(text: str) -> str:
-    """The program in a model's answer: the first fenced block when there is one, else all."""
-    m = _FENCE.search(text)
-    return m.group(1) if m else text
+__all__ = ["Phase3", "Rollout", "context_text", "policy_loss", "program_of", "rl_batch", "sample_context"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -182,10 +171,9 @@ class Phase3:
             p = self.prompt_ids(t, room - rl["context_tokens"])
             rolls.append(Rollout(t, p, sample(p, rl["context_tokens"])))
         endpoints = self._warm_set()
-        from .tasks import prompt_text
 
         def ask(r: Rollout) -> List[Any]:
-            prompt = prompt_text(r.task) + "# Hint: " + context_text(r.context_ids) + "\n"
+            prompt = ask_prompt(r.task, context_text(r.context_ids))
             return self._ask(
                 endpoints, prompt, max_tokens=rl["answer_tokens"], temperature=rl["answer_temperature"]
             )
