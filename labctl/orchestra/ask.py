@@ -85,14 +85,15 @@ def warm_endpoints(
     """The endpoints to ask (the warm set as the serving hosts report it, then each of `remote`
     whose key variable is set in `environ`) and the endpoints document they came from."""
     from labctl.agent.orchestra.client import from_doc
-    from labctl.orchestra.endpoints import endpoints_doc
+    from labctl.orchestra.endpoints import endpoints_doc, serving_facts
     from labctl.orchestra.hoststate import find_repair, read_views
     from labctl.orchestra.rotate import serving_hosts
 
     hosts = serving_hosts(ctx, orch)
     views = read_views(ctx, hosts, orch.server.health, gpus=False)
     warm = {name: find_repair(v).current for name, v in views.items()}
-    doc = endpoints_doc(ctx.inventory.lab, {h.name: h for h in hosts}, warm, remote)
+    # Each model asked as the trainers ask it: its API, timeout, cap and context.
+    doc = endpoints_doc(ctx.inventory.lab, {h.name: h for h in hosts}, warm, remote, facts=serving_facts(orch))
     return from_doc(doc, {} if environ is None else environ), doc
 
 

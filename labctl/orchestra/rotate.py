@@ -380,9 +380,10 @@ class _Executor:
             return
         from labctl.hosts.agent_ship import call_agent
         from labctl.hosts.fanout import HostResult, fan_out
-        from labctl.orchestra.endpoints import endpoints_doc
+        from labctl.orchestra.endpoints import endpoints_doc, serving_facts
 
-        doc = endpoints_doc(self.ctx.inventory.lab, self.hosts, self.warm, self.orch.remote, without)
+        facts = serving_facts(self.orch, self.files)
+        doc = endpoints_doc(self.ctx.inventory.lab, self.hosts, self.warm, self.orch.remote, without, facts)
 
         def step(run: HostRun) -> HostResult:
             answer = call_agent(run, "orch_publish", {"endpoints": doc}, read_only=False)

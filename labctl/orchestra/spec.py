@@ -6,9 +6,9 @@
     every: 4h                      # the cadence (also what `labctl cron install rotate` uses)
     pinned: [Llama-3.1-8B-Instruct]
     models:
-      - {name: Llama-3.1-8B-Instruct, size_gb: 16.1}
+      - {name: Llama-3.1-8B-Instruct, size_gb: 16.1, api: chat, timeout_s: 90}
       - {name: Qwen2.5-Coder-7B-Instruct-Q8_0, size_gb: 8.1, params_b: 7.6, bits: 8}
-    remote:                        # tiers outside the lab that speak the same completions API
+    remote:                        # tiers outside the lab that speak the same API (chat by default)
       - {name: gpt-4o-mini, base_url: https://api.openai.com/v1, model: gpt-4o-mini,
          api_key_env: OPENAI_API_KEY, concurrency: 4, price_per_mtok: {input: 0.15, output: 0.6}}
 
@@ -26,7 +26,7 @@ import shlex
 import string
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
@@ -218,6 +218,14 @@ class ModelEntry(Strict):
         default=None, gt=0, le=32, description="bits: 16 (or 8, 4: bits per weight)"
     )
     gpu_gb: Optional[float] = Field(default=None, gt=0, description="gpu_gb: 20 (GPU memory it needs; wins)")
+    api: Literal["completions", "chat"] = Field(
+        default="completions",
+        description="api: completions (how the trainers ask it: completions continue the prompt; "
+        "chat, for an instruct model, sends it as the user's message through its chat template)",
+    )
+    timeout_s: float = Field(
+        default=60.0, gt=0, le=3600, description="timeout_s: 60 (seconds the trainers wait for one answer)"
+    )
 
     @field_validator("name")
     @classmethod
@@ -263,6 +271,9 @@ class ModelEntry(Strict):
             raise ValueError(
                 "params_b and bits go together (weights = params_b * bits / 8 GB); give both or neither"
             )
+        if self.format == "tinylm" and self.api == "chat":
+            # labctl's server refuses every chat of a tinylm model: it has no chat template.
+            raise ValueError("a tinylm model has no chat template; give it api: completions")
         return self
 
     @property
@@ -288,8 +299,9 @@ class Price(Strict):
 
 
 class RemoteTier(Strict):
-    """A model outside the lab behind the OpenAI-compatible completions API (a hosted API, a
-    vLLM elsewhere). Asked beside the warm set; never started, stopped or rotated."""
+    """A model outside the lab behind the OpenAI-compatible API (a hosted API, a vLLM
+    elsewhere), asked through /chat/completions unless `api: completions`. Asked beside the
+    warm set; never started, stopped or rotated."""
 
     name: str = Field(description="name: gpt-4o-mini (its name in the orchestra and in metrics)")
     base_url: str = Field(
@@ -309,6 +321,20 @@ class RemoteTier(Strict):
     price_per_mtok: Price = Field(
         default_factory=lambda: Price(),
         description="price_per_mtok: {input: 0.15, output: 0.6} (per million tokens)",
+    )
+    api: Literal["completions", "chat"] = Field(
+        default="chat",
+        description="api: chat (or completions, where the provider serves them for this model)",
+    )
+    max_tokens: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="max_tokens: 16384 (the most one answer may ask, as the provider says; default not checked)",
+    )
+    context: Optional[int] = Field(
+        default=None,
+        ge=16,
+        description="context: 128000 (the model's context in tokens, as the provider says; default not checked)",
     )
 
     @field_validator("name")
@@ -373,6 +399,7 @@ class RemoteTier(Strict):
             "concurrency": self.concurrency,
             "timeout_s": self.timeout_s,
             "price_per_mtok": {"input": self.price_per_mtok.input, "output": self.price_per_mtok.output},
+            "api": self.api,
         }
 
 

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,7 +23,7 @@ import pytest
 
 from labctl.agent.modelload.modelgen import make_model
 from labctl.agent.orchestra.client import Endpoint, ask_all, complete, models, score
-from labctl.agent.orchestra.server import Model, Server
+from labctl.agent.orchestra.server import Model, Server, open_model
 from labctl.agent.tinylm import make_config
 from labctl.hosts.agent_ship import agent_zip
 from tests.unit.test_orchestra_server import call, free_port, in_flight, slow_server
@@ -124,7 +125,7 @@ def test_a_model_gone_or_cut_off_is_asked_of_another_that_answered(
     ]
     assert answers[1].text == answers[0].text  # m-a's answer, asked again
     # The time lost on the model that could not answer is the rotation's cost, counted apart.
-    assert answers[0].waited_s == 0.0 and all(0 < a.waited_s < a.latency_s for a in answers[1:])
+    assert answers[0].waited_s == 0.0 and all(a.waited_s > 0 for a in answers[1:])
     first = ask_all(endpoints, "x = ", max_tokens=4, retry=False)
     assert [a.kind for a in first] == [None, "refused", "reset", "moved"]
     assert "connection refused" in (first[1].error or "") and "cut mid-request" in (first[2].error or "")
@@ -148,7 +149,7 @@ def test_a_model_still_loading_is_unavailable_and_asked_of_another(
         loading.server_close()
 
 
-def test_a_refusal_or_a_timeout_is_the_models_own_answer_and_is_not_retried(
+def test_a_refusal_is_the_models_own_answer_and_a_timeout_is_asked_of_another_model(
     warm: dict[str, int], raw_port: tuple[int, list[socket.socket], list[str]]
 ) -> None:
     port, held, mode = raw_port
@@ -161,8 +162,12 @@ def test_a_refusal_or_a_timeout_is_the_models_own_answer_and_is_not_retried(
     answers = ask_all(endpoints, "x", max_tokens=2)
     assert answers[0].ok
     assert answers[1].kind == "http" and "HTTP 404" in (answers[1].error or "") and not answers[1].retried
-    assert answers[2].kind == "timeout" and not answers[2].retried and answers[2].answered_by == "silent"
+    silent = answers[2]
+    assert silent.ok and silent.retried and silent.answered_by == "m-a" and silent.text == answers[0].text
+    assert silent.waited_s >= 0.5  # the timeout, counted apart from m-a's own latency
     assert held  # the silent port really took the request
+    (alone,) = ask_all(endpoints[2:], "x", max_tokens=2)  # no model answered: nobody to ask instead
+    assert alone.kind == "timeout" and not alone.retried and alone.answered_by == "silent"
 
 
 def test_a_server_sigkilled_mid_request_is_answered_by_another_model(
@@ -215,7 +220,12 @@ class Recording(FakeApi):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Recording.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-        self.answer({"choices": [{"text": "ok", "finish_reason": "stop"}]})
+        if self.path.endswith("/chat/completions"):
+            self.answer(
+                {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+            )
+        else:
+            self.answer({"choices": [{"text": "ok", "finish_reason": "stop"}]})
 
 
 def test_a_remote_tier_gets_its_key_as_a_bearer_token_its_model_id_and_never_shows_the_key() -> None:
@@ -316,3 +326,216 @@ def test_a_tiers_concurrency_holds_across_threads_and_each_answer_carries_its_co
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+class Scripted(FakeApi):
+    """A stand-in whose server scripts each path: {path: (status, doc, seconds before answering)};
+    a path it does not script gets FastAPI's bare 404. Every request is recorded."""
+
+    server: ScriptedApi
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.seen.append({"path": self.path, "body": body})
+        status, doc, delay = self.server.script.get(self.path, (404, {"detail": "Not Found"}, 0.0))
+        time.sleep(delay)
+        data = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class ScriptedApi(ThreadingHTTPServer):
+    def __init__(self, script: dict[str, tuple[int, Any, float]]) -> None:
+        super().__init__(("127.0.0.1", 0), Scripted)
+        self.script = script
+        self.seen: list[dict[str, Any]] = []
+
+
+@contextmanager
+def stand_in(script: dict[str, tuple[int, Any, float]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """(its /v1 URL, the requests it got) for a ScriptedApi serving in a thread."""
+    httpd = ScriptedApi(script)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", httpd.seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def chat_answer(content: Any, finish: str = "stop") -> dict[str, Any]:
+    return {
+        "object": "chat.completion",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+    }
+
+
+TEXT_ANSWER = {"choices": [{"text": "ok", "finish_reason": "stop"}]}
+# What OpenAI answers a chat-only model asked for a completion.
+CHAT_ONLY_404 = {
+    "error": {
+        "message": "This is a chat model and not supported in the v1/completions endpoint. "
+        "Did you mean to use v1/chat/completions?",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": None,
+    }
+}
+
+
+def test_a_chat_tier_is_asked_on_chat_completions_with_the_prompt_as_the_users_message() -> None:
+    script = {
+        "/v1/completions": (404, CHAT_ONLY_404, 0.0),
+        "/v1/chat/completions": (200, chat_answer("```python\nprint(1)\n```"), 0.0),
+    }
+    with stand_in(script) as (base, seen):
+        price = {"input": 1.0, "output": 2.0}
+        as_completion = Endpoint("hosted", base, model="gpt-x", price_per_mtok=price)
+        (refused,) = ask_all([as_completion], "def f():", max_tokens=7)
+        assert (
+            refused.kind == "http" and "HTTP 404" in (refused.error or "") and "chat model" in refused.error
+        )
+        chat = Endpoint("hosted", base, model="gpt-x", price_per_mtok=price, api="chat")
+        (answer,) = ask_all([chat], "def f():", max_tokens=7, stop=["\n\n"])
+        assert answer.ok and answer.text == "```python\nprint(1)\n```" and answer.finish_reason == "stop"
+        assert (answer.prompt_tokens, answer.completion_tokens) == (12, 3)
+        assert math.isclose(answer.cost_usd, (12 * 1.0 + 3 * 2.0) / 1e6)
+        assert seen[-1] == {
+            "path": "/v1/chat/completions",
+            "body": {
+                "model": "gpt-x",
+                "messages": [{"role": "user", "content": "def f():"}],
+                "max_tokens": 7,
+                "temperature": 0.0,
+                "stop": ["\n\n"],
+            },
+        }
+        # No content (a refusal, or cut off while reasoning): an empty answer, not a broken one.
+        script["/v1/chat/completions"] = (200, chat_answer(None, "length"), 0.0)
+        (empty,) = ask_all([chat], "q")
+        assert empty.ok and empty.text == "" and empty.finish_reason == "length"
+        script["/v1/chat/completions"] = (200, TEXT_ANSWER, 0.0)  # a completion's shape on the chat path
+        (broken,) = ask_all([chat], "q")
+        assert broken.kind == "bad_answer" and "choices[0].message" in (broken.error or "")
+    with pytest.raises(ValueError, match="api must be one of completions, chat"):
+        Endpoint("bad", base, api="responses")
+
+
+def test_stop_sequences_go_out_on_both_apis_and_more_than_four_are_refused_before_asking() -> None:
+    script = {
+        "/v1/completions": (200, TEXT_ANSWER, 0.0),
+        "/v1/chat/completions": (200, chat_answer("ok"), 0.0),
+    }
+    with stand_in(script) as (base, seen):
+        endpoints = [Endpoint("base", base, "m1"), Endpoint("instruct", base, "m2", api="chat")]
+        stops = ["\n\n", "```", "# Task", "if __name__"]
+        answers = ask_all(endpoints, "q", stop=stops)
+        assert all(a.ok for a in answers)
+        assert sorted((r["path"], r["body"]["stop"]) for r in seen) == [
+            ("/v1/chat/completions", stops),
+            ("/v1/completions", stops),
+        ]
+        for bad in ([*stops, "five"], ["\n", ""]):
+            with pytest.raises(ValueError, match="at most 4 non-empty texts"):
+                ask_all(endpoints, "q", stop=bad)
+        assert len(seen) == 2  # a refused list asks nobody
+
+
+def test_labctls_server_cuts_its_answer_at_a_stop_sequence(warm: dict[str, int]) -> None:
+    ep = Endpoint("m-a", url(warm["m-a"]))
+    (whole,) = ask_all([ep], "x = ", max_tokens=16)
+    text = whole.text or ""
+    # A printable character past the first: the answer up to it is what a stop there leaves.
+    at = next(i for i, c in enumerate(text) if i > 0 and c.isascii() and c.isprintable())
+    (cut,) = ask_all([ep], "x = ", max_tokens=16, stop=[text[at]])
+    assert cut.ok and cut.text == text[: text.index(text[at])] and cut.finish_reason == "stop"
+
+
+VLLM_NO_MODEL = "The model `m-x` does not exist."
+
+
+def test_vllms_wrong_model_404_is_read_as_moved_and_asked_of_another_model(warm: dict[str, int]) -> None:
+    """vLLM words a model its port does not hold as a NotFoundError, nested under "error" (0.6 and
+    later) or at the top of the document (before): a rotation's mark, like labctl's own 404."""
+    vllm = {"message": VLLM_NO_MODEL, "type": "NotFoundError", "param": None, "code": 404}
+    with (
+        stand_in({"/v1/completions": (404, {"error": vllm}, 0.0)}) as (nested, _),
+        stand_in({"/v1/completions": (404, {"object": "error", **vllm}, 0.0)}) as (flat, _),
+        stand_in({}) as (no_route, _),
+        stand_in({"/v1/completions": (404, CHAT_ONLY_404, 0.0)}) as (chat_only, _),
+    ):
+        endpoints = [
+            Endpoint("m-a", url(warm["m-a"])),
+            Endpoint("vllm-new", nested, model="m-x"),
+            Endpoint("vllm-old", flat, model="m-x"),
+            Endpoint("no-route", no_route),
+            Endpoint("chat-only", chat_only),
+        ]
+        first = ask_all(endpoints, "x", max_tokens=3, retry=False)
+        assert [a.kind for a in first] == [None, "moved", "moved", "http", "http"]
+        assert first[1].error == f"HTTP 404: {VLLM_NO_MODEL}" and first[3].error == "HTTP 404: Not Found"
+        answers = ask_all(endpoints, "x", max_tokens=3)
+    assert [(a.answered_by, a.retried) for a in answers[:3]] == [("m-a", False), ("m-a", True), ("m-a", True)]
+    assert answers[1].text == answers[2].text == answers[0].text
+    assert not answers[3].ok and not answers[4].ok  # a 404 of its own is the model's answer
+
+
+def test_a_retried_answers_latency_is_the_answering_models_own_and_the_time_lost_is_waited() -> None:
+    draining = {"error": {"message": "draining", "type": "server_error", "param": None, "code": None}}
+    with (
+        stand_in({"/v1/completions": (503, draining, 0.6)}) as (slow_503, _),
+        stand_in({"/v1/completions": (200, TEXT_ANSWER, 0.0)}) as (fast, _),
+    ):
+        answers = ask_all([Endpoint("leaving", slow_503), Endpoint("fast", fast)], "q")
+    leaving, other = answers
+    assert leaving.ok and leaving.retried and leaving.answered_by == "fast"
+    assert leaving.waited_s >= 0.6 and leaving.latency_s < 0.5  # fast's own time, not the sum
+    assert other.latency_s < 0.5
+
+
+@pytest.fixture(scope="module")
+def hf_port(tiny_hf_model: Path) -> Iterator[int]:
+    """labctl's server holding the session's tiny Llama (a ChatML template), ready, in this process."""
+    model = open_model("tiny-llama", str(tiny_hf_model), "cpu")
+    model.load()
+    model.warm()
+    httpd = Server(0, model, address="127.0.0.1")
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield int(httpd.server_address[1])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_chat_endpoint_gets_labctls_servers_own_chat_answer_and_a_tinylm_refuses_chat(
+    hf_port: int, warm: dict[str, int]
+) -> None:
+    chat = Endpoint("tiny-llama", url(hf_port), api="chat")
+    answer = complete(chat, "def add(a, b):", max_tokens=12)
+    body = {
+        "model": "tiny-llama",
+        "messages": [{"role": "user", "content": "def add(a, b):"}],
+        "max_tokens": 12,
+    }
+    code, native = call(hf_port, "POST", "/v1/chat/completions", dict(body, temperature=0.0))
+    assert code == 200 and answer.ok, answer
+    assert answer.text == native["choices"][0]["message"]["content"]
+    assert answer.finish_reason == native["choices"][0]["finish_reason"]
+    assert answer.completion_tokens == native["usage"]["completion_tokens"]
+    # The same prompt as a completion is another request: the template wraps the chat's.
+    assert (
+        answer.prompt_tokens
+        > complete(Endpoint("tiny-llama", url(hf_port)), "def add(a, b):", 1).prompt_tokens
+    )
+    text = answer.text or ""
+    at = next(i for i, c in enumerate(text) if i > 0 and c.isascii() and c.isalnum())
+    cut = complete(chat, "def add(a, b):", max_tokens=12, stop=[text[at]])
+    assert cut.ok and cut.text == text[: text.index(text[at])] and cut.finish_reason == "stop"
+    (tiny,) = ask_all([Endpoint("m-a", url(warm["m-a"]), api="chat")], "x")
+    assert tiny.kind == "http" and "HTTP 400" in (tiny.error or "") and "no chat template" in tiny.error

@@ -60,6 +60,9 @@ def orchestra(tmp_path: Path, remote: str) -> Path:
         ("  - {name: g, base_url: https://x.example.com/v1, model: m, concurrency: 0}\n", ":8: remote[0].concurrency:", "greater than or equal to 1", None),
         ("  - {name: g, base_url: https://x.example.com/v1, model: m, price_per_mtok: {input: -1}}\n", ":8: remote[0].price_per_mtok.input:", "greater than or equal to 0", None),
         (f"  - {{name: g, base_url: https://x.example.com/v1, model: m, api_key: {SECRET}}}\n", ":8: remote[0].api_key:", "Did you mean 'api_key_env'", SECRET),
+        ("  - {name: g, base_url: https://x.example.com/v1, model: m, api: responses}\n", ":8: remote[0].api:", "'completions' or 'chat'", None),
+        ("  - {name: g, base_url: https://x.example.com/v1, model: m, max_tokens: 0}\n", ":8: remote[0].max_tokens:", "greater than or equal to 1", None),
+        ("  - {name: g, base_url: https://x.example.com/v1, model: m, context: 8}\n", ":8: remote[0].context:", "greater than or equal to 16", None),
     ],
 )  # fmt: skip
 def test_a_bad_remote_tier_is_named_by_line_and_a_secret_in_it_is_never_repeated(
@@ -80,11 +83,15 @@ def test_a_remote_tier_keeps_its_fields_and_its_url_without_a_trailing_slash(tmp
             tmp_path,
             "  - {name: gpt-4o-mini, base_url: 'https://api.openai.com/v1/', model: gpt-4o-mini,\n"
             "     api_key_env: OPENAI_API_KEY, concurrency: 8, price_per_mtok: {input: 0.15, output: 0.6}}\n"
-            "  - {name: lab-vllm, base_url: 'http://10.0.0.9:8000/v1', model: Qwen2.5-Coder-7B}\n",
+            "  - {name: lab-vllm, base_url: 'http://10.0.0.9:8000/v1', model: Qwen2.5-Coder-7B,\n"
+            "     api: completions, max_tokens: 4096, context: 32768}\n",
         )
     )
     gpt, vllm = orch.remote
     assert (gpt.base_url, gpt.concurrency, gpt.price_per_mtok.output) == ("https://api.openai.com/v1", 8, 0.6)
+    # A hosted tier is asked as a chat unless it says otherwise; its limits are not known unless given.
+    assert (gpt.api, gpt.max_tokens, gpt.context) == ("chat", None, None)
+    assert (vllm.api, vllm.max_tokens, vllm.context) == ("completions", 4096, 32768)
     assert vllm.api_key_env is None and vllm.key_present({}) and vllm.concurrency == 4
     assert not gpt.key_present({}) and not gpt.key_present({"OPENAI_API_KEY": ""})
     assert gpt.key_present({"OPENAI_API_KEY": SECRET})
@@ -183,7 +190,9 @@ def test_orchestra_ask_asks_a_tier_whose_key_is_set_with_that_key_and_names_the_
         assert doc["skipped"] == ["missing"]
         (seen,) = Recording.seen
         assert seen["auth"] == f"Bearer {SECRET}" and seen["body"]["model"] == "big"
-        assert seen["body"]["max_tokens"] == 5 and seen["path"] == "/v1/completions"
+        # A remote tier is a chat by default: the prompt goes as the user's message.
+        assert seen["body"]["max_tokens"] == 5 and seen["path"] == "/v1/chat/completions"
+        assert seen["body"]["messages"] == [{"role": "user", "content": "print("}]
         refused = labctl(*args, "--no-remote")
         assert refused.returncode == 2 and "No model is warm" in refused.stderr
         assert "labctl orchestra start" in refused.stderr

@@ -5,17 +5,20 @@
     for a in answers:
         print(a.name, a.ok, a.latency_s, a.text if a.ok else a.error)
 
-Every model speaks the OpenAI-compatible completions API (labctl's own servers, vLLM,
-llama.cpp's server, a hosted tier), so one request shape serves them all. Standard library
-only, Python 3.8: the module ships in labctl's agent zipapp, and a torchrun worker imports it
-without labctl installed.
+Every model speaks the OpenAI-compatible API (labctl's own servers, vLLM, llama.cpp's server,
+a hosted tier); each endpoint says which of its two requests it is asked with (`api`): a
+completion continues the prompt (labctl's own models, base models), a chat takes it as the
+user's message (instruct models; a hosted tier may serve nothing else). Standard library only,
+Python 3.8: the module ships in labctl's agent zipapp, and a torchrun worker imports it without
+labctl installed.
 
 Nothing here raises for a model that fails: each answer carries its text or its error, and its
 latency. The requests run in parallel, so a cycle costs the slowest model's latency, not the sum.
 A request the model could not take (refused connection, reset, a 503 while it loads or drains,
-a 404 for a model its port no longer holds: the marks of a rotation) is asked again once of
-another model that answered; `answered_by` then
-names that model. A timeout or a 4xx is the model's own answer and is not retried.
+a 404 for a model its port no longer holds: the marks of a rotation) or did not answer in its
+timeout is asked again once of another model that answered; `answered_by` then names that
+model, `latency_s` is that model's and `waited_s` the time lost first. Any other 4xx is the
+model's own answer and is not retried.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -32,8 +36,16 @@ from urllib.parse import urlsplit
 from ..paths import ORCHESTRA_ENDPOINTS
 
 # What marks a model that cannot take requests now (gone, starting, draining): worth another model.
-# "moved": the port answers for another model now (a rotation gave it to a newcomer).
-RETRYABLE = ("refused", "reset", "unavailable", "moved")
+# "moved": the port answers for another model now (a rotation gave it to a newcomer). "timeout":
+# a cycle waits on its slowest model, and one stuck (swapping, overloaded) would cost an answer.
+RETRYABLE = ("refused", "reset", "unavailable", "moved", "timeout")
+APIS = ("completions", "chat")
+MAX_STOPS = 4  # the API's own limit on stop sequences
+# A wrong model's 404 as vLLM words it ("The model `x` does not exist.") and llama.cpp's router.
+_NO_SUCH_MODEL = re.compile(r"\bmodel\b.*\b(does not exist|not found)", re.I | re.S)
+# Tokens a chat template adds around the user's message (roles, a default system prompt):
+# counted by check_budget, since the trainer estimates the prompt's own tokens only.
+CHAT_TEMPLATE_TOKENS = 64
 
 
 # One gate per (API, model) in this process: every thread's requests together stay within the
@@ -51,11 +63,14 @@ def _gate(base_url: str, model: str, concurrency: int) -> threading.BoundedSemap
 
 
 class Endpoint:
-    """One model behind the completions API. `model` defaults to `name` (labctl's servers hold
-    one model under the orchestra's name); `api_key` goes out as a bearer token. At most
+    """One model behind the OpenAI-compatible API. `model` defaults to `name` (labctl's servers
+    hold one model under the orchestra's name); `api_key` goes out as a bearer token. At most
     `concurrency` requests to one API and model are in flight from this process (the first
     Endpoint made for them sets it); `price_per_mtok` ({input, output} dollars per million
-    tokens) gives each answer its cost."""
+    tokens) gives each answer its cost. `api`: "completions" or "chat", the request it is asked
+    with. What the trainer checks its budget against (check_budget): `max_tokens`, the most one
+    request may ask (None: up to the context), `context`, the tokens it serves (None: not
+    known), and `engine`, the server that says so (labctl, llama.cpp, vllm; None: a remote tier)."""
 
     def __init__(
         self,
@@ -66,18 +81,28 @@ class Endpoint:
         timeout_s: float = 60.0,
         concurrency: int = 4,
         price_per_mtok: Optional[Mapping[str, float]] = None,
+        api: str = "completions",
+        max_tokens: Optional[int] = None,
+        context: Optional[int] = None,
+        engine: Optional[str] = None,
     ) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"{name}: {base_url!r} is not an http(s) URL such as http://10.0.0.5:8101/v1")
         if concurrency < 1:
             raise ValueError(f"{name}: concurrency must be 1 or more, got {concurrency}")
+        if api not in APIS:
+            raise ValueError(f"{name}: api must be one of {', '.join(APIS)}, got {api!r}")
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.model = model or name
         self.api_key = api_key
         self.timeout_s = float(timeout_s)
         self.price_per_mtok = dict(price_per_mtok or {})
+        self.api = api
+        self.max_tokens = max_tokens
+        self.context = context
+        self.engine = engine
         self.gate = _gate(self.base_url, self.model, int(concurrency))
         self._https = url.scheme == "https"
         self._host = url.hostname
@@ -85,7 +110,7 @@ class Endpoint:
         self._path = url.path.rstrip("/")
 
     def __repr__(self) -> str:  # never the key
-        return f"Endpoint({self.name!r}, {self.base_url!r}, model={self.model!r})"
+        return f"Endpoint({self.name!r}, {self.base_url!r}, model={self.model!r}, api={self.api!r})"
 
     def post(self, route: str, body: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]:
         return self._request("POST", route, json.dumps(body).encode())
@@ -157,9 +182,21 @@ def load_endpoints(path: Optional[str] = None, environ: Optional[Mapping[str, st
 
 def from_doc(doc: Mapping[str, Any], environ: Mapping[str, str]) -> List[Endpoint]:
     """An endpoints document's warm set, then each remote tier whose key variable is set in
-    `environ` (a tier without its key would only collect 401s)."""
+    `environ` (a tier without its key would only collect 401s). A field the document lacks (one
+    an older labctl wrote) takes the orchestra file's default: completions for a warm model,
+    chat for a remote tier."""
     out = [
-        Endpoint(str(m["name"]), str(m["base_url"]), str(m.get("model") or m["name"])) for m in doc["models"]
+        Endpoint(
+            str(m["name"]),
+            str(m["base_url"]),
+            str(m.get("model") or m["name"]),
+            timeout_s=float(m.get("timeout_s") or 60),
+            api=str(m.get("api") or "completions"),
+            max_tokens=_count(m.get("max_tokens")),
+            context=_count(m.get("context")),
+            engine=m.get("engine"),
+        )
+        for m in doc["models"]
     ]
     for r in doc.get("remote") or []:
         key_env = r.get("api_key_env")
@@ -175,9 +212,16 @@ def from_doc(doc: Mapping[str, Any], environ: Mapping[str, str]) -> List[Endpoin
                 float(r.get("timeout_s") or 60),
                 int(r.get("concurrency") or 4),
                 r.get("price_per_mtok"),
+                api=str(r.get("api") or "chat"),
+                max_tokens=_count(r.get("max_tokens")),
+                context=_count(r.get("context")),
             )
         )
     return out
+
+
+def _count(value: Any) -> Optional[int]:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _fail(answer: Answer, kind: str, message: str) -> Answer:
@@ -205,35 +249,40 @@ def complete(
     seed: Optional[int] = None,
     stop: Optional[Sequence[str]] = None,
 ) -> Answer:
-    """One completion from one model; never raises for the model's failure."""
+    """One answer from one model, asked with its endpoint's api: a completion of `prompt`, or a
+    chat whose one user message is `prompt`. Never raises for the model's failure; ValueError
+    for more than MAX_STOPS stop sequences or an empty one (the API refuses them)."""
+    stops = _stops(stop)
     answer = Answer(endpoint.name)
-    body: Dict[str, Any] = {
-        "model": endpoint.model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-    }
+    chat = endpoint.api == "chat"
+    body: Dict[str, Any] = {"model": endpoint.model}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    body.update(max_tokens=max_tokens, temperature=temperature)
     if seed is not None:
         body["seed"] = seed
-    if stop:
-        body["stop"] = list(stop)
+    if stops:
+        body["stop"] = stops
     with endpoint.gate:  # the wait for a free slot is not the model's latency
         start = time.perf_counter()
         try:
-            status, doc = endpoint.post("/completions", body)
+            status, doc = endpoint.post("/chat/completions" if chat else "/completions", body)
         except (OSError, http.client.HTTPException) as exc:
             answer.latency_s = time.perf_counter() - start
             return _fail(answer, *_transport_kind(exc))
         answer.latency_s = time.perf_counter() - start
     if status != 200:
-        err = doc.get("error")
-        message = err.get("message") if isinstance(err, dict) else err
-        code = err.get("code") if isinstance(err, dict) else None
-        kind = "unavailable" if status == 503 else "moved" if code == "model_not_found" else "http"
-        return _fail(answer, kind, f"HTTP {status}: {message}")
+        return _fail(answer, *_http_kind(status, doc))
     try:
         choice = doc["choices"][0]
-        answer.text = str(choice["text"])
+        if chat:
+            content = choice["message"]["content"]
+            # None: the model wrote no content (a refusal, or cut off while it reasoned).
+            answer.text = "" if content is None else str(content)
+        else:
+            answer.text = str(choice["text"])
         answer.finish_reason = choice.get("finish_reason")
         usage = doc.get("usage") or {}
         answer.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -244,8 +293,33 @@ def complete(
             + answer.completion_tokens * float(price.get("output") or 0)
         ) / 1e6
     except (KeyError, IndexError, TypeError, ValueError):
-        return _fail(answer, "bad_answer", "the answer is not a completion (no choices[0].text)")
+        what = "a chat completion (no choices[0].message)" if chat else "a completion (no choices[0].text)"
+        return _fail(answer, "bad_answer", f"the answer is not {what}")
     return answer
+
+
+def _stops(stop: Optional[Sequence[str]]) -> List[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
+        raise ValueError(f"stop takes at most {MAX_STOPS} non-empty texts (the API's limit), got {stops!r}")
+    return stops
+
+
+def _http_kind(status: int, doc: Mapping[str, Any]) -> Tuple[str, str]:
+    """(kind, error) of an answer that is not a 200. A 404 naming the model is a rotation's mark
+    (its port holds another model now): labctl's server says code model_not_found, vLLM "The
+    model `x` does not exist." with type NotFoundError, in {"error": {...}} or, before 0.6, at
+    the top of the document."""
+    err = doc.get("error")
+    fields = err if isinstance(err, dict) else doc if err is None else {"message": err}
+    message = fields.get("message") or doc.get("detail") or json.dumps(doc)[:200]
+    if status == 503:
+        return "unavailable", f"HTTP {status}: {message}"
+    if status == 404 and (
+        fields.get("code") == "model_not_found" or _NO_SUCH_MODEL.search(str(message)) is not None
+    ):
+        return "moved", f"HTTP {status}: {message}"
+    return "http", f"HTTP {status}: {message}"
 
 
 def ask_all(
@@ -257,12 +331,14 @@ def ask_all(
     stop: Optional[Sequence[str]] = None,
     retry: bool = True,
 ) -> List[Answer]:
-    """Every endpoint's answer to `prompt`, asked at once, in the order of `endpoints`.
+    """Every endpoint's answer to `prompt`, asked at once, in the order of `endpoints`, each with
+    its own api (complete's); `stop`: at most MAX_STOPS texts the answers end before.
 
     Each request is bounded by its endpoint's timeout_s, and so is the whole call (a server that
-    trickles bytes is given up on too). A request a model could not take is asked again once of
-    another model that answered (round robin), so a rotation mid-cycle costs one answer's
-    latency, not an answer."""
+    trickles bytes is given up on too). A request a model could not take, or did not answer in
+    time, is asked again once of another model that answered (round robin), so a rotation
+    mid-cycle costs one answer's latency, not an answer."""
+    _stops(stop)  # a bad list is the caller's, said once before any request
 
     def one(ep: Endpoint) -> Answer:
         return complete(ep, prompt, max_tokens, temperature, seed, stop)
@@ -280,8 +356,9 @@ def ask_all(
     for n, i in enumerate(again):
         stand_in, second, first = stand_ins[n], retried[n], answers[i]
         if second.ok:
+            # latency_s stays the stand-in's own: the time a model takes to answer is its figure,
+            # and the time lost on the first is waited_s.
             second.name, second.answered_by, second.retried = first.name, stand_in.name, True
-            second.latency_s += first.latency_s
             second.waited_s = first.latency_s
             answers[i] = second
         else:
@@ -362,3 +439,51 @@ def models(endpoint: Endpoint) -> List[str]:
     if status != 200 or not isinstance(doc.get("data"), list):
         raise ValueError(f"{endpoint.name}: GET {endpoint.base_url}/models answered HTTP {status}")
     return [str(m.get("id")) for m in doc["data"] if isinstance(m, dict)]
+
+
+_SERVERS = {"labctl": "labctl's server", "llama.cpp": "llama.cpp's server", "vllm": "vLLM"}
+
+
+def check_budget(endpoints: Sequence[Endpoint], prompt_tokens_estimate: int, answer_tokens: int) -> List[str]:
+    """What phase 3's budget asks of a model that it cannot give, one line each, naming the
+    model and the fix: answer_tokens above a server's cap on one request (labctl's server
+    refuses more than its MAX_TOKENS with a 400 per request), or the prompt and answer together
+    beyond the context the model is served with (a chat counts CHAT_TEMPLATE_TOKENS more for
+    its template). A model whose figures the endpoints file does not give is not checked. Pure:
+    the trainer's preflight calls it with the endpoints it read."""
+    problems: List[str] = []
+    for ep in endpoints:
+        server = _SERVERS.get(ep.engine or "", ep.engine or "a remote tier")
+        longer = _longer_context(ep)
+        cap = ep.max_tokens
+        if cap is not None and answer_tokens > cap:
+            problems.append(
+                f"rl.answer_tokens {answer_tokens} is above {ep.name}'s cap {cap} ({server}): "
+                f"set rl.answer_tokens <= {cap}"
+            )
+        if ep.context is None:
+            continue
+        prompt = prompt_tokens_estimate + (CHAT_TEMPLATE_TOKENS if ep.api == "chat" else 0)
+        room = ep.context - prompt
+        if room < 1:
+            problems.append(
+                f"the prompt (about {prompt} tokens) fills {ep.name}'s context of {ep.context} ({server}): "
+                f"shorten it (fewer rl.context_tokens), {longer}"
+            )
+        elif prompt + answer_tokens > ep.context:
+            problems.append(
+                f"the prompt (about {prompt} tokens) and rl.answer_tokens {answer_tokens} are above "
+                f"{ep.name}'s context of {ep.context} ({server}): set rl.answer_tokens <= {room}, {longer}"
+            )
+    return problems
+
+
+def _longer_context(ep: Endpoint) -> str:
+    if ep.engine is None:
+        return f"or take {ep.name} out of the orchestra file's remote tiers"
+    if ep.engine == "labctl":
+        # labctl's server takes no context setting: it serves what the model was made with.
+        return (
+            f"or take {ep.name} out of the orchestra file's models (it serves the context it was made with)"
+        )
+    return f"or give {ep.name} a longer context: in the orchestra file (up to what it was trained for)"

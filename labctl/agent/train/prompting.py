@@ -13,11 +13,16 @@ Standard library only, Python 3.8: it ships in the agent's zipapp with the train
 
 from __future__ import annotations
 
+import ast
 import re
+import warnings
 import zlib
-from typing import Any, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
-_FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)(?:```|\Z)", re.S)
+# A fence line as models write them: backticks or tildes, maybe indented (in a list), maybe a
+# space before the label ("``` python"); the label's first word is the language.
+_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\s`]*)[^`]*$")
+PYTHON_LABELS = ("python", "py", "python3", "py3")
 HINT = "# Hint: "
 # The characters a task's tag is drawn from: lower-case letters, which the CET's byte vocabulary
 # samples like any other printable byte (a random context of 16 bytes holds a given one about
@@ -43,6 +48,76 @@ def task_tag(task: Any) -> str:
 
 
 def program_of(text: str) -> str:
-    """The program in a model's answer: the first fenced block when there is one, else all."""
-    m = _FENCE.search(text)
-    return m.group(1) if m else text
+    """The program in a model's answer: the first Python in it.
+
+    A completion model continues the prompt's comments with code and may end it with a fence
+    and prose (code, ```, "This reads..."): the code before that fence. Otherwise the first
+    fenced block labelled Python ("```python", "``` python", "```Python", "```py") or unlabelled
+    that parses as a program, so a sample input before the code (a block labelled text, input or
+    console, or one that is no program) is passed over. An answer cut off inside its fence gives
+    what is there. No Python block: the first unlabelled block, else the whole text (as without
+    a fence)."""
+    lines = text.splitlines(keepends=True)
+    fences = [(i, f) for i, f in enumerate(map(_fence, lines)) if f is not None]
+    if not fences:
+        return text
+    first, (_, label) = fences[0]
+    prefix = "".join(lines[:first])
+    if not label and _is_program(prefix):
+        return prefix  # a bare fence after code can only close it: nothing opened that code
+    blocks = _blocks(lines[first:])
+    for label, body in blocks:
+        if label in PYTHON_LABELS or (not label and _is_program(body)):
+            return body
+    return next((body for label, body in blocks if not label), text)
+
+
+def _fence(line: str) -> Optional[Tuple[str, str]]:
+    """(the fence's characters, its label in lower case) of a fence line; None for any other."""
+    m = _FENCE.match(line.rstrip("\r\n"))
+    return (m.group(1), m.group(2).strip("{.}").lower()) if m else None
+
+
+def _blocks(lines: Sequence[str]) -> List[Tuple[str, str]]:
+    """[(label, body)] of each fenced block, CommonMark's way: a block is closed by a bare fence
+    of its own character at least as long as the one that opened it; one cut off is kept."""
+    blocks: List[Tuple[str, str]] = []
+    opener: Optional[Tuple[str, str]] = None
+    body: List[str] = []
+    for line in lines:
+        fence = _fence(line)
+        if opener is None:
+            if fence is not None:
+                opener, body = fence, []
+        elif (
+            fence is not None
+            and not fence[1]
+            and fence[0][0] == opener[0][0]
+            and len(fence[0]) >= len(opener[0])
+        ):
+            blocks.append((opener[1], "".join(body)))
+            opener = None
+        else:
+            body.append(line)
+    if opener is not None:
+        blocks.append((opener[1], "".join(body)))
+    return blocks
+
+
+def _is_program(source: str) -> bool:
+    """Whether `source` compiles and does something: numbers, a bare name or "Answer: 42" (an
+    annotation) compile too, and are a sample input or prose, not a program."""
+    if not source.strip():
+        return False
+    try:
+        with warnings.catch_warnings():  # a model's "\d" in a string must not warn in the trainer's log
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source, "<answer>")
+    except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError):
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and node.value is None:
+            continue
+        if not isinstance(node, ast.Expr) or any(isinstance(n, ast.Call) for n in ast.walk(node)):
+            return True
+    return False
