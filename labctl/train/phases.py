@@ -120,8 +120,19 @@ class Phase3Loop(_Strict):
     )
     temperature: float = Field(
         default=RL_DEFAULTS["temperature"],
+        gt=0,
+        description="temperature: 1.0 (the CET's sampling of its context, above 0: its log-probability is taken at it)",
+    )
+    group_size: int = Field(
+        default=RL_DEFAULTS["group_size"],
+        ge=1,
+        le=64,
+        description="group_size: 4 (contexts per task per step, each judged against its group's mean; 1: a moving baseline per task)",
+    )
+    max_unjudged_steps: int = Field(
+        default=RL_DEFAULTS["max_unjudged_steps"],
         ge=0,
-        description="temperature: 1.0 (the CET's sampling of its context)",
+        description="max_unjudged_steps: 5 (steps in a row with nothing judged before the run stops; 0: never)",
     )
     answer_temperature: float = Field(
         default=RL_DEFAULTS["answer_temperature"],
@@ -307,6 +318,20 @@ class Settings(_Strict):
                 for k, x in v.items()
             }
         return v
+
+    @model_validator(mode="after")
+    def _cet_sees_its_task(self) -> Settings:
+        # Checked here too, not only when the trainer starts: a refused run costs a launch.
+        if self.requires_orchestra:
+            from labctl.agent.train.settings import min_seq_len
+
+            need = min_seq_len(self.rl.model_dump())
+            if self.seq_len < need:
+                raise ValueError(
+                    f"seq_len {self.seq_len} is too short for phase 3: the CET reads the instruction, then the "
+                    f"longest task, then its {self.rl.context_tokens}-byte context; set seq_len to {need} or more"
+                )
+        return self
 
     def trainer_settings(
         self, phase: int, run_id: str, metrics_path: str, time_limit_s: int | None = None

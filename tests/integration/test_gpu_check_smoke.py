@@ -57,7 +57,7 @@ def test_every_section_runs_on_the_cpu(tmp_path: Path) -> None:
     log = (out / "gpu_check.log").read_text() if (out / "gpu_check.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
     sections = _sections(out)
-    assert list(sections) == ["loader", "trainer", "orchestra", "nvml", "torch_env"]
+    assert list(sections) == ["loader", "trainer", "orchestra", "orchestra_hf", "nvml", "torch_env"]
     for key, s in sections.items():
         assert s["error"] is None, (key, s["error"])
 
@@ -76,6 +76,11 @@ def test_every_section_runs_on_the_cpu(tmp_path: Path) -> None:
     orch = {r[0]: r for r in sections["orchestra"]["rows"]}
     assert orch["servers left after `orchestra stop`"][1] == "0"
     assert any(k.startswith("rotation: in ") for k in orch)
+
+    hf = sections["orchestra_hf"]["figures"]
+    # labctl's server served the HF model in fp32 on the CPU and streamed a chat's first token.
+    assert hf["dtype"] == "float32" and hf["tokens_per_s"] > 0 and hf["first_token_s"] > 0
+    assert hf["transformers_tokens_per_s"] > 0
 
     nvml = sections["nvml"]["figures"]
     assert nvml["under_load"]["run"]["step"] > 0  # status saw the detached run training

@@ -283,10 +283,11 @@ def test_a_sync_token_that_does_not_fit_is_named_not_written_empty(hard_cache: P
     sh(
         inv,
         "m5",
-        f"mount -t tmpfs -o size=256k tmpfs {AGENT_DIR} && cp {AGENT_DIR}/../agent/*.pyz {AGENT_DIR}/ 2>/dev/null; true",
+        # Room for the agent's zipapp (about 310 KB) and little more.
+        f"mount -t tmpfs -o size=1m tmpfs {AGENT_DIR} && cp {AGENT_DIR}/../agent/*.pyz {AGENT_DIR}/ 2>/dev/null; true",
     )
     labctl("-i", str(inv), "facts", "--no-torch", "-l", "m5", check=True)  # uploaded into the small folder
-    sh(inv, "m5", f"head -c 1M /dev/zero > {AGENT_DIR}/fill 2>/dev/null; true")  # now full
+    sh(inv, "m5", f"head -c 2M /dev/zero > {AGENT_DIR}/fill 2>/dev/null; true")  # now full
     rc, doc = run_json(inv, "cache", "sync", MODEL, "--host", "m5")
     r = doc["results"][0]
     assert rc == 1 and "token" not in r["error"], r

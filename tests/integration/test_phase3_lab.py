@@ -24,7 +24,7 @@ CKPT = "/var/lib/labctl/train/p3-test"
 STEPS = 8
 # A CET small enough for two cores shared with three model servers and the sandbox.
 SETS = [
-    f"steps={STEPS}", "batch_size_per_gpu=4", "seq_len=128", "model.d_model=32", "model.n_layers=1",
+    f"steps={STEPS}", "batch_size_per_gpu=4", "seq_len=288", "model.d_model=32", "model.n_layers=1",
     "model.n_heads=2", "model.d_ff=64", "log_every=1", "checkpoint_every=100", f"checkpoint_dir={CKPT}",
     "rl.answer_tokens=16", "rl.tasks_per_step=1",
 ]  # fmt: skip

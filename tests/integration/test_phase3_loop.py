@@ -140,7 +140,7 @@ def trainer(folder: Path, steps: int, **rl: Any) -> subprocess.Popen[str]:
     settings = {
         "steps": steps,
         "batch_size": 4,
-        "seq_len": 128,
+        "seq_len": 288,
         "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64},
         "log_every": 1,
         "checkpoint_dir": None,

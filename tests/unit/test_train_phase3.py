@@ -1,5 +1,8 @@
 """Phase 3's loop (labctl/agent/train/phase3.py) with the lab's parts stood in by functions:
-what a step asks, how it judges, what it reports, and that its gradient points the right way."""
+what a step asks, how it judges, what it reports, its baselines, what it counts and when it
+stops, what the CET reads, and that its gradient points the right way at the sampling
+temperature; and the trainer's step (loop.py) making a step's tries once, OOM retry or not.
+(That REINFORCE learns: test_phase3_learning.py.)"""
 
 from __future__ import annotations
 
@@ -10,8 +13,18 @@ import pytest
 
 from labctl.agent.orchestra.client import Answer
 from labctl.agent.sandbox.client import SandboxError
-from labctl.agent.train.phase3 import Phase3, context_text, policy_loss, program_of, rl_batch
-from labctl.agent.train.settings import RL_DEFAULTS, TrainerError, resolve_rl, resolve_settings
+from labctl.agent.train.phase3 import (
+    Phase3,
+    Rollout,
+    cet_prompt,
+    context_text,
+    longest_cet_prompt,
+    policy_loss,
+    program_of,
+    rl_batch,
+)
+from labctl.agent.train.prompting import HINT
+from labctl.agent.train.settings import RL_DEFAULTS, TrainerError, min_seq_len, resolve_rl, resolve_settings
 from labctl.agent.train.tasks import TASKS
 
 
@@ -40,6 +53,8 @@ class Lab:
         self.prompts: list[str] = []
         self.batches: list[list[dict[str, Any]]] = []
         self.run_errors: list[SandboxError] = []
+        self.result_error: str | None = None  # every program's result carries this "error"
+        self.finish_reason: str | None = "stop"
 
     def list_endpoints(self) -> list[Any]:
         return self.endpoints.pop(0) if len(self.endpoints) > 1 else self.endpoints[0]
@@ -47,17 +62,32 @@ class Lab:
     def ask(self, endpoints: list[str], prompt: str, **kw: Any) -> list[Answer]:
         self.prompts.append(prompt)
         task = by_name(prompt)
-        texts = {"good": f"```python\n{task.solution}```\n", "bad": "print()", "slow": None}
+        hint = prompt.rsplit(HINT, 1)[1]
+        good = f"```python\n{task.solution}```\n"
+        # "hinted" writes the solution when the CET's hint holds a 'q', else nothing useful.
+        texts = {"good": good, "bad": "print()", "slow": None, "hinted": good if "q" in hint else "print()"}
         return [
-            answer(e, texts[e], retried=e == "bad", waited_s=0.5 if e == "bad" else 0.0) for e in endpoints
+            answer(
+                e,
+                texts[e],
+                retried=e == "bad",
+                waited_s=0.5 if e == "bad" else 0.0,
+                finish_reason=self.finish_reason if texts[e] is not None else None,
+            )
+            for e in endpoints
         ]
 
     def run(self, programs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.run_errors:
             raise self.run_errors.pop(0)
         self.batches.append(programs)
-        out = []
+        out: list[dict[str, Any]] = []
         for p in programs:
+            if self.result_error is not None:
+                out.append(
+                    {"lang": "python", "error": self.result_error, "tests": [], "passed": 0, "total": 1}
+                )
+                continue
             task = next(t for t in TASKS if t.as_program(p["source"])["tests"] == p["tests"])
             ok = p["source"] == task.solution
             tests = [{"ok": ok, "exit_code": 0, "timed_out": False} for _ in p["tests"]]
@@ -75,15 +105,78 @@ def counting_sampler(prompt: list[int], n: int) -> list[int]:
     return [ord("a")] * n
 
 
+def alternating_sampler() -> Any:
+    """Contexts of 'q's and of 'a's in turn: the "hinted" model solves the task after a 'q'."""
+    calls: list[int] = []
+
+    def sample(prompt: list[int], n: int) -> list[int]:
+        calls.append(n)
+        return [ord("q" if len(calls) % 2 else "a")] * n
+
+    return sample
+
+
 def test_rl_settings_are_checked_with_the_key_named() -> None:
     assert resolve_rl(None) is None and resolve_rl({}) == RL_DEFAULTS
     with pytest.raises(TrainerError, match=r"unknown keys \['contxt'\]"):
         resolve_rl({"contxt": 3})
     with pytest.raises(TrainerError, match=r"rl\.context_tokens must be an integer >= 1"):
         resolve_rl({"context_tokens": 0})
-    with pytest.raises(TrainerError, match=r"seq_len \(16\) must be longer than rl\.context_tokens \(16\)"):
-        resolve_settings({"seq_len": 16, "rl": {"context_tokens": 16}})
-    assert resolve_settings({"seq_len": 64, "rl": {"tasks_per_step": 2}})["rl"]["tasks_per_step"] == 2
+    with pytest.raises(TrainerError, match=r"rl\.group_size must be an integer >= 1, got 0"):
+        resolve_rl({"group_size": 0})
+    with pytest.raises(TrainerError, match=r"rl\.max_unjudged_steps must be an integer >= 0, got -1"):
+        resolve_rl({"max_unjudged_steps": -1})
+    assert resolve_rl({"max_unjudged_steps": 0})["max_unjudged_steps"] == 0  # type: ignore[index]
+    need = longest_cet_prompt() + 16
+    assert resolve_settings({"seq_len": need, "rl": {"tasks_per_step": 2}})["rl"]["tasks_per_step"] == 2
+
+
+def test_the_sampling_temperature_must_be_above_zero() -> None:
+    # The policy gradient takes the context's log-probabilities at the temperature it was sampled
+    # at: greedy decoding (0) has none, so the settings refuse it and say what to set instead.
+    with pytest.raises(TrainerError, match=r"rl\.temperature must be above 0, got 0: .*set it to 1\.0"):
+        resolve_rl({"temperature": 0})
+    assert resolve_rl({"temperature": 0.3, "answer_temperature": 0})["temperature"] == 0.3  # type: ignore[index]
+
+
+def test_the_cet_reads_the_shared_instruction_first_and_its_task_last() -> None:
+    from labctl.agent.train.tasks import prompt_text
+
+    task = TASKS[0]
+    view, models = cet_prompt(task), prompt_text(task)
+    instruction = models.splitlines()[-1]
+    assert instruction.startswith("# Write a Python 3 program")
+    assert view == instruction + "\n" + models[: -len(instruction) - 1]  # the same lines, reordered
+    assert view.startswith(instruction) and view.endswith(task.prompt.splitlines()[-1] + "\n")
+    assert f"\n# Task: {task.name}\n" in view
+    # What the CET reads at the old default (seq_len 64, 16 bytes of context): the end of its
+    # task's statement, not the line every task shares (which was all of its 48 bytes before).
+    p3 = phase3(Lab())
+    views = {tuple(p3.prompt_ids(t, 64 - 16)) for t in TASKS}
+    assert len(views) > len(TASKS) * 9 // 10  # a family's tasks may end alike (caesar_3, caesar_13)
+    assert bytes(p3.prompt_ids(task, 48)) == view.encode()[-48:]
+    # With the room the settings demand, the whole view: every task its own.
+    full = [bytes(p3.prompt_ids(t, longest_cet_prompt())) for t in TASKS]
+    assert full == [cet_prompt(t).encode() for t in TASKS] and len(set(full)) == len(TASKS)
+    # The models' prompt is what it was: the statement, the instruction, then the hint.
+    lab = Lab()
+    phase3(lab).rollouts(1, counting_sampler, need_for(16))
+    assert lab.prompts[0].startswith(models) and lab.prompts[0].endswith("# Hint: " + "a" * 16 + "\n")
+
+
+def need_for(context_tokens: int) -> int:
+    return min_seq_len({"context_tokens": context_tokens})
+
+
+def test_seq_len_must_hold_the_longest_task_and_the_context_naming_the_minimum() -> None:
+    longest = max(len(cet_prompt(t).encode()) for t in TASKS)
+    assert longest_cet_prompt() == longest and need_for(16) == longest + 16
+    with pytest.raises(TrainerError, match=rf"seq_len \(64\) is too short .* at least {longest + 16}$"):
+        resolve_settings({"seq_len": 64, "rl": {}})
+    with pytest.raises(TrainerError, match=rf"set seq_len to at least {longest + 32}"):
+        resolve_settings({"seq_len": longest + 31, "rl": {"context_tokens": 32}})
+    assert resolve_settings({"seq_len": longest + 32, "rl": {"context_tokens": 32}})["rl"] is not None
+    assert resolve_settings({"seq_len": 16})["rl"] is None  # no loop, no minimum
 
 
 def test_a_step_asks_every_warm_model_runs_their_code_and_judges_by_pass_rate() -> None:
@@ -97,26 +190,111 @@ def test_a_step_asks_every_warm_model_runs_their_code_and_judges_by_pass_rate() 
     assert len(batch) == 4 and batch[0]["source"] == TASKS[0].solution and batch[0]["timeout"] == 5.0
     # good passes all, bad none; slow's timeout is left out of the reward, not counted as zero.
     assert [r.reward for r in rolls] == [0.5, 0.5]
-    w = p3.window.flush(p3.baseline)
+    w = p3.window.flush()
     assert w["reward"] == 0.5 and w["answers_failed"] == 2 and w["answers_retried"] == 2
+    assert w["tries"] == w["tries_judged"] == 2 and w["baseline"] == 0.5 and w["unjudged_steps"] == 0
+    assert w["answers_cut"] == 0 and w["sandbox_errors"] == 0
     assert w["answer_errors"] == {"slow": "timed out"}  # why, per model, in the step event
     assert w["rotation_wait_s"] == pytest.approx(1.0, abs=0.05)  # bad's two retries lost 0.5 s each
     assert set(w["orchestra_ms"]) == {"good", "bad"} and w["orchestra_ms"]["good"]["p50"] == 100.0
     assert w["executions"] == sum(len(t.tests) for t in TASKS[:2]) * 2 and w["exec_success_rate"] == 1.0
-    assert p3.window.flush(p3.baseline)["reward"] is None  # flushed: the next window starts empty
+    assert p3.window.flush()["reward"] is None  # flushed: the next window starts empty
 
 
-def test_the_advantage_is_the_reward_above_a_moving_baseline() -> None:
+def test_the_advantage_is_the_reward_above_its_tasks_moving_baseline() -> None:
     lab = Lab()
     p3 = phase3(lab, baseline_decay=0.5)
+    task = TASKS[0]
+    again = len(TASKS) + 1  # the step that comes back to the first task
     (r,) = p3.rollouts(1, counting_sampler, 64)
-    assert r.reward == 0.5 and r.advantage == 0.0 and p3.baseline == 0.5  # the first step sets the level
+    assert r.reward == 0.5 and r.advantage == 0.0 and p3.baselines == {task.name: 0.5}  # its level
     lab.endpoints = [["good"]]
-    (r,) = p3.rollouts(2, counting_sampler, 64)
-    assert r.reward == 1.0 and r.advantage == 0.5 and p3.baseline == 0.75
+    (r,) = p3.rollouts(again, counting_sampler, 64)
+    assert r.task == task and r.reward == 1.0 and r.advantage == 0.5 and r.baseline == 0.5
+    assert p3.baselines[task.name] == 0.75
     lab.endpoints = [["bad"]]
-    (r,) = p3.rollouts(3, counting_sampler, 64)
-    assert r.reward == 0.0 and r.advantage == -0.75
+    (r,) = p3.rollouts(2 * again - 1, counting_sampler, 64)
+    assert r.task == task and r.reward == 0.0 and r.advantage == -0.75
+
+
+def test_an_easy_task_and_a_hard_one_are_each_judged_against_their_own_level() -> None:
+    # "hinted" solves a task when the hint holds a 'q': the first task always gets one, the second
+    # never. One baseline for both would call the first's every try good and the second's bad.
+    lab = Lab()
+    lab.endpoints = [["hinted"]]
+    p3 = phase3(lab, tasks_per_step=2)
+    p3.tasks = TASKS[:2]
+    for step in (1, 2, 3):
+        easy, hard = p3.rollouts(step, alternating_sampler(), 64)
+        assert (easy.reward, hard.reward) == (1.0, 0.0)
+        assert easy.advantage == hard.advantage == 0.0, step
+    assert p3.baselines == {TASKS[0].name: 1.0, TASKS[1].name: 0.0}
+    assert p3.window.flush()["baseline"] == 0.5  # the mean of the baselines the tries were judged by
+
+
+def test_a_group_of_contexts_per_task_is_judged_against_its_mean() -> None:
+    lab = Lab()
+    lab.endpoints = [["hinted"]]
+    p3 = phase3(lab, tasks_per_step=2, group_size=4)
+    rolls = p3.rollouts(1, alternating_sampler(), 64)
+    assert len(rolls) == 8 and len(lab.prompts) == 8  # every context asked, all in one step
+    assert [r.task for r in rolls] == [TASKS[0]] * 4 + [TASKS[1]] * 4 and [r.group for r in rolls[::4]] == [
+        0,
+        1,
+    ]
+    assert [r.reward for r in rolls] == [1.0, 0.0] * 4
+    # Learning starts at the first step: no level to learn first, each try against its group's mean.
+    assert [r.advantage for r in rolls] == [0.5, -0.5] * 4 and {r.baseline for r in rolls} == {0.5}
+    assert p3.baselines == {}
+    w = p3.window.flush()
+    assert w["tries"] == w["tries_judged"] == 8 and w["baseline"] == 0.5
+    # A group whose tries all failed to come back has nothing to be judged against, and no rows.
+    lab.endpoints = [["slow"]]
+    rolls = p3.rollouts(2, alternating_sampler(), 64)
+    assert all(r.reward is None and r.advantage == 0.0 for r in rolls)
+    assert p3.window.flush()["baseline"] is None
+
+
+def test_a_program_the_sandbox_could_not_run_and_a_cut_answer_are_counted() -> None:
+    lab = Lab()
+    lab.endpoints = [["good", "bad"]]
+    lab.result_error = "no image for python: run `labctl sandbox images`"
+    lab.finish_reason = "length"
+    p3 = phase3(lab, tasks_per_step=2)
+    rolls = p3.rollouts(1, counting_sampler, 64)
+    assert [r.reward for r in rolls] == [None, None]  # left out of the reward, not zero
+    w = p3.window.flush()
+    assert w["sandbox_errors"] == 4 and w["answers_cut"] == 4 and w["reward"] is None
+    assert w["tries"] == 2 and w["tries_judged"] == 0 and w["unjudged_steps"] == 1
+    lab.result_error, lab.finish_reason = None, "stop"
+    p3.rollouts(2, counting_sampler, 64)
+    w = p3.window.flush()
+    assert w["sandbox_errors"] == 0 and w["answers_cut"] == 0 and w["unjudged_steps"] == 0
+
+
+def test_steps_in_a_row_that_judge_nothing_stop_the_run_with_the_reason() -> None:
+    lab = Lab()
+    lab.endpoints = [["slow"]]
+    p3 = phase3(lab, max_unjudged_steps=3)
+    p3.rollouts(1, counting_sampler, 64)
+    p3.rollouts(2, counting_sampler, 64)
+    lab.endpoints = [["good"]]
+    p3.rollouts(3, counting_sampler, 64)  # one judged step starts the count again
+    assert p3.unjudged_steps == 0
+    lab.endpoints = [["slow", "good"]]
+    lab.result_error = "no image for python"
+    p3.rollouts(4, counting_sampler, 64)
+    p3.rollouts(5, counting_sampler, 64)
+    with pytest.raises(TrainerError) as err:
+        p3.rollouts(6, counting_sampler, 64)
+    message = str(err.value)
+    assert "nothing was judged for 3 steps in a row (rl.max_unjudged_steps is 3)" in message
+    assert "answer from slow: timed out" in message and "sandbox: no image for python" in message
+    # 0: never stop.
+    p3 = phase3(lab, max_unjudged_steps=0)
+    for step in range(1, 8):
+        p3.rollouts(step, counting_sampler, 64)
+    assert p3.unjudged_steps == 7
 
 
 def test_a_rotation_that_lists_no_model_is_waited_for_and_counted() -> None:
@@ -126,7 +304,7 @@ def test_a_rotation_that_lists_no_model_is_waited_for_and_counted() -> None:
     t0 = time.monotonic()
     (r,) = p3.rollouts(1, counting_sampler, 64)
     assert r.reward == 1.0 and time.monotonic() - t0 >= 0.4
-    assert p3.window.flush(p3.baseline)["rotation_wait_s"] >= 0.4
+    assert p3.window.flush()["rotation_wait_s"] >= 0.4
     lab.endpoints = [[]]
     p3 = phase3(lab, wait_s=0.3)
     with pytest.raises(TrainerError, match=r"no warm model to ask for 0.3 s .*labctl orchestra status"):
@@ -167,7 +345,6 @@ def test_the_policy_gradient_raises_a_rewarded_context_and_lowers_a_punished_one
     import torch
 
     from labctl.agent.tinylm import build_model, make_config
-    from labctl.agent.train.phase3 import Rollout
 
     torch.manual_seed(0)
     model = build_model(make_config(vocab=256, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq=16))
@@ -199,6 +376,32 @@ def test_the_policy_gradient_raises_a_rewarded_context_and_lowers_a_punished_one
         assert (logp() > before) is rises
     roll.advantage = 0.0
     assert rl_batch([roll], 16, "cpu") is None  # nothing to learn from a try at the baseline
+
+
+def test_the_policy_loss_takes_log_probabilities_at_the_sampling_temperature() -> None:
+    import torch
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7)
+    targets = torch.randint(0, 7, (2, 5))
+    weights = torch.rand(2, 5)
+
+    def expected(t: float) -> float:
+        logp = torch.log_softmax(logits / t, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return float(-(logp * weights).sum() / 2)
+
+    assert policy_loss(logits, targets, weights).item() == pytest.approx(expected(1.0), rel=1e-6)
+    for t in (0.5, 2.0):
+        got = policy_loss(logits, targets, weights, t).item()
+        assert got == pytest.approx(expected(t), rel=1e-6) and got != pytest.approx(expected(1.0), rel=1e-3)
+    with pytest.raises(ValueError, match="temperature above 0"):
+        policy_loss(logits, targets, weights, 0.0)
+    # Its gradient is the sampling distribution's at that temperature: d/dlogits of
+    # -log softmax(z / t)[k] is (softmax(z / t) - onehot(k)) / t.
+    z = torch.randn(1, 1, 7, requires_grad=True)
+    policy_loss(z, torch.tensor([[3]]), torch.ones(1, 1), 0.5).backward()
+    want = (torch.softmax(z.detach() / 0.5, -1) - torch.nn.functional.one_hot(torch.tensor(3), 7)) / 0.5
+    assert torch.allclose(z.grad, want, atol=1e-6)  # type: ignore[arg-type]
 
 
 def test_the_controller_shows_a_phase3_step_with_its_reward_and_slowest_model() -> None:
@@ -275,3 +478,125 @@ def test_the_measured_runs_checkpoints_are_removed_and_a_failure_is_said_not_rai
     assert len(said) == 1 and said[0].startswith(
         f"{folder} is left on nosuch (--limit 'nosuch' matches no host"
     )
+
+
+def rl_trainer(monkeypatch: pytest.MonkeyPatch, lab: Lab, **over: Any) -> Any:
+    """A CPU trainer in phase 3 with `lab` standing in for the orchestra and the sandbox."""
+    import io
+
+    from labctl.agent.train.trainer import Trainer
+
+    monkeypatch.setattr(Phase3, "_sandbox_runner", staticmethod(lambda: lab.run))
+    rl = {"group_size": 2, "tasks_per_step": 1, "context_tokens": 4, "temperature": 0.7}
+    settings = {
+        "steps": 1,
+        "batch_size": 4,
+        "seq_len": need_for(4),
+        "model": {"vocab": 256, "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32},
+        "mixed_precision": False,
+        "checkpoint_dir": None,
+        "log_every": 1,
+        "rl": rl,
+    }
+    settings.update(over)
+    t = Trainer(settings, out=io.StringIO(), environ={})
+    t.setup()
+    t.phase3._endpoints, t.phase3._ask = lab.list_endpoints, lab.ask
+    return t
+
+
+def test_a_step_retried_after_an_oom_trains_on_the_tries_it_made_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+
+    import torch
+
+    from labctl.agent.train import loop
+
+    lab = Lab()
+    lab.endpoints = [["hinted"]]
+    t = rl_trainer(monkeypatch, lab, dynamic_batch_sizing=True)
+    sampled: list[int] = []
+    contexts = iter([[ord("q")] * 4, [ord("a")] * 4])  # one try rewarded, one not: two rows
+
+    def sample(model: Any, prompt: list[int], n: int, *rest: Any) -> list[int]:
+        sampled.append(n)
+        return next(contexts)
+
+    temperatures: list[float] = []
+
+    class OutOfMemoryInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+
+    def loss_at(logits: Any, targets: Any, weights: Any, temperature: float = 1.0) -> Any:
+        temperatures.append(temperature)
+        loss = policy_loss(logits, targets, weights, temperature)
+        # The first attempt runs out of memory in its backward, after its loss was noted.
+        return OutOfMemoryInBackward.apply(loss) if len(temperatures) == 1 else loss
+
+    monkeypatch.setattr(loop, "sample_context", sample)
+    monkeypatch.setattr(loop, "policy_loss", loss_at)
+    forward = t.module.forward
+    rows: list[int] = []
+
+    def counted(x: Any) -> Any:
+        rows.append(x.shape[0])
+        return forward(x)
+
+    monkeypatch.setattr(t.module, "forward", counted)
+    window = t.phase3.window
+    flush, noted = window.flush, []
+
+    def flush_noting() -> Any:
+        noted.append(list(window.policy_losses))
+        return flush()
+
+    monkeypatch.setattr(window, "flush", flush_noting)
+    try:
+        t.run()
+    finally:
+        t.close()
+    events = [json.loads(line) for line in t.out.getvalue().splitlines()]
+    assert [e["batch_size"] for e in events if e["event"] == "batch_resize"] == [2]
+    assert rows == [6, 2, 4]  # 4 + 2 rows failed; then 2, and 2 + the same 2 rows
+    # The models were asked once per try and the contexts sampled once, whatever the retry.
+    assert len(lab.prompts) == 2 and sampled == [4, 4]
+    (step,) = [e for e in events if e["event"] == "step"]
+    assert step["tries"] == 2 and step["reward"] == 0.5 and step["baseline"] == 0.5
+    # Both attempts' policy losses at the sampling temperature; the failed one's left out.
+    assert temperatures == [0.7, 0.7] and len(noted) == 1 and len(noted[0]) == 1
+    assert step["policy_loss"] == pytest.approx(noted[0][0], abs=1e-6)
+
+
+def test_the_trainer_refuses_a_seq_len_too_short_for_its_tasks() -> None:
+    import io
+
+    from labctl.agent.train.trainer import Trainer
+
+    with pytest.raises(TrainerError, match=rf"set seq_len to at least {longest_cet_prompt() + 16}"):
+        Trainer({"seq_len": 256, "rl": {}}, out=io.StringIO(), environ={})
+
+
+def test_a_warm_model_that_cannot_take_the_requests_stops_the_run_before_it_is_asked() -> None:
+    from labctl.agent.orchestra.client import Endpoint
+
+    lab = Lab()
+    capped = Endpoint("demo-a", "http://m5:8101/v1", engine="labctl", max_tokens=256, context=4096)
+    short = Endpoint("coder", "http://m5:8102/v1", engine="labctl", max_tokens=256, context=320)
+    lab.endpoints = [[capped]]
+    p3 = phase3(lab, answer_tokens=512)
+    with pytest.raises(TrainerError) as e:
+        p3.rollouts(1, counting_sampler, 64)
+    assert "rl.answer_tokens 512 is above demo-a's cap 256" in str(e.value) and lab.prompts == []
+    # The longest prompt (its bytes) and the answer must fit a model's served context too.
+    lab.endpoints = [[short]]
+    with pytest.raises(TrainerError, match="coder's context of 320"):
+        phase3(lab, answer_tokens=64).rollouts(1, counting_sampler, 64)
+    assert lab.prompts == []

@@ -2,6 +2,10 @@
 the EMA), its retry on a CUDA OOM, the step events, the time limit's stop decision, and the
 checkpoints it writes (`StepLoop.train_steps`, on top of setup.py's `TrainerSetup`).
 
+In phase 3 a step's tries (phase3.py: the contexts, the models' answers, the sandbox's verdicts,
+the advantages) are made once, before the step's first attempt: a retry after a CUDA OOM
+trains on the same rows, never asking the models or moving the baselines again.
+
 Like the rest of the agent package this module imports without torch (torch is imported
 inside functions) and keeps to Python 3.8 syntax.
 """
@@ -32,8 +36,9 @@ class StepLoop(TrainerSetup):
     def lr_at(self, step: int) -> float:
         return self.s["lr"] * lr_factor(step - 1, self.s["warmup_steps"], self.steps)
 
-    def _train_step(self, step: int) -> Any:
-        """One optimizer step; returns the on-device sum of its micro-batches' losses."""
+    def _train_step(self, step: int, rl: Any = None) -> Any:
+        """One optimizer step; returns the on-device sum of its micro-batches' losses. `rl`:
+        phase 3's rows for this step (_rl_rows), trained beside the last micro-batch."""
         import torch
         from torch.nn import functional as F
 
@@ -44,9 +49,6 @@ class StepLoop(TrainerSetup):
         loss_sum = self._loss_sum
         loss_sum.zero_()
         ws, rank, vocab = self.env.world_size, self.env.rank, self._vocab
-        # Phase 3: this step's tries, judged, before any gradient (the models and the sandbox
-        # answer while nothing waits on the device).
-        rl = self._rl_rows(step) if self.phase3 is not None else None
         for micro in range(acc):
             x, y = self.corpus.batch(step, micro, rank, ws, self.batch_size, acc)
             # The contexts ride in the last micro-batch's forward: one forward per backward, as DDP wants.
@@ -63,7 +65,7 @@ class StepLoop(TrainerSetup):
                 loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
                 scaled = loss / acc if acc > 1 else loss
                 if extra is not None:
-                    pg = policy_loss(rl_logits, extra[1], extra[2])
+                    pg = policy_loss(rl_logits, extra[1], extra[2], self.s["rl"]["temperature"])
                     scaled = scaled + self.s["rl"]["weight"] * pg
                     self.phase3.window.policy_losses.append(float(pg.detach()))
                 if scaler is not None:
@@ -103,9 +105,13 @@ class StepLoop(TrainerSetup):
         return rl_batch(rolls, self.seq_len, self.device)
 
     def _step_with_retry(self, step: int) -> Any:
+        # Phase 3: this step's tries, judged, before any gradient (the models and the sandbox
+        # answer while nothing waits on the device), once: an OOM retry reuses them.
+        rl = self._rl_rows(step) if self.phase3 is not None else None
+        losses = len(self.phase3.window.policy_losses) if self.phase3 is not None else 0
         while True:
             try:
-                return self._train_step(step)
+                return self._train_step(step, rl)
             except Exception as exc:
                 if not (_is_oom(exc) and self.s["dynamic_batch_sizing"]):
                     raise
@@ -118,6 +124,8 @@ class StepLoop(TrainerSetup):
                 import torch
 
                 self.opt.zero_grad(set_to_none=True)
+                if self.phase3 is not None:
+                    del self.phase3.window.policy_losses[losses:]  # the failed attempt's, if any
                 torch.cuda.empty_cache()
                 if not self._shrink(step, "CUDA out of memory"):
                     raise
@@ -187,7 +195,7 @@ class StepLoop(TrainerSetup):
         loss = loss_sum.item() / (self.acc * self.env.world_size)
         if not math.isfinite(loss):
             raise TrainerError(f"loss is {loss} at step {step}: training diverged")
-        extra = self.phase3.window.flush(self.phase3.baseline) if self.phase3 is not None else None
+        extra = self.phase3.window.flush() if self.phase3 is not None else None
         self.metrics.step(step, loss, self.lr_at(step), self._grad_norm, self._tokens_per_step, extra)
 
     # -- checkpoints ---------------------------------------------------------------------------

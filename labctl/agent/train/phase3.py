@@ -1,15 +1,27 @@
 """Phase 3's loop: the CET writes a context for a task, every warm model writes a program from
 it, the sandbox service runs the programs against the task's tests, and the pass rate is the
-reward that teaches the CET (REINFORCE with a moving-average baseline, over the context's
-tokens; the language-modelling loss keeps training beside it).
+reward that teaches the CET (REINFORCE over the context's tokens; the language-modelling loss
+keeps training beside it).
 
-One step: `tasks_per_step` tasks (tasks/, taken in turn; each rank its own); per task the
-CET samples `context_tokens` bytes after the task's statement; the warm set (re-read from the
-orchestra's endpoints file every step, so it follows a rotation) answers each task's prompt
-plus context at once (client.ask_all, which asks another model for a request a rotation cut
-off); all the programs go to the sandbox in one batch. A step never fails for a rotation: an
-empty warm set is waited for (up to `wait_s`) and the time is counted as the step's rotation
-wait; an answer that failed anyway is left out of the reward, not counted as zero.
+One step: `tasks_per_step` tasks (tasks/, taken in turn; each rank its own); per task the CET
+reads its view of the task (`cet_prompt`: the instruction line every task shares first, then
+the task's name and statement, so the context follows the statement) and samples
+`group_size` contexts of `context_tokens` bytes at `temperature`; the warm set (re-read from
+the orchestra's endpoints file every step, so it follows a rotation) answers the models'
+prompt (prompting.ask_prompt: the statement, then the context as a hint) of every context at
+once (client.ask_all, which asks another model for a request a rotation cut off); all the
+programs go to the sandbox in one batch. A step never fails for a rotation: an empty warm set
+is waited for (up to `wait_s`) and the time is counted as the step's rotation wait; an answer
+that failed, or a program the sandbox could not run (its result carries an "error"), is left
+out of the reward, not counted as zero, and counted (`answers_failed`, `sandbox_errors`); an
+answer cut at `answer_tokens` is run and counted (`answers_cut`). `max_unjudged_steps` steps in
+a row with nothing judged stop the run, with what went wrong.
+
+The advantage of a judged context is its reward minus a baseline: with `group_size` 1 the
+task's own moving average of its rewards (`baseline_decay`; a task's first judged try sets its
+level and teaches nothing), with more the mean reward of its group (the task's contexts of the
+step; GRPO-style). The policy gradient takes the contexts' log-probabilities at the temperature
+they were sampled at (`policy_loss(..., temperature)`).
 
 torch is imported inside the functions that use it (sample_context, rl_batch, policy_loss);
 Python 3.8, like the rest of the agent.
@@ -17,6 +29,7 @@ Python 3.8, like the rest of the agent.
 
 from __future__ import annotations
 
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -24,7 +37,38 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .prompting import ask_prompt, context_text, program_of
 from .settings import TrainerError
 
-__all__ = ["Phase3", "Rollout", "context_text", "policy_loss", "program_of", "rl_batch", "sample_context"]
+__all__ = [
+    "Phase3",
+    "Rollout",
+    "cet_prompt",
+    "context_text",
+    "longest_cet_prompt",
+    "policy_loss",
+    "program_of",
+    "rl_batch",
+    "sample_context",
+]
+
+ASK_WORKERS = 32  # the most contexts asked at once (each one asks every warm model)
+
+
+def cet_prompt(task: Any) -> str:
+    """The CET's view of `task`: the models' prompt's lines with its last, the instruction every
+    task shares, moved first, so the task's name and statement come last, next to the context
+    the CET writes after them (a view cut to its last bytes loses the shared line, not the task).
+    """
+    from .tasks import prompt_text
+
+    head, _, instruction = prompt_text(task).rstrip("\n").rpartition("\n")
+    return f"{instruction}\n{head}\n"
+
+
+@functools.lru_cache(maxsize=None)  # noqa: UP033 (functools.cache is Python 3.9+)
+def longest_cet_prompt() -> int:
+    """The bytes of the longest task's CET prompt: what seq_len must hold before the context."""
+    from .tasks import TASKS
+
+    return max(len(cet_prompt(t).encode("utf-8", "replace")) for t in TASKS)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -33,15 +77,18 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 class Rollout:
-    """One task's try: the prompt and context token ids, the answers, the programs' results."""
+    """One try at a task: the prompt and context token ids, the answers, the programs' results.
+    `group`: the task's place in its step; the tries of one group share their task and prompt."""
 
-    def __init__(self, task: Any, prompt_ids: List[int], context_ids: List[int]) -> None:
+    def __init__(self, task: Any, prompt_ids: List[int], context_ids: List[int], group: int = 0) -> None:
         self.task = task
         self.prompt_ids = prompt_ids
         self.context_ids = context_ids
+        self.group = group
         self.answers: List[Any] = []
         self.results: List[Dict[str, Any]] = []
         self.reward: Optional[float] = None  # None: no answer came back to judge
+        self.baseline: Optional[float] = None  # what the reward was measured against
         self.advantage = 0.0
 
 
@@ -57,13 +104,21 @@ class Window:
         self.answers_failed = 0
         self.answer_errors: Dict[str, str] = {}  # model -> its last error: why answers failed
         self.answers_retried = 0
-        self.sandbox_errors = 0
+        self.answers_cut = 0  # answers that stopped at answer_tokens (finish_reason "length")
+        self.sandbox_errors = 0  # failed service calls, and programs whose result carries an "error"
         self.policy_losses: List[float] = []
+        self.baselines: List[float] = []  # the baseline each judged try's advantage was taken from
+        self.tries = 0  # contexts sampled
+        self.tries_judged = 0  # ... and judged (a reward)
+        self.unjudged_steps = 0  # steps in a row, up to the last, with nothing judged
 
-    def flush(self, baseline: Optional[float]) -> Dict[str, Any]:
+    def flush(self) -> Dict[str, Any]:
         out = {
             "reward": round(sum(self.rewards) / len(self.rewards), 4) if self.rewards else None,
-            "baseline": None if baseline is None else round(baseline, 4),
+            "baseline": round(sum(self.baselines) / len(self.baselines), 4) if self.baselines else None,
+            "tries": self.tries,
+            "tries_judged": self.tries_judged,
+            "unjudged_steps": self.unjudged_steps,
             "exec_success_rate": round(self.executions_ok / self.executions, 4) if self.executions else None,
             "executions": self.executions,
             "orchestra_ms": {
@@ -78,6 +133,7 @@ class Window:
             "answers_failed": self.answers_failed,
             "answer_errors": dict(sorted(self.answer_errors.items())),
             "answers_retried": self.answers_retried,
+            "answers_cut": self.answers_cut,
             "sandbox_errors": self.sandbox_errors,
             "policy_loss": round(sum(self.policy_losses) / len(self.policy_losses), 6)
             if self.policy_losses
@@ -88,7 +144,7 @@ class Window:
 
 
 class Phase3:
-    """The loop's side that talks to the lab: tasks, the orchestra, the sandbox, the baseline.
+    """The loop's side that talks to the lab: tasks, the orchestra, the sandbox, the baselines.
     `endpoints`, `ask` and `run` default to the real clients; tests pass their own."""
 
     def __init__(
@@ -108,8 +164,11 @@ class Phase3:
         self.world_size = world_size
         self.vocab = vocab
         self.tasks = TASKS
-        self.baseline: Optional[float] = None
+        self.baselines: Dict[str, float] = {}  # task name -> its moving average reward (group_size 1)
+        self.unjudged_steps = 0  # steps in a row with nothing judged
+        self._unjudged_why: Dict[str, str] = {}  # what went wrong in them: source -> its last error
         self.window = Window()
+        self._budget_checked: set = set()  # models whose caps and context were checked
         if endpoints is None or ask is None:
             from ..orchestra import client
 
@@ -133,10 +192,9 @@ class Phase3:
         return service.run
 
     def prompt_ids(self, task: Any, room: int) -> List[int]:
-        """The task's statement as the CET's token ids (bytes), its last `room` of them."""
-        from .tasks import prompt_text
-
-        data = prompt_text(task).encode("utf-8", "replace")
+        """The task's CET prompt (cet_prompt) as token ids (bytes), its last `room` of them (the
+        settings make seq_len hold all of it: settings.min_seq_len)."""
+        data = cet_prompt(task).encode("utf-8", "replace")
         return [b % self.vocab for b in data[-room:]] if room > 0 else []
 
     def tasks_for(self, step: int) -> List[Any]:
@@ -164,13 +222,18 @@ class Phase3:
             time.sleep(0.2)
 
     def rollouts(self, step: int, sample: Callable[[List[int], int], List[int]], room: int) -> List[Rollout]:
-        """This step's tries, judged: `sample(prompt_ids, n)` is the CET writing n context ids."""
+        """This step's tries, judged: `sample(prompt_ids, n)` is the CET writing n context ids;
+        `group_size` of them per task. Raises TrainerError on the `max_unjudged_steps`-th step in
+        a row that judged nothing."""
         rl = self.rl
         rolls = []
-        for t in self.tasks_for(step):
+        for j, t in enumerate(self.tasks_for(step)):
             p = self.prompt_ids(t, room - rl["context_tokens"])
-            rolls.append(Rollout(t, p, sample(p, rl["context_tokens"])))
+            for _ in range(rl["group_size"]):
+                rolls.append(Rollout(t, p, sample(p, rl["context_tokens"]), j))
+        self.window.tries += len(rolls)
         endpoints = self._warm_set()
+        self._check_budget(endpoints)
 
         def ask(r: Rollout) -> List[Any]:
             prompt = ask_prompt(r.task, context_text(r.context_ids))
@@ -178,10 +241,11 @@ class Phase3:
                 endpoints, prompt, max_tokens=rl["answer_tokens"], temperature=rl["answer_temperature"]
             )
 
-        with ThreadPoolExecutor(max_workers=len(rolls)) as ex:
+        with ThreadPoolExecutor(max_workers=min(len(rolls), ASK_WORKERS)) as ex:
             asked = list(ex.map(ask, rolls))
         for i, r in enumerate(rolls):  # indices, not zip(strict=): Python 3.8
             r.answers = asked[i]
+        why: Dict[str, str] = {}  # what kept a try from being judged: source -> its last error
         programs: List[Dict[str, Any]] = []
         owners: List[Rollout] = []
         for r in rolls:
@@ -191,9 +255,12 @@ class Phase3:
                     self.window.rotation_wait_s += float(getattr(a, "waited_s", 0.0))
                 if not a.ok:
                     self.window.answers_failed += 1
-                    self.window.answer_errors[a.name] = str(a.error)[:200]
+                    self.window.answer_errors[a.name] = why[f"answer from {a.name}"] = str(a.error)[:200]
                     continue
-                self.window.latency.setdefault(a.name, []).append(a.latency_s)
+                if getattr(a, "finish_reason", None) == "length":
+                    self.window.answers_cut += 1  # run all the same: a program may end before the cut
+                # The latency is the answering model's own (a retried answer was another's).
+                self.window.latency.setdefault(a.answered_by, []).append(a.latency_s)
                 prog = r.task.as_program(program_of(a.text or ""))
                 prog["timeout"] = rl["timeout_s"]
                 programs.append(prog)
@@ -202,17 +269,43 @@ class Phase3:
         for i, res in enumerate(results):
             owners[i].results.append(res)
         for r in rolls:
-            judged = [x for x in r.results if "error" not in x]
+            judged = []
+            for x in r.results:
+                if "error" in x:  # the sandbox could not run it (no image, Docker failing)
+                    self.window.sandbox_errors += 1
+                    why["sandbox"] = str(x["error"])[:200]
+                else:
+                    judged.append(x)
             total = sum(x["total"] for x in judged)
             if total:
                 r.reward = sum(x["passed"] for x in judged) / total
                 self.window.rewards.append(r.reward)
+                self.window.tries_judged += 1
             for x in judged:
                 for t in x["tests"]:
                     self.window.executions += 1
                     self.window.executions_ok += int(t["exit_code"] == 0 and not t["timed_out"])
         self._advantages(rolls)
+        self._count_unjudged(rolls, why)
         return rolls
+
+    def _check_budget(self, endpoints: List[Any]) -> None:
+        """Refuse, once per model that joins, a warm model that cannot take phase 3's requests (an
+        answer above its engine's cap, a prompt beyond its context): every request to it would be a
+        400, and the run would go on judging nothing. The prompt is counted in bytes, an upper bound
+        of any tokenizer's count."""
+        from ..orchestra.client import check_budget
+
+        # Only what the endpoints file describes (a caller's own stand-ins carry no figures).
+        new = [e for e in endpoints if hasattr(e, "engine") and e.name not in self._budget_checked]
+        if not new:
+            return
+        hint = "x" * int(self.rl["context_tokens"])
+        longest = max(len(ask_prompt(t, hint).encode("utf-8")) for t in self.tasks)
+        problems = check_budget(new, longest, int(self.rl["answer_tokens"]))
+        if problems:
+            raise TrainerError("phase 3 cannot ask every warm model: " + "; ".join(problems))
+        self._budget_checked.update(str(e.name) for e in new)
 
     def _run_sandbox(self, programs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         from ..sandbox.client import SandboxError
@@ -231,23 +324,58 @@ class Phase3:
         return []
 
     def _advantages(self, rolls: List[Rollout]) -> None:
-        """reward - baseline for each judged try; the baseline then moves towards the rewards."""
-        rewards = [r.reward for r in rolls if r.reward is not None]
-        if not rewards:
+        """reward - baseline for each judged try: its group's mean reward (group_size > 1), or
+        its task's moving average, which then moves towards the task's rewards of this step."""
+        judged = [r for r in rolls if r.reward is not None]
+        if self.rl["group_size"] > 1:
+            groups: Dict[int, List[Rollout]] = {}
+            for r in judged:
+                groups.setdefault(r.group, []).append(r)
+            for members in groups.values():
+                mean = sum(float(r.reward or 0.0) for r in members) / len(members)
+                for r in members:
+                    r.baseline = mean
+                    r.advantage = float(r.reward or 0.0) - mean
+                self.window.baselines.append(mean)
             return
-        if self.baseline is None:
-            self.baseline = sum(rewards) / len(rewards)  # the first step learns nothing but its level
-        for r in rolls:
-            if r.reward is not None:
-                r.advantage = r.reward - self.baseline
+        rewards: Dict[str, List[float]] = {}
+        for r in judged:
+            reward = float(r.reward or 0.0)
+            name = r.task.name
+            # A task's first judged try learns nothing but the task's level.
+            r.baseline = self.baselines.get(name, reward)
+            r.advantage = reward - r.baseline
+            self.window.baselines.append(r.baseline)
+            rewards.setdefault(name, []).append(reward)
         d = self.rl["baseline_decay"]
-        self.baseline = d * self.baseline + (1 - d) * (sum(rewards) / len(rewards))
+        for name, rs in rewards.items():
+            mean = sum(rs) / len(rs)
+            old = self.baselines.get(name)
+            self.baselines[name] = mean if old is None else d * old + (1 - d) * mean
+
+    def _count_unjudged(self, rolls: List[Rollout], why: Dict[str, str]) -> None:
+        """Count a step that judged nothing; stop the run on the `max_unjudged_steps`-th in a row."""
+        if any(r.reward is not None for r in rolls):
+            self.unjudged_steps = 0
+            self._unjudged_why = {}
+        else:
+            self.unjudged_steps += 1
+            self._unjudged_why.update(why or {"tests": "no program came back with a test result"})
+        self.window.unjudged_steps = self.unjudged_steps
+        limit = self.rl["max_unjudged_steps"]
+        if limit and self.unjudged_steps >= limit:
+            seen = "; ".join(f"{k}: {v}" for k, v in sorted(self._unjudged_why.items()))
+            raise TrainerError(
+                f"phase 3: nothing was judged for {self.unjudged_steps} steps in a row "
+                f"(rl.max_unjudged_steps is {limit}), so no reward teaches the CET; last errors: {seen}"
+            )
 
 
 def sample_context(
     model: Any, prompt_ids: List[int], n: int, temperature: float, generator: Any, device: Any, autocast: Any
 ) -> List[int]:
-    """n token ids the model samples after `prompt_ids` (argmax at temperature 0), without grad."""
+    """n token ids the model samples after `prompt_ids` at `temperature` (argmax at 0, which
+    phase 3's settings refuse: its policy gradient needs the sampling's probabilities), without grad."""
     import torch
 
     seq = list(prompt_ids)
@@ -289,9 +417,14 @@ def rl_batch(rolls: Sequence[Rollout], seq_len: int, device: Any) -> Optional[Tu
     return x.to(device), y.to(device), w.to(device)
 
 
-def policy_loss(logits: Any, targets: Any, weights: Any) -> Any:
-    """REINFORCE's loss: minus the advantage-weighted log-likelihood of the contexts, per row."""
+def policy_loss(logits: Any, targets: Any, weights: Any, temperature: float = 1.0) -> Any:
+    """REINFORCE's loss: minus the advantage-weighted log-likelihood of the contexts, per row,
+    at the `temperature` they were sampled at (softmax(logits / temperature), as sample_context)."""
     import torch
 
-    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if temperature <= 0:
+        raise ValueError(f"policy_loss needs a temperature above 0, got {temperature}")
+    logp = (
+        torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    )
     return -(logp * weights).sum() / logits.shape[0]

@@ -1,5 +1,8 @@
 """The reference trainer's settings: defaults, checks and the learning-rate schedule.
 
+Phase 3's loop (`rl`) is checked here too, with the shortest seq_len its tasks need
+(`min_seq_len`: the longest task's view for the CET and the context after it).
+
 Standard library only (torch is the trainer's business) and Python 3.8 syntax, like the rest of
 the agent package: the controller-side tests and `load_settings` run where torch is absent.
 """
@@ -66,13 +69,19 @@ RL_DEFAULTS: Dict[str, Any] = {
     "tasks_per_step": 1,
     "context_tokens": 16,
     "answer_tokens": 64,
-    "temperature": 1.0,  # the CET's sampling of its context: exploration
+    "temperature": 1.0,  # the CET's sampling of its context (exploration), and its log-probabilities (> 0)
     "answer_temperature": 0.7,
     "weight": 1.0,  # the policy-gradient term beside the language-modelling loss
     "baseline_decay": 0.9,
     "timeout_s": 5.0,  # each program's limit per test in the sandbox
     "wait_s": 120.0,  # how long a step waits for a warm model while a rotation has none listed
     "sandbox_tries": 3,
+    # Contexts sampled per task per step, all asked and judged: each one's advantage is its reward
+    # minus its group's mean reward. 1: one context, judged against the task's moving average.
+    "group_size": 1,
+    # Steps in a row with nothing judged (no answer came back, or the sandbox ran none of them)
+    # before the run stops with the reason; 0: never.
+    "max_unjudged_steps": 5,
 }
 
 
@@ -87,10 +96,17 @@ def resolve_rl(raw: Any) -> Optional[Dict[str, Any]]:
         raise TrainerError(f"settings: rl has unknown keys {unknown}; known: {sorted(RL_DEFAULTS)}")
     rl = dict(RL_DEFAULTS)
     rl.update(raw)
-    for key in ("tasks_per_step", "context_tokens", "answer_tokens", "sandbox_tries"):
+    for key, least in (
+        ("tasks_per_step", 1),
+        ("context_tokens", 1),
+        ("answer_tokens", 1),
+        ("sandbox_tries", 1),
+        ("group_size", 1),
+        ("max_unjudged_steps", 0),
+    ):
         v = rl[key]
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise TrainerError(f"settings: rl.{key} must be an integer >= 1, got {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+            raise TrainerError(f"settings: rl.{key} must be an integer >= {least}, got {v!r}")
     for key in ("temperature", "answer_temperature", "weight", "baseline_decay", "timeout_s", "wait_s"):
         v = rl[key]
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
@@ -98,7 +114,22 @@ def resolve_rl(raw: Any) -> Optional[Dict[str, Any]]:
         rl[key] = float(v)
     if rl["baseline_decay"] >= 1 or rl["timeout_s"] <= 0:
         raise TrainerError("settings: rl.baseline_decay must be below 1 and rl.timeout_s above 0")
+    if not rl["temperature"] > 0:
+        raise TrainerError(
+            f"settings: rl.temperature must be above 0, got {rl['temperature']:g}: the CET samples its "
+            "contexts at it and the policy gradient takes their log-probabilities there, which greedy "
+            "decoding has none of; set it to 1.0 (the default), or a small value such as 0.1 for "
+            "near-greedy contexts"
+        )
     return rl
+
+
+def min_seq_len(rl: Mapping[str, Any]) -> int:
+    """The shortest seq_len that holds the longest task's CET prompt (phase3.cet_prompt) and the
+    context after it: a shorter one would cut the start of some task's view."""
+    from .phase3 import longest_cet_prompt
+
+    return longest_cet_prompt() + int(rl["context_tokens"])
 
 
 def _fail(key: str, want: str, value: Any) -> TrainerError:
@@ -175,10 +206,12 @@ def resolve_settings(raw: Mapping[str, Any]) -> Dict[str, Any]:
     gs["backoff_factor"] = _float(gs, "backoff_factor", 0.0, "gradient_scaling.backoff_factor")
     _int(gs, "growth_interval", 1, "gradient_scaling.growth_interval")
     s["rl"] = resolve_rl(s["rl"])
-    if s["rl"] is not None and s["seq_len"] <= s["rl"]["context_tokens"]:
+    if s["rl"] is not None and s["seq_len"] < min_seq_len(s["rl"]):
+        need = min_seq_len(s["rl"])
         raise TrainerError(
-            f"settings: seq_len ({s['seq_len']}) must be longer than rl.context_tokens "
-            f"({s['rl']['context_tokens']}): the task's statement comes before the context"
+            f"settings: seq_len ({s['seq_len']}) is too short for phase 3: the CET reads each task's "
+            f"statement, {need - s['rl']['context_tokens']} bytes for the longest, then writes "
+            f"rl.context_tokens ({s['rl']['context_tokens']}) after it; set seq_len to at least {need}"
         )
     m = s["model"]
     try:

@@ -9,7 +9,8 @@ DDP. With WORLD_SIZE > 1 it joins the process group (nccl on CUDA, gloo on the C
 LABCTL_TRAIN_DEVICE=cpu) and trains a DDP-wrapped model.
 
 Rank 0 prints one JSON object per line on stdout, each with an "event" key: "start", "step"
-(every `log_every` steps and on the last), "checkpoint", "batch_resize", and "done" or, when
+(every `log_every` steps and on the last; in phase 3 with the loop's figures, phase3.Window),
+"checkpoint", "batch_resize", and "done" or, when
 `time_limit` ended the run before its last step, "paused" (limit.py), and
 appends the same lines to `metrics_path`; where TensorBoard is installed it also writes the
 step events' scalars to event files beside it (events.py). Other ranks print nothing
