@@ -93,7 +93,9 @@ def warm_endpoints(
     views = read_views(ctx, hosts, orch.server.health, gpus=False)
     warm = {name: find_repair(v).current for name, v in views.items()}
     # Each model asked as the trainers ask it: its API, timeout, cap and context.
-    doc = endpoints_doc(ctx.inventory.lab, {h.name: h for h in hosts}, warm, remote, facts=serving_facts(orch))
+    doc = endpoints_doc(
+        ctx.inventory.lab, {h.name: h for h in hosts}, warm, remote, facts=serving_facts(orch)
+    )
     return from_doc(doc, {} if environ is None else environ), doc
 
 
