@@ -167,13 +167,31 @@ def make_model(
     ] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
     fmt: Annotated[
-        str,
+        Optional[str],
         typer.Option(
             "--format",
             help="tinylm (labctl's own, any --size-gb, no torch needed), hf (a tiny Llama-architecture "
-            "Hugging Face model with a BPE tokenizer and a chat template) or gguf (the same model as a GGUF file).",
+            "Hugging Face model with a BPE tokenizer and a chat template) or gguf (the same model as a GGUF file). "
+            "Default tinylm, or hf with --kind coder.",
+            show_default=False,
         ),
-    ] = "tinylm",
+    ] = None,
+    kind: Annotated[
+        str,
+        typer.Option(
+            "--kind",
+            help="random (fresh weights) or coder (hf/gguf: trained on the host's CPU for about a minute "
+            "to write the reference programs of the first phase-3 tasks, so phase 3's reward is above zero).",
+        ),
+    ] = "random",
+    hint_matters: Annotated[
+        bool,
+        typer.Option(
+            "--hint-matters",
+            help="coder: write a task's program only when the hint (the CET's context) holds the task's tag "
+            "letter, and a program that passes no test otherwise, so the CET has something to learn.",
+        ),
+    ] = False,
     seed: Annotated[
         int, typer.Option("--seed", help="The weights' seed: the same seed writes the same model.")
     ] = 0,
@@ -196,13 +214,17 @@ def make_model(
     `bench model-load` can build the model and run real forward passes. hf and gguf: a tiny
     Llama-architecture model (a byte-level BPE tokenizer trained on the phase-3 tasks, a ChatML
     chat template) that the orchestra serves with labctl's server (hf) or llama.cpp (gguf);
-    --size-gb does not apply to them.
+    --size-gb does not apply to them. --kind coder: that model (about 5M parameters) trained on
+    the host's CPU to answer phase 3's prompt for the first 8 tasks with their reference
+    programs; its folder's labctl_coder.json names the trained and held-out tasks.
 
     Examples:
 
         labctl bench make-model --size-gb 2 --host irina
 
         labctl bench make-model --format gguf --name tiny-llama-gguf --host irina
+
+        labctl bench make-model --kind coder --hint-matters --host irina
     """
     from labctl.cache.targets import check_models, library_root, storage_host
     from labctl.hosts.agent_ship import call_agent
@@ -213,11 +235,23 @@ def make_model(
         check_models(
             [name], "make-model", "For example: labctl bench make-model --name tinylm-2g --size-gb 2."
         )
-    if fmt not in ("tinylm", "hf", "gguf"):
-        from labctl.output.errors import InputError
+    from labctl.output.errors import InputError
 
+    if kind not in ("random", "coder"):
+        raise InputError(f"--kind {kind!r} is not a kind of model labctl makes.", "Use random or coder.")
+    fmt = fmt or ("hf" if kind == "coder" else "tinylm")
+    if fmt not in ("tinylm", "hf", "gguf"):
         raise InputError(f"--format {fmt!r} is not a model format labctl makes.", "Use tinylm, hf or gguf.")
-    folder = name or (f"tinylm-{size_gb:g}g" if fmt == "tinylm" else f"tiny-llama-{fmt}")
+    if kind == "coder" and fmt == "tinylm":
+        raise InputError(
+            "A coder model is a Hugging Face model.", "Use --format hf or gguf with --kind coder."
+        )
+    if hint_matters and kind != "coder":
+        raise InputError("--hint-matters is for a coder model.", "Add --kind coder.")
+    if kind == "coder":
+        folder = name or f"tiny-coder{'-hint' if hint_matters else ''}-{fmt}"
+    else:
+        folder = name or (f"tinylm-{size_gb:g}g" if fmt == "tinylm" else f"tiny-llama-{fmt}")
 
     def work(c: Context) -> Outcome:
         target = storage_host(c.inventory, host)
@@ -227,10 +261,16 @@ def make_model(
             args = {"models": library, "name": folder, "size_gb": size_gb, "dtype": dtype}
             if fmt != "tinylm":
                 args.update(format=fmt, seed=seed, python=python)
+            if kind == "coder":
+                args.update(kind=kind, hint_matters=hint_matters)
             ans = call_agent(run, "make_model", args, timeout=3600)
             return HostResult(run.host.name, "changed", data=ans)
 
-        what = f"{size_gb:g} GB model" if fmt == "tinylm" else f"{fmt} model"
+        what = (
+            f"{size_gb:g} GB model"
+            if fmt == "tinylm"
+            else f"{fmt} {'coder ' if kind == 'coder' else ''}model"
+        )
         results = fan_out(c, [target], step, label=f"writing {what}")
         r = results[0]
 
@@ -240,6 +280,12 @@ def make_model(
                 c.console.print(
                     f"[green]wrote[/] {target.name}:{d['path']} ({d['bytes'] / 1e9:.2f} GB in {d['seconds']:.1f} s)"
                 )
+                if kind == "coder":
+                    c.console.print(
+                        f"trained on {', '.join(d['trained'])} ({d['steps']} steps, final loss {d['final_loss']:g}"
+                        + (", hint must hold the task's tag" if d["hint_matters"] else "")
+                        + f"); held out: {', '.join(d['held_out']) or 'none'}"
+                    )
             else:
                 print_recap(c.console, results, title="make-model")
 

@@ -20,7 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 ARCHS = ("llama", "qwen2", "mistral")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -89,9 +89,8 @@ def model_config(
     )
 
 
-def make_hf_model(
-    out: str,
-    seed: int = 0,
+def new_model(
+    seed: int,
     arch: str = "llama",
     vocab: int = 1024,
     hidden: int = 64,
@@ -100,17 +99,20 @@ def make_hf_model(
     kv_heads: int = 2,
     context: int = 512,
     dtype: str = "float32",
-) -> Dict[str, Any]:
-    """Write the model folder `out` (replaced whole: written beside it, then renamed)."""
+    tok: Any = None,
+) -> Tuple[Any, Any]:
+    """(model, tokenizer): a fresh model initialised from `seed`, and its fast tokenizer trained
+    here with `vocab` entries at most (the model's vocabulary is the tokenizer's real size);
+    `tok`: that `tokenizers` tokenizer when the caller has made it already."""
     import torch
     import transformers
     from transformers import PreTrainedTokenizerFast
 
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
-    tok = make_tokenizer(vocab)
-    n_vocab = tok.get_vocab_size()
-    config = model_config(arch, n_vocab, hidden, layers, heads, kv_heads, context)
+    if tok is None:
+        tok = make_tokenizer(vocab)
+    config = model_config(arch, tok.get_vocab_size(), hidden, layers, heads, kv_heads, context)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     # A random model's text ends at once or never; a fixed generation config makes both engines
@@ -126,12 +128,21 @@ def make_hf_model(
         model_max_length=context,
     )
     fast.chat_template = CHAT_TEMPLATE
+    return model, fast
+
+
+def save_model(out: str, model: Any, tokenizer: Any, extra: Optional[Dict[str, Any]] = None) -> None:
+    """Write the model folder `out`, replaced whole (written beside it, then renamed), so a reader
+    never sees half a model. `extra`: more JSON files for the folder, by file name."""
     parent = os.path.dirname(os.path.abspath(out)) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".hfgen-", dir=parent)
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        fast.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        for name, obj in (extra or {}).items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
         # mkdtemp's 0700 and safetensors' 0600 would keep the cache's sync and other users out.
         os.chmod(tmp, 0o755)
         for name in os.listdir(tmp):
@@ -142,14 +153,41 @@ def make_hf_model(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def make_hf_model(
+    out: str,
+    seed: int = 0,
+    arch: str = "llama",
+    vocab: int = 1024,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    context: int = 512,
+    dtype: str = "float32",
+) -> Dict[str, Any]:
+    """Write the model folder `out` (replaced whole: written beside it, then renamed)."""
+    model, fast = new_model(seed, arch, vocab, hidden, layers, heads, kv_heads, context, dtype)
+    save_model(out, model, fast)
     params = sum(p.numel() for p in model.parameters())
+    n_vocab = model.config.vocab_size
     return {"path": out, "arch": arch, "params": params, "vocab": n_vocab, "context": context, "seed": seed}
 
 
-def make_on_host(path: str, fmt: str, seed: int, python: Optional[str], ftype: str = "f16") -> Dict[str, Any]:
-    """`bench make-model --format hf|gguf` on a host: this module (and ggufgen for GGUF) run with
-    the host's torch python, as the server does; the agent itself stays stdlib-only. A GGUF
-    model is written as a folder holding one model.gguf (the RAM cache holds folders)."""
+def make_on_host(
+    path: str,
+    fmt: str,
+    seed: int,
+    python: Optional[str],
+    ftype: str = "f16",
+    kind: str = "random",
+    hint_matters: bool = False,
+) -> Dict[str, Any]:
+    """`bench make-model --format hf|gguf [--kind coder]` on a host: this module (codergen for a
+    coder, and ggufgen for GGUF) run with the host's torch python, as the server does; the agent
+    itself stays stdlib-only. A GGUF model is written as a folder holding one model.gguf (the RAM
+    cache holds folders)."""
     import subprocess
     import time
 
@@ -175,17 +213,20 @@ def make_on_host(path: str, fmt: str, seed: int, python: Optional[str], ftype: s
             )
         return done.stdout
 
+    def generate(out: str) -> Dict[str, Any]:
+        module = "codergen" if kind == "coder" else "hfgen"
+        argv = [py, "-m", f"labctl.agent.modelload.{module}", "--out", out, "--seed", str(seed)]
+        return dict(json.loads(run(argv + (["--hint-matters"] if kind == "coder" and hint_matters else []))))
+
     if fmt == "hf":
-        info = json.loads(run([py, "-m", "labctl.agent.modelload.hfgen", "--out", path, "--seed", str(seed)]))
+        info = generate(path)
     else:
         parent = os.path.dirname(os.path.abspath(path)) or "."
         os.makedirs(parent, exist_ok=True)
         hf = tempfile.mkdtemp(prefix=".hf-for-gguf-", dir=parent)
         out = tempfile.mkdtemp(prefix=".gguf-", dir=parent)
         try:
-            info = json.loads(
-                run([py, "-m", "labctl.agent.modelload.hfgen", "--out", hf + "/m", "--seed", str(seed)])
-            )
+            info = generate(hf + "/m")
             run(
                 [py, "-m", "labctl.agent.modelload.ggufgen", "--hf", hf + "/m", "--out", out + "/model.gguf",
                  "--ftype", ftype]

@@ -215,13 +215,17 @@ def make_model(
     dtype=Opt(str, "bf16"),
     format=Opt(str, "tinylm"),
     python=Opt(object, None),
+    kind=Opt(str, "random"),
+    hint_matters=Opt(bool, False),
 )
 def make_model_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Agent command: {models, name | path, size_gb, dtype="bf16", seed=0, shard_gb=None,
-    format="tinylm", python=None} -> make_model's answer. `models` + `name`: the model library
-    and the model's folder in it (a name that would leave the library is refused here too);
-    `path`: any folder (benchmarks). format hf or gguf: a tiny Llama-architecture model with a
-    tokenizer trained here (hfgen.py), made by the host's torch python (`python`)."""
+    format="tinylm", python=None, kind="random", hint_matters=False} -> make_model's answer.
+    `models` + `name`: the model library and the model's folder in it (a name that would leave
+    the library is refused here too); `path`: any folder (benchmarks). format hf or gguf: a tiny
+    Llama-architecture model with a tokenizer trained here (hfgen.py), made by the host's torch
+    python (`python`); kind "coder": that model trained to write phase 3's solutions
+    (codergen.py; `hint_matters`: only when the hint holds the task's tag)."""
     path: Any = args["path"]
     if args["models"] is not None:
         from ..cache.manifest import check_name
@@ -235,10 +239,24 @@ def make_model_command(args: Dict[str, Any]) -> Dict[str, Any]:
             "make_model needs a folder path (args.path), or the library and a model name (args.models, args.name)",
             "bad_args",
         )
+    kind = args["kind"]
+    if kind not in ("random", "coder"):
+        raise AgentError(f"make_model: kind must be random or coder, got {kind!r}", "bad_args")
+    if args["hint_matters"] and kind != "coder":
+        raise AgentError("make_model: hint_matters is for a coder model (kind coder)", "bad_args")
     if args["format"] in ("hf", "gguf"):
         from .hfgen import make_on_host
 
-        return make_on_host(path, args["format"], int(args["seed"]), args["python"])
+        return make_on_host(
+            path,
+            args["format"],
+            int(args["seed"]),
+            args["python"],
+            kind=kind,
+            hint_matters=args["hint_matters"],
+        )
+    if kind == "coder":
+        raise AgentError("make_model: a coder model is a Hugging Face model: format hf or gguf", "bad_args")
     if args["format"] != "tinylm":
         raise AgentError(f"make_model: format must be tinylm, hf or gguf, got {args['format']!r}", "bad_args")
     size_gb, seed, shard_gb = args["size_gb"], args["seed"], args["shard_gb"]

@@ -29,12 +29,11 @@ Python 3.8, like the rest of the agent.
 
 from __future__ import annotations
 
-import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .prompting import ask_prompt, context_text, program_of
+from .prompting import ask_prompt, cet_prompt, context_text, longest_cet_prompt, program_of
 from .settings import TrainerError
 
 __all__ = [
@@ -50,25 +49,6 @@ __all__ = [
 ]
 
 ASK_WORKERS = 32  # the most contexts asked at once (each one asks every warm model)
-
-
-def cet_prompt(task: Any) -> str:
-    """The CET's view of `task`: the models' prompt's lines with its last, the instruction every
-    task shares, moved first, so the task's name and statement come last, next to the context
-    the CET writes after them (a view cut to its last bytes loses the shared line, not the task).
-    """
-    from .tasks import prompt_text
-
-    head, _, instruction = prompt_text(task).rstrip("\n").rpartition("\n")
-    return f"{instruction}\n{head}\n"
-
-
-@functools.lru_cache(maxsize=None)  # noqa: UP033 (functools.cache is Python 3.9+)
-def longest_cet_prompt() -> int:
-    """The bytes of the longest task's CET prompt: what seq_len must hold before the context."""
-    from .tasks import TASKS
-
-    return max(len(cet_prompt(t).encode("utf-8", "replace")) for t in TASKS)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

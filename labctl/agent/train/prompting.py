@@ -6,6 +6,7 @@ is taken out of an answer.
     task_tag(task)              the one character a hint must hold for labctl's coder model
                                 (made with `hint_matters`) to write the task's solution
     program_of(answer)          the program in a model's answer
+    cet_prompt(task)            what the CET reads of a task: the shared instruction first, the task last
     context_text(ids)           the CET's context ids as printable text
 
 Standard library only, Python 3.8: it ships in the agent's zipapp with the trainer.
@@ -14,6 +15,7 @@ Standard library only, Python 3.8: it ships in the agent's zipapp with the train
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import warnings
 import zlib
@@ -121,3 +123,22 @@ def _is_program(source: str) -> bool:
         if not isinstance(node, ast.Expr) or any(isinstance(n, ast.Call) for n in ast.walk(node)):
             return True
     return False
+
+
+def cet_prompt(task: Any) -> str:
+    """The CET's view of `task`: the models' prompt's lines with its last, the instruction every
+    task shares, moved first, so the task's name and statement come last, next to the context
+    the CET writes after them (a view cut to its last bytes loses the shared line, not the task).
+    """
+    from .tasks import prompt_text
+
+    head, _, instruction = prompt_text(task).rstrip("\n").rpartition("\n")
+    return f"{instruction}\n{head}\n"
+
+
+@functools.lru_cache(maxsize=None)  # noqa: UP033 (functools.cache is Python 3.9+)
+def longest_cet_prompt() -> int:
+    """The bytes of the longest task's CET prompt: what seq_len must hold before the context."""
+    from .tasks import TASKS
+
+    return max(len(cet_prompt(t).encode("utf-8", "replace")) for t in TASKS)

@@ -125,9 +125,9 @@ def resolve_rl(raw: Any) -> Optional[Dict[str, Any]]:
 
 
 def min_seq_len(rl: Mapping[str, Any]) -> int:
-    """The shortest seq_len that holds the longest task's CET prompt (phase3.cet_prompt) and the
+    """The shortest seq_len that holds the longest task's CET prompt (prompting.cet_prompt) and the
     context after it: a shorter one would cut the start of some task's view."""
-    from .phase3 import longest_cet_prompt
+    from .prompting import longest_cet_prompt
 
     return longest_cet_prompt() + int(rl["context_tokens"])
 
