@@ -221,6 +221,7 @@ def test_phase3_waits_for_the_orchestra_warm_set(lab: Any) -> None:
     args = [
         "-i", inv, "train", "--phase", "3", "--limit", "m5", "--device", "cpu", "--python", sys.executable,
         "--dry-run", *TINY, "--set", "requires_sandbox=false",  # the sandbox's part: test_phase3_lab.py
+        "--set", "seq_len=288",  # the CET reads the longest task and its context: phase 3 needs 277
     ]  # fmt: skip
     refused = labctl(*args)
     assert (
