@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from labctl.agent.errors import AgentError
+from labctl.agent.orchestra import engine_host
 from labctl.agent.orchestra import host as orch_host
 from labctl.orchestra.engines import engine
 from tests.unit import test_orchestra_agent as base
@@ -149,11 +150,11 @@ def test_a_host_without_the_engines_program_is_refused_naming_how_to_get_it(
 
 def test_a_gguf_folder_must_hold_exactly_one_gguf_file(tmp_path: Path) -> None:
     one = gguf_folder(tmp_path)
-    assert orch_host.weights_file(str(one)) == str(one / "model.gguf")
-    assert orch_host.weights_file(str(one / "model.gguf")) == str(one / "model.gguf")
+    assert engine_host.weights_file(str(one)) == str(one / "model.gguf")
+    assert engine_host.weights_file(str(one / "model.gguf")) == str(one / "model.gguf")
     (one / "other.gguf").write_bytes(b"GGUF")
     with pytest.raises(AgentError, match=r"2 \.gguf files"):
-        orch_host.weights_file(str(one))
+        engine_host.weights_file(str(one))
 
 
 def install(tmp_path: Path, archs: list[Any]) -> str:
@@ -180,16 +181,16 @@ def test_a_llama_cpp_build_must_cover_the_placed_card_mock_gpu(
 ) -> None:
     # No GPU on this machine: the card nvidia-smi would report is given (a mock, by name).
     monkeypatch.setattr(
-        orch_host,
+        engine_host,
         "gather_gpus",
         lambda: ("nvidia-smi", [{"index": 1, "name": "Tesla P40", "compute_capability": cap}]),
     )
     exe = install(tmp_path, archs)
     if refused is None:
-        orch_host.check_build_covers(exe, 1, "m5", "llama.cpp")
+        engine_host.check_build_covers(exe, 1, "m5", "llama.cpp")
         return
     with pytest.raises(AgentError) as e:
-        orch_host.check_build_covers(exe, 1, "m5", "llama.cpp")
+        engine_host.check_build_covers(exe, 1, "m5", "llama.cpp")
     assert refused in e.value.message and "m5 GPU 1, a Tesla P40" in e.value.message.replace(
         "GPU 1 is a", "GPU 1, a"
     )
@@ -201,7 +202,7 @@ def test_the_program_is_found_on_path_then_under_labctls_install_root(
 ) -> None:
     exe = install(tmp_path, [])
     monkeypatch.setenv("PATH", os.path.dirname(exe))
-    assert orch_host.find_binary("llama-server", "m5", "llama.cpp") == exe
+    assert engine_host.find_binary("llama-server", "m5", "llama.cpp") == exe
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setitem(orch_host.ENGINE_ROOTS, "llama-server", str(tmp_path))
-    assert orch_host.find_binary("llama-server", "m5", "llama.cpp") == exe
+    monkeypatch.setitem(engine_host.ENGINE_ROOTS, "llama-server", str(tmp_path))
+    assert engine_host.find_binary("llama-server", "m5", "llama.cpp") == exe
