@@ -58,10 +58,11 @@ DEMO_TRAIN = --set steps=60 --set batch_size_per_gpu=8 --set seq_len=64 --set mo
 	--set log_every=10 --set checkpoint_every=20 --set checkpoint_dir=/var/lib/labctl/train/demo-phase1
 
 DEMO_ORCH = inventory/examples/orchestra-sim.yaml
-# Phase 3's loop, short: 3 steps, one task each, the warm set's answers cut at 8 tokens (CPU servers).
+# Phase 3's loop, short: 3 steps, one task each (the first three, which demo-coder was trained on),
+# answers of up to 64 tokens (a solution's length).
 DEMO_P3 = --set steps=3 --set batch_size_per_gpu=8 --set seq_len=288 --set model.d_model=64 \
 	--set model.n_layers=2 --set model.n_heads=4 --set model.d_ff=256 --set log_every=1 --set checkpoint_every=100 \
-	--set checkpoint_dir=/var/lib/labctl/train/demo-phase3 --set rl.tasks_per_step=1 --set rl.answer_tokens=8
+	--set checkpoint_dir=/var/lib/labctl/train/demo-phase3 --set rl.tasks_per_step=1 --set rl.answer_tokens=64
 
 demo: install deps
 	$(BIN)/labctl sim up
@@ -103,16 +104,17 @@ demo: install deps
 	$(BIN)/labctl -i $(SIM_INV) ckpt verify
 	@echo "== the week over free cloud GPUs (Kaggle's and SageMaker's free quotas), with a Gantt chart =="
 	$(BIN)/labctl -i $(SIM_INV) plan week --plot $(SIM_DIR)/week.png
-	@echo "== the LLM orchestra: 3 of 5 small models kept warm on m5 (CPU servers; one a Hugging Face Llama served through transformers), one rotation, phase 3's check =="
+	@echo "== the LLM orchestra: 3 of 5 small models kept warm on m5 (CPU servers; demo-coder a Hugging Face Llama served through transformers), one rotation, phase 3's check =="
 	for m in demo-a demo-b demo-c demo-d; do $(BIN)/labctl -i $(SIM_INV) bench make-model --size-gb 0.05 --host irina --name $$m; done
-	$(BIN)/labctl -i $(SIM_INV) bench make-model --format hf --host irina --name demo-hf --python $(CURDIR)/$(BIN)/python
+	@# demo-coder: a tiny Llama trained here, on irina's CPU (about 15 s), to solve 8 phase-3 tasks.
+	$(BIN)/labctl -i $(SIM_INV) bench make-model --kind coder --host irina --name demo-coder --python $(CURDIR)/$(BIN)/python
 	$(BIN)/labctl -i $(SIM_INV) orchestra plan -f $(DEMO_ORCH)
 	$(BIN)/labctl -i $(SIM_INV) orchestra start -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
 	$(BIN)/labctl -i $(SIM_INV) rotate -f $(DEMO_ORCH) --python $(CURDIR)/$(BIN)/python
 	$(BIN)/labctl -i $(SIM_INV) orchestra status -f $(DEMO_ORCH)
-	@echo "== phase 3's trainers ask the warm set at once over the OpenAI completions API (random tiny models: random text) =="
-	$(BIN)/labctl -i $(SIM_INV) orchestra ask -f $(DEMO_ORCH) --max-tokens 16 'def add(a, b):'
-	@echo "== phase 3 for real: m5 trains the CET, the warm set writes code from its contexts, irina's sandbox service runs it =="
+	@echo "== phase 3's trainers ask the warm set at once over the OpenAI completions API (demo-coder writes code; the random models random text) =="
+	$(BIN)/labctl -i $(SIM_INV) orchestra ask -f $(DEMO_ORCH) --task sum_two --max-tokens 64
+	@echo "== phase 3 for real: m5 trains the CET, the warm set writes code from its contexts, irina's sandbox service runs it; demo-coder's programs pass (reward above 0) =="
 	@# The sim's hosts share this machine's dockerd but cannot reach Debian's mirror: the image is built here.
 	$(BIN)/labctl -i inventory/examples/local-sandbox.yaml provision -p inventory/examples/sandbox-python.yaml
 	$(BIN)/labctl -i $(SIM_INV) sandbox serve

@@ -140,6 +140,25 @@ STATUS = {
     ],
     "history_error?": "str?",
     "history_notes?": ["str"],
+    # agent/orchestra/spend.py status(): null on a host with no remote tier's spend or budget.
+    "remote_spend?": (
+        {
+            "month": "str",
+            "dir?": "str",
+            "tiers": [
+                {
+                    "tier": "str",
+                    "usd": "num",
+                    "prompt_tokens?": "int",
+                    "completion_tokens?": "int",
+                    "answers?": "int",
+                    "budget_per_month?": "num?",
+                }
+            ],
+            "errors?": ["str"],
+        },
+        "null",
+    ),
 }
 CACHE_FILE = {"path": "str", "size": "int", "mtime_ns?": "int?"}
 CACHE_MODEL = {

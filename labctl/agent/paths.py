@@ -150,3 +150,9 @@ def provision_lock() -> str:
 
 def torch_probe_dir() -> str:
     return local_home() + "/cache/torch-probe"
+
+
+def remote_spend_dir() -> str:
+    """Where a host that trains keeps its remote tiers' spend (agent/orchestra/spend.py): under
+    the home of whoever runs the trainer, which is also who answers `status` there."""
+    return local_home() + "/orchestra/spend"

@@ -51,8 +51,21 @@ def phase3(
     ] = 4,
     only: Annotated[
         Optional[str],
-        typer.Option("--only", help="Comma list of cycle, sandbox, training (default all three)."),
+        typer.Option(
+            "--only", help="Comma list of cycle, sandbox, training, learning (default the first three)."
+        ),
     ] = None,
+    learn: Annotated[
+        bool,
+        typer.Option(
+            "--learn",
+            help="Measure learning alone (--only learning): the reward per step against a warm coder "
+            "model whose hint matters.",
+        ),
+    ] = False,
+    learn_steps: Annotated[
+        int, typer.Option("--learn-steps", min=2, max=10000, help="Steps of the learning run.")
+    ] = 40,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
@@ -65,18 +78,32 @@ def phase3(
     Needs the warm set (`labctl orchestra start`) and the sandbox service (`labctl sandbox serve`);
     the training figure runs `labctl train --phase 3` with --set/--limit/--device and rotates once.
 
-    Example (the simulated lab):
+    --learn: does phase 3 learn? A run of --learn-steps steps against a warm coder model whose
+    hint matters (`labctl bench make-model --kind coder --hint-matters`: it solves a task only when
+    the CET's context holds the task's tag), on the tasks it was trained on; the reward of every
+    step, and its mean over the first and last 5 steps. --set wins over the run's settings.
+
+    Examples (the simulated lab):
 
         labctl bench phase3 -f inventory/examples/orchestra-sim.yaml --limit m5 --device cpu --set steps=10
+
+        labctl bench phase3 -f inventory/examples/orchestra-learn.yaml --learn --limit m5 --device cpu
     """
     from labctl.output.errors import InputError
     from labctl.phase3 import bench as pb
 
-    parts = [p.strip() for p in (only or "cycle,sandbox,training").split(",") if p.strip()]
-    unknown = sorted(set(parts) - {"cycle", "sandbox", "training"})
+    if learn and only:
+        raise InputError(
+            "--learn and --only both choose what to measure.", "Give one: --learn is --only learning."
+        )
+    parts = [
+        p.strip() for p in ("learning" if learn else only or "cycle,sandbox,training").split(",") if p.strip()
+    ]
+    unknown = sorted(set(parts) - {"cycle", "sandbox", "training", "learning"})
     if unknown or not parts:
         raise InputError(
-            f"--only {only!r} names {unknown or 'nothing'}.", "Use a comma list of cycle, sandbox, training."
+            f"--only {only!r} names {unknown or 'nothing'}.",
+            "Use a comma list of cycle, sandbox, training, learning.",
         )
     args: list[str] = []
     for item in train_set or []:
@@ -103,6 +130,11 @@ def phase3(
         if "training" in parts:
             say and say("a phase-3 run with a rotation in its middle")
             doc["training"] = pb.training_figure(c, orch, args, python, rotate_at, say)
+        if "learning" in parts:
+            from labctl.phase3.learn import learning_figure
+
+            say and say("learning: a phase-3 run against a warm coder model whose hint matters")
+            doc["learning"] = learning_figure(c, orch, args, learn_steps, say)
         failed = bool(doc.get("training", {}).get("failed_steps"))
         return Outcome(doc, lambda: _render_phase3(c, doc), 1 if failed else 0)
 
@@ -152,6 +184,42 @@ def _render_phase3(c: Context, doc: dict[str, Any]) -> None:
             + (f" ({ratio:.0%})" if ratio is not None else "")
             + f"; failed steps {tr['failed_steps']}, answers retried {tr['answers_retried']}, "
             f"rotation wait {tr['rotation_wait_s']:.2f} s"
+            + (f"; mean reward {tr['reward']:.3f}" if tr.get("reward") is not None else "")
+        )
+    if "learning" in doc:
+        _render_learning(c, doc["learning"])
+
+
+def _render_learning(c: Context, lr: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(
+        title=f"reward per step: {', '.join(lr['tasks'])} against {', '.join(lr['models'])}",
+        title_justify="left",
+    )
+    t.add_column("steps", justify="right")
+    t.add_column("rewards", justify="left")
+    rewards = lr["rewards"]
+    for i in range(0, len(rewards), 10):
+        row = rewards[i : i + 10]
+        t.add_row(f"{i + 1}-{i + len(row)}", "  ".join("-" if r is None else f"{r:.2f}" for r in row))
+    c.console.print(t)
+    first, last, w = lr["first_mean"], lr["last_mean"], lr["window"]
+    c.console.print(
+        f"mean reward of the first {w} steps {'-' if first is None else f'{first:.3f}'}, "
+        f"of the last {w} {'-' if last is None else f'{last:.3f}'}"
+        + (f" ({lr['ratio']:.2f}x)" if lr["ratio"] is not None else "")
+        + (
+            f"; twice the start by step {lr['doubled_at_step']}"
+            if lr["doubled_at_step"]
+            else "; never twice the start"
+        )
+        + f"; a policy loss on {lr['policy_loss_steps']} of {lr['steps']} steps"
+    )
+    if lr["other_models"]:
+        c.console.print(
+            f"[yellow]also warm, passing whatever the CET writes: {', '.join(lr['other_models'])} "
+            "(the reward's floor)[/]"
         )
 
 
@@ -192,6 +260,15 @@ def make_model(
             "letter, and a program that passes no test otherwise, so the CET has something to learn.",
         ),
     ] = False,
+    tasks: Annotated[
+        int,
+        typer.Option(
+            "--tasks",
+            min=1,
+            max=40,
+            help="coder: how many phase-3 tasks it learns (the first whose solution fits 64 tokens).",
+        ),
+    ] = 8,
     seed: Annotated[
         int, typer.Option("--seed", help="The weights' seed: the same seed writes the same model.")
     ] = 0,
@@ -215,7 +292,7 @@ def make_model(
     Llama-architecture model (a byte-level BPE tokenizer trained on the phase-3 tasks, a ChatML
     chat template) that the orchestra serves with labctl's server (hf) or llama.cpp (gguf);
     --size-gb does not apply to them. --kind coder: that model (about 5M parameters) trained on
-    the host's CPU to answer phase 3's prompt for the first 8 tasks with their reference
+    the host's CPU to answer phase 3's prompt for the first --tasks tasks (8) with their reference
     programs; its folder's labctl_coder.json names the trained and held-out tasks.
 
     Examples:
@@ -246,8 +323,8 @@ def make_model(
         raise InputError(
             "A coder model is a Hugging Face model.", "Use --format hf or gguf with --kind coder."
         )
-    if hint_matters and kind != "coder":
-        raise InputError("--hint-matters is for a coder model.", "Add --kind coder.")
+    if (hint_matters or tasks != 8) and kind != "coder":
+        raise InputError("--hint-matters and --tasks are for a coder model.", "Add --kind coder.")
     if kind == "coder":
         folder = name or f"tiny-coder{'-hint' if hint_matters else ''}-{fmt}"
     else:
@@ -262,7 +339,7 @@ def make_model(
             if fmt != "tinylm":
                 args.update(format=fmt, seed=seed, python=python)
             if kind == "coder":
-                args.update(kind=kind, hint_matters=hint_matters)
+                args.update(kind=kind, hint_matters=hint_matters, tasks=tasks)
             ans = call_agent(run, "make_model", args, timeout=3600)
             return HostResult(run.host.name, "changed", data=ans)
 

@@ -117,7 +117,21 @@ def plan_cmd(
 @app.command("ask")
 def ask_cmd(
     ctx: typer.Context,
-    prompt: Annotated[str, typer.Argument(help="The text every model continues.", show_default=False)],
+    prompt: Annotated[
+        Optional[str],
+        typer.Argument(
+            help="The text every model continues (with --task: the CET's hint in phase 3's prompt).",
+            show_default=False,
+        ),
+    ] = None,
+    task: Annotated[
+        Optional[str],
+        typer.Option(
+            "--task",
+            help="Ask phase 3's prompt for this task (e.g. sum_two), as the trainers do.",
+            show_default=False,
+        ),
+    ] = None,
     file: FileOpt = None,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", min=1, max=4096, help="Tokens each model may add.")
@@ -147,8 +161,27 @@ def ask_cmd(
         labctl orchestra ask 'def add(a, b):'
 
         labctl orchestra ask --no-remote --json 'x =' | jq '.answers[] | {name, latency_s}'
+
+        labctl orchestra ask --task sum_two --max-tokens 64
     """
     from labctl.orchestra.ask import ask
+    from labctl.output.errors import InputError
+
+    if task is not None:
+        from labctl.agent.train.prompting import ask_prompt
+        from labctl.agent.train.tasks import TASKS
+
+        found = [t for t in TASKS if t.name == task]
+        if not found:
+            from labctl.documents.suggest import did_you_mean
+
+            raise InputError(
+                f"--task {task!r} is no phase-3 task{did_you_mean(task, [t.name for t in TASKS])}.",
+                f"Name one of the {len(TASKS)}: {', '.join(t.name for t in TASKS[:6])}, ...",
+            )
+        prompt = ask_prompt(found[0], prompt or "")
+    elif prompt is None:
+        raise InputError("Nothing to ask.", "Give the text the models continue, or --task NAME.")
 
     def work(c: Context) -> Outcome:
         result = ask(c, load(c, file), prompt, max_tokens, temperature, remote)

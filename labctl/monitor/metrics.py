@@ -85,6 +85,17 @@ def families(statuses: Iterable[HostStatus]) -> list[Metric]:
         "Seconds the run's steps lost to a rotation, newest window.",
         RUN_LABELS,
     )
+    # A host that trains keeps its own ledger of remote tiers' spend (agent/orchestra/spend.py).
+    spend = gauge(
+        "labctl_remote_spend_usd",
+        "Dollars spent on a remote tier by the host's trainers in the month (UTC).",
+        ("host", "tier", "month"),
+    )
+    budget = gauge(
+        "labctl_remote_budget_usd",
+        "A remote tier's budget_per_month: past it, the host's trainers stop asking it for the month.",
+        ("host", "tier", "month"),
+    )
     latency = gauge(
         "labctl_phase3_orchestra_latency_seconds",
         "Orchestra answer latency per model (percentile 50 or 95), newest window.",
@@ -143,9 +154,19 @@ def families(statuses: Iterable[HostStatus]) -> list[Metric]:
                 for q, key in (("50", "p50"), ("95", "p95")):
                     if isinstance(ms, dict) and (v := reading(ms.get(key))) is not None:
                         latency.add_metric([*labels, _text(model), q], v / 1000.0)
+        remote = sample.get("remote_spend")
+        if isinstance(remote, dict):
+            month = _text(remote.get("month"))
+            for t in remote.get("tiers") or []:
+                labels = [host, _text(t.get("tier")), month]
+                if (v := reading(t.get("usd"))) is not None:
+                    spend.add_metric(labels, v)
+                if (v := reading(t.get("budget_per_month"))) is not None:
+                    budget.add_metric(labels, v)
     return [
         up, scrape, load1, mem_total, mem_avail, cache_size, cache_used, warm,
         util, fb_used, fb_free, temp, power, step, loss, tps, alert, reward, exec_ok, rot_wait, latency,
+        spend, budget,
     ]  # fmt: skip
 
 

@@ -87,6 +87,7 @@ def host_rows(status: Any) -> list[tuple[Any, ...]]:
         rows.append(("warm", str(len(warm)), "", "", "", ", ".join(_warm_text(w) for w in warm)))
     for r in s.get("runs") or []:
         rows.append(("run", _pct(_progress(r)), "", "", "", _run_text(r)))
+    rows += _remote_rows(s.get("remote_spend"))
     # The host keeps its history itself; a clock that jumped or a file it could not write is said
     # here, or the gap in the history would go unexplained.
     for note in [*(s.get("history_notes") or []), *([s["history_error"]] if s.get("history_error") else [])]:
@@ -145,6 +146,27 @@ def _short_gpu_name(name: str) -> str:
 def _warm_text(w: dict[str, Any]) -> str:
     where = [f"gpu{w['gpu']}" if w.get("gpu") is not None else "", f":{w['port']}" if w.get("port") else ""]
     return f"{w.get('model', '?')} {''.join(where)}".strip()
+
+
+def _remote_rows(spend: Any) -> list[tuple[Any, ...]]:
+    """A row per remote tier: this month's spend on this host, as a share of its budget."""
+    if not isinstance(spend, dict):
+        return []
+    rows: list[tuple[Any, ...]] = []
+    month = str(spend.get("month") or "")
+    for t in spend.get("tiers") or []:
+        usd, budget = reading(t.get("usd")), reading(t.get("budget_per_month"))
+        if usd is None:
+            continue
+        used = usd * 100 / budget if budget else None
+        detail = Text(f"{t.get('tier', '?')} ${usd:,.2f}" + (f" of ${budget:,.2f}" if budget else ""))
+        detail.append(f" in {month}")
+        if budget and usd >= budget:
+            detail.append("  budget reached: not asked until next month", style="yellow")
+        rows.append(("remote", _pct(used), "", "", "", detail))
+    for error in spend.get("errors") or []:
+        rows.append(("remote", "", "", "", "", Text(str(error), style="yellow")))
+    return rows
 
 
 def _progress(r: dict[str, Any]) -> Optional[float]:

@@ -373,7 +373,7 @@ class PlacementView:
             show_edge=False,
             pad_edge=False,
         )
-        for col in ("name", "model", "API", "key", "at once", "$ / M tokens in, out"):
+        for col in ("name", "model", "API", "key", "at once", "$ / M tokens in, out", "share", "$ / month"):
             table.add_column(col)
         for r in self.remote:
             env = r["api_key_env"]
@@ -383,6 +383,7 @@ class PlacementView:
                 else f"${env} " + ("set here" if r["key_set"] else "[red]not set here[/]")
             )
             price = r["price_per_mtok"]
+            budget = r.get("budget_per_month")
             table.add_row(
                 escape(r["name"]),
                 escape(r["model"]),
@@ -390,6 +391,8 @@ class PlacementView:
                 key,
                 str(r["concurrency"]),
                 f"{price['input']:g}, {price['output']:g}",
+                f"{r.get('share', 1.0):g}",
+                "no limit" if budget is None else f"{budget:g}",
             )
         console.print(table)
 

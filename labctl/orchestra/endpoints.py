@@ -10,7 +10,8 @@ the keys stay in the trainer's environment.
 Beside its address each model carries what the trainer needs to ask it and to check its budget
 before a run (client.check_budget): `api` (completions or chat), `timeout_s`, and, for a warm
 model, `engine`, `max_tokens` (the most one request may ask: labctl's server's cap; null: up to
-the context) and `context` (the tokens it is served with, as its start computed them).
+the context) and `context` (the tokens it is served with, as its start computed them); a remote
+tier, its `share` of phase 3's tries and its `budget_per_month` (agent/orchestra/spend.py).
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ def endpoints_doc(
                 "api": r.api,
                 "max_tokens": r.max_tokens,
                 "context": r.context,
+                "share": r.share,
+                "budget_per_month": r.budget_per_month,
             }
             for r in remote
         ],

@@ -27,7 +27,8 @@ def read_files(
     from labctl.hosts.fanout import HostResult, HostRun, fan_out
     from labctl.output.errors import LabctlError
 
-    wanted: dict[str, dict[str, str]] = {}  # storage host -> {path: model name}
+    # storage host -> {path: the model names} (two entries may serve the same files)
+    wanted: dict[str, dict[str, list[str]]] = {}
     storage: dict[str, Host] = {}
     for host in hosts:
         try:
@@ -36,7 +37,9 @@ def read_files(
             continue  # the rotation refuses such a host with its own words
         storage[target.source.name] = target.source
         for m in orch.models:
-            wanted.setdefault(target.source.name, {})[target.stored(m.folder)] = m.name
+            names = wanted.setdefault(target.source.name, {}).setdefault(target.stored(m.folder), [])
+            if m.name not in names:
+                names.append(m.name)
     if not wanted:
         return {}, []
 
@@ -53,10 +56,11 @@ def read_files(
             notes.append(f"{r.host} did not say what the models are ({r.error}); sizes are the file's")
             continue
         for path, desc in ((r.data or {}).get("models") or {}).items():
-            name = wanted[r.host].get(path)
-            if name is None or not isinstance(desc, dict):
+            named = wanted[r.host].get(path) or []
+            if not named or not isinstance(desc, dict):
                 continue
             if desc.get("error"):
                 continue  # not on the storage host (yet): the typed size stands
-            out.setdefault(name, dict(desc, storage=r.host, path=path))
+            for name in named:
+                out.setdefault(name, dict(desc, storage=r.host, path=path))
     return out, notes

@@ -551,7 +551,8 @@ class _Executor:
         for s in joining:
             by_host.setdefault(s.host, []).append(s.model)
         for host, models in by_host.items():
-            folders = [self.orch.model(m).folder for m in models]
+            # Once per folder: two models may serve the same files (a second server of one model).
+            folders = list(dict.fromkeys(self.orch.model(m).folder for m in models))
             got = on_host(self.ctx, self.hosts[host], partial(self._sync_missing, folders=folders))
             for m in models:
                 hit = self.orch.model(m).folder not in got["missing"]

@@ -10,7 +10,8 @@
       - {name: Qwen2.5-Coder-7B-Instruct-Q8_0, size_gb: 8.1, params_b: 7.6, bits: 8}
     remote:                        # tiers outside the lab that speak the same API (chat by default)
       - {name: gpt-4o-mini, base_url: https://api.openai.com/v1, model: gpt-4o-mini,
-         api_key_env: OPENAI_API_KEY, concurrency: 4, price_per_mtok: {input: 0.15, output: 0.6}}
+         api_key_env: OPENAI_API_KEY, concurrency: 4, price_per_mtok: {input: 0.15, output: 0.6},
+         share: 0.05, budget_per_month: 75}   # 5% of phase 3's tries, at most $75 a month
 
 A model's GPU memory need is its explicit `gpu_gb`, else its weights (params_b * bits / 8 when
 both are given, else size_gb) plus `overhead.fraction` of them for the KV cache and activations,
@@ -336,11 +337,52 @@ class RemoteTier(Strict):
         ge=16,
         description="context: 128000 (the model's context in tokens, as the provider says; default not checked)",
     )
+    share: float = Field(
+        default=1.0,
+        description="share: 0.05 (the part of phase 3's tries it is asked for; default 1, every try)",
+    )
+    budget_per_month: Optional[float] = Field(
+        default=None,
+        description="budget_per_month: 75 (dollars each host that trains may spend on it in a calendar "
+        "month, UTC; reached, it is not asked until the next month; default no limit)",
+    )
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         return ModelEntry._name(v)
+
+    @field_validator("share")
+    @classmethod
+    def _share(cls, v: float) -> float:
+        if not 0 < v <= 1:
+            raise ValueError(
+                "a share is the part of phase 3's tries this tier is asked for: above 0 and at most 1 "
+                "(0.05: about one try in twenty; 1: every try); to ask it never, take it out of remote"
+            )
+        return v
+
+    @field_validator("budget_per_month")
+    @classmethod
+    def _budget(cls, v: Optional[float]) -> Optional[float]:
+        if v is not None and v <= 0:
+            raise ValueError(
+                "a budget is dollars a month above 0 (75); leave it out for no limit, or take the tier out "
+                "of remote to ask it never"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _budget_needs_a_price(self) -> RemoteTier:
+        if self.budget_per_month is not None and not (
+            self.price_per_mtok.input or self.price_per_mtok.output
+        ):
+            # Spend is the usage each answer reports times the price: without one it stays 0.
+            raise ValueError(
+                "budget_per_month needs price_per_mtok: spend is counted as the tokens each answer "
+                "reports times the price, so without a price it stays 0 and the budget never holds"
+            )
+        return self
 
     @field_validator("model")
     @classmethod
@@ -400,6 +442,8 @@ class RemoteTier(Strict):
             "timeout_s": self.timeout_s,
             "price_per_mtok": {"input": self.price_per_mtok.input, "output": self.price_per_mtok.output},
             "api": self.api,
+            "share": self.share,
+            "budget_per_month": self.budget_per_month,
         }
 
 

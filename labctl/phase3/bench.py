@@ -144,19 +144,23 @@ def _newest_metrics(inv: Path, since: float) -> list[dict[str, Any]]:
     return out
 
 
-def training_figure(
-    ctx: Context, orch: Orchestra, train_args: list[str], python: Optional[str], rotate_at: int, say: Say
-) -> dict[str, Any]:
-    """A phase-3 run (`labctl train --phase 3 TRAIN_ARGS`), a rotation once it logged step
-    `rotate_at`, then steps/s inside the rotation's window against outside it."""
+def run_phase3(
+    ctx: Context,
+    train_args: list[str],
+    label: str,
+    poll: Optional[Callable[[list[dict[str, Any]]], None]] = None,
+    say: Say = None,
+) -> list[dict[str, Any]]:
+    """A phase-3 run (`labctl train --phase 3 TRAIN_ARGS`) in a checkpoint folder of its own,
+    removed afterwards from the hosts that trained; its step events. `poll(events)` is called
+    with the events so far about twice a second while it runs."""
     from labctl.agent import paths
-    from labctl.orchestra.rotate import Options, rotate
 
     inv = ctx.inventory_path
     started = time.time()
     # A folder of its own, so the measured run neither resumes nor touches the lab's phase-3
-    # checkpoints; removed afterwards from the hosts that trained.
-    folder = f"{paths.TRAIN_DIR}/bench-phase3-{time.strftime('%Y%m%d-%H%M%S')}"
+    # checkpoints.
+    folder = f"{paths.TRAIN_DIR}/bench-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
     own = ["--set", f"checkpoint_dir={folder}", "--set", "keep_checkpoints=1"]
     argv = [
         sys.executable,
@@ -174,24 +178,9 @@ def training_figure(
     run = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
     )
-    window = None
     try:
-        while window is None:
-            if run.poll() is not None:
-                break
-            events = _newest_metrics(inv, started)
-            if any(e.get("event") == "step" and e.get("step", 0) >= rotate_at for e in events):
-                if say:
-                    say(f"step {rotate_at} logged: rotating now")
-                t0 = time.time()
-                result = rotate(ctx, orch, Options(python=python))
-                doc = result.to_json()
-                summary = {
-                    "joined": [t["model"] for t in doc["joined"]],
-                    "left": [t["model"] for t in doc["left"]],
-                    "seconds": doc["seconds"],
-                }
-                window = (t0, time.time(), summary)
+        while poll is not None and run.poll() is None:
+            poll(_newest_metrics(inv, started))
             time.sleep(0.5)
         out, err = run.communicate(timeout=3600)
     finally:
@@ -204,13 +193,45 @@ def training_figure(
             f"The phase-3 run failed (exit {run.returncode}): {err.strip()[-600:] or out.strip()[-600:]}",
             "Run it alone with `labctl train --phase 3 ...` to see why.",
         )
-    if window is None:
+    return [e for e in _newest_metrics(inv, started) if e.get("event") == "step" and "time" in e]
+
+
+def training_figure(
+    ctx: Context, orch: Orchestra, train_args: list[str], python: Optional[str], rotate_at: int, say: Say
+) -> dict[str, Any]:
+    """A phase-3 run, a rotation once it logged step `rotate_at`, then steps/s inside the
+    rotation's window against outside it, and the run's mean reward."""
+    from labctl.orchestra.rotate import Options, rotate
+
+    window: list[Any] = []
+
+    def poll(events: list[dict[str, Any]]) -> None:
+        if window or not any(e.get("event") == "step" and e.get("step", 0) >= rotate_at for e in events):
+            return
+        if say:
+            say(f"step {rotate_at} logged: rotating now")
+        t0 = time.time()
+        doc = rotate(ctx, orch, Options(python=python)).to_json()
+        summary = {
+            "joined": [t["model"] for t in doc["joined"]],
+            "left": [t["model"] for t in doc["left"]],
+            "seconds": doc["seconds"],
+        }
+        window.append((t0, time.time(), summary))
+
+    steps = run_phase3(ctx, train_args, "phase3", poll, say)
+    if not window:
         raise InputError(
             f"The run ended before step {rotate_at}: no rotation happened inside it.",
             "Give it more steps (--set steps=N).",
         )
-    steps = [e for e in _newest_metrics(inv, started) if e.get("event") == "step" and "time" in e]
-    return {**window_rates(steps, window[0], window[1]), "rotation": window[2]}
+    w0, w1, summary = window[0]
+    rewards = [float(e["reward"]) for e in steps if e.get("reward") is not None]
+    return {
+        **window_rates(steps, w0, w1),
+        "rotation": summary,
+        "reward": round(statistics.fmean(rewards), 4) if rewards else None,
+    }
 
 
 def _remove(ctx: Context, folder: str, train_args: list[str], say: Say) -> None:

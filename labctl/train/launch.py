@@ -193,14 +193,24 @@ def _phase3_part(event: dict[str, Any]) -> str:
     """Phase 3's figures of a step event: reward, code that ran, the slowest model's p95."""
     latency = event.get("orchestra_ms") or {}
     slowest = max((m["p95"] for m in latency.values()), default=None)
-    part = (
-        f"  reward {_num(event.get('reward'), '.3f')}  code ran {_num(event.get('exec_success_rate'), '.0%')}"
+    part = f"  reward {_num(event.get('reward'), '.3f')}"
+    if event.get("policy_loss") is not None:  # the RL term ran: some try's reward left its baseline
+        part += f" (baseline {_num(event.get('baseline'), '.3f')}, policy loss {event['policy_loss']:+.4f})"
+    part += (
+        f"  code ran {_num(event.get('exec_success_rate'), '.0%')}"
         f"  {len(latency)} models p95 {_num(slowest, ',.0f')} ms"
     )
     if event.get("rotation_wait_s"):
         part += f"  rotation wait {event['rotation_wait_s']:.2f} s"
     if event.get("answers_failed"):
         part += f"  {event['answers_failed']} answers failed"
+    spend = event.get("remote_spend_usd")
+    total = sum(v for v in spend.values() if isinstance(v, (int, float))) if isinstance(spend, dict) else 0
+    if total > 0:
+        part += f"  remote ${total:.4f}"
+    skipped = event.get("remote_skipped")
+    for tier, why in sorted(skipped.items()) if isinstance(skipped, dict) else []:
+        part += f"  {tier} not asked: {why}"
     return part
 
 

@@ -167,6 +167,24 @@ class Phase3Loop(_Strict):
         le=10,
         description="sandbox_tries: 3 (batches tried before the run fails)",
     )
+    tasks: Optional[list[str]] = Field(
+        default=None,
+        min_length=1,
+        description="tasks: [sum_two, product_two] (the tasks asked, in turn; default all 56: "
+        "a coder model's trained tasks are in its labctl_coder.json)",
+    )
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        if v is None:
+            return v
+        from labctl.agent.train.settings import TrainerError, check_task_names
+
+        try:
+            return check_task_names(v)
+        except TrainerError as e:
+            raise ValueError(str(e).removeprefix("settings: rl.tasks ")) from None
 
 
 class K8sSettings(_Strict):

@@ -94,6 +94,26 @@ def test_the_record_names_what_was_trained_and_held_out(coder: Path) -> None:
     assert (coder / "model.safetensors").is_file() and (coder / "tokenizer.json").is_file()
 
 
+def test_model_describe_names_the_trained_tasks_and_a_damaged_record(coder: Path, hint_coder: Path) -> None:
+    from labctl.agent.modelload.formats import describe
+
+    # What `bench phase3 --learn` points phase 3 at (rl.tasks), read from the storage host's files.
+    assert describe(str(coder))["coder"] == {
+        "trained": ["sum_two", "product_two"],
+        "held_out": ["sum_list"],
+        "hint_matters": False,
+    }
+    assert describe(str(hint_coder))["coder"]["hint_matters"] is True
+    kept = (coder / RECORD).read_bytes()  # the fixture is shared: put the record back
+    (coder / RECORD).write_text('{"trained": "sum_two"}')
+    try:
+        desc = describe(str(coder))
+        assert desc["coder"] is None and desc["format"] == "hf"
+        assert any(p.startswith(f"{RECORD} has no list of trained tasks") for p in desc["problems"])
+    finally:
+        (coder / RECORD).write_bytes(kept)
+
+
 def test_trained_tasks_pass_whatever_the_hint(coder: Path) -> None:
     for name in record(coder)["trained"]:
         for hint in hints(3, name):
@@ -199,7 +219,8 @@ def test_make_model_runs_codergen_for_a_coder(tmp_path: Path, monkeypatch: pytes
     ("args", "says"),
     [
         (["--kind", "coder", "--format", "tinylm"], "A coder model is a Hugging Face model"),
-        (["--hint-matters"], "--hint-matters is for a coder model"),
+        (["--hint-matters"], "--hint-matters and --tasks are for a coder model"),
+        (["--tasks", "3"], "--hint-matters and --tasks are for a coder model"),
         (["--kind", "smart"], "'smart' is not a kind of model"),
     ],
 )

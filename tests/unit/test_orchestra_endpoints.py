@@ -81,6 +81,8 @@ def test_the_file_goes_to_every_host_that_trains_and_lists_each_warm_model_at_it
             "api": "chat",
             "max_tokens": None,
             "context": None,
+            "share": 1.0,  # every try, no limit: a tier that says nothing is asked as before
+            "budget_per_month": None,
         }
     ]
     draining = endpoints_doc("two", inventory.hosts, warm, [], without={"gpu1": ["b"], "gpu2": ["a"]})

@@ -192,7 +192,9 @@ def test_a_step_asks_every_warm_model_runs_their_code_and_judges_by_pass_rate() 
     assert [r.reward for r in rolls] == [0.5, 0.5]
     w = p3.window.flush()
     assert w["reward"] == 0.5 and w["answers_failed"] == 2 and w["answers_retried"] == 2
-    assert w["tries"] == w["tries_judged"] == 2 and w["baseline"] == 0.5 and w["unjudged_steps"] == 0
+    # Neither task was judged before and the run expects nothing yet: both judged against 0.
+    assert w["tries"] == w["tries_judged"] == 2 and w["baseline"] == 0.0 and w["unjudged_steps"] == 0
+    assert [r.advantage for r in rolls] == [0.5, 0.5]
     assert w["answers_cut"] == 0 and w["sandbox_errors"] == 0
     assert w["answer_errors"] == {"slow": "timed out"}  # why, per model, in the step event
     assert w["rotation_wait_s"] == pytest.approx(1.0, abs=0.05)  # bad's two retries lost 0.5 s each
@@ -206,30 +208,41 @@ def test_the_advantage_is_the_reward_above_its_tasks_moving_baseline() -> None:
     p3 = phase3(lab, baseline_decay=0.5)
     task = TASKS[0]
     again = len(TASKS) + 1  # the step that comes back to the first task
+    # The first try of the run: nothing is expected yet, so it teaches as well (a policy loss
+    # from the first step on); its task's baseline and the run's move halfway to its reward.
     (r,) = p3.rollouts(1, counting_sampler, 64)
-    assert r.reward == 0.5 and r.advantage == 0.0 and p3.baselines == {task.name: 0.5}  # its level
+    assert r.reward == 0.5 and r.baseline == 0.0 and r.advantage == 0.5
+    assert p3.baselines == {task.name: 0.25} and p3.run_baseline == 0.25
     lab.endpoints = [["good"]]
-    (r,) = p3.rollouts(again, counting_sampler, 64)
-    assert r.task == task and r.reward == 1.0 and r.advantage == 0.5 and r.baseline == 0.5
-    assert p3.baselines[task.name] == 0.75
+    (r,) = p3.rollouts(2, counting_sampler, 64)  # a new task starts from the run's level
+    assert r.task == TASKS[1] and r.reward == 1.0 and r.baseline == 0.25 and r.advantage == 0.75
+    assert p3.run_baseline == 0.625
+    (r,) = p3.rollouts(again, counting_sampler, 64)  # the first task again: its own level
+    assert r.task == task and r.reward == 1.0 and r.baseline == 0.25 and r.advantage == 0.75
+    assert p3.baselines[task.name] == 0.625
     lab.endpoints = [["bad"]]
     (r,) = p3.rollouts(2 * again - 1, counting_sampler, 64)
-    assert r.task == task and r.reward == 0.0 and r.advantage == -0.75
+    assert r.task == task and r.reward == 0.0 and r.advantage == -0.625
 
 
 def test_an_easy_task_and_a_hard_one_are_each_judged_against_their_own_level() -> None:
     # "hinted" solves a task when the hint holds a 'q': the first task always gets one, the second
     # never. One baseline for both would call the first's every try good and the second's bad.
+    # The hard one's tries are never called bad, and the easy one's good fades as its level rises.
     lab = Lab()
     lab.endpoints = [["hinted"]]
-    p3 = phase3(lab, tasks_per_step=2)
+    p3 = phase3(lab, tasks_per_step=2, baseline_decay=0.5)
     p3.tasks = TASKS[:2]
+    easy_advantages = []
     for step in (1, 2, 3):
         easy, hard = p3.rollouts(step, alternating_sampler(), 64)
         assert (easy.reward, hard.reward) == (1.0, 0.0)
-        assert easy.advantage == hard.advantage == 0.0, step
-    assert p3.baselines == {TASKS[0].name: 1.0, TASKS[1].name: 0.0}
-    assert p3.window.flush()["baseline"] == 0.5  # the mean of the baselines the tries were judged by
+        assert hard.advantage == 0.0 and hard.baseline == 0.0, step
+        easy_advantages.append(easy.advantage)
+    assert easy_advantages == [1.0, 0.5, 0.25]
+    assert p3.baselines == {TASKS[0].name: 0.875, TASKS[1].name: 0.0}
+    # The mean of the baselines the window's six tries were judged by (the event rounds to 4 places).
+    assert p3.window.flush()["baseline"] == round((0 + 0 + 0.5 + 0 + 0.75 + 0) / 6, 4)
 
 
 def test_a_group_of_contexts_per_task_is_judged_against_its_mean() -> None:
@@ -428,6 +441,9 @@ def test_the_controller_shows_a_phase3_step_with_its_reward_and_slowest_model() 
     assert "2 models p95 1,100 ms" in line and "rotation wait" not in line
     waited = format_event(dict(p3, rotation_wait_s=0.31, answers_failed=1))
     assert "rotation wait 0.31 s" in waited and "1 answers failed" in waited
+    assert "policy loss" not in line  # no try left its baseline: the RL term did not run
+    learned = format_event(dict(p3, baseline=0.125, policy_loss=-0.0312))
+    assert "reward 0.250 (baseline 0.125, policy loss -0.0312)" in learned
 
 
 def test_steps_inside_a_rotations_window_are_timed_against_the_others() -> None:
@@ -600,3 +616,36 @@ def test_a_warm_model_that_cannot_take_the_requests_stops_the_run_before_it_is_a
     with pytest.raises(TrainerError, match="coder's context of 320"):
         phase3(lab, answer_tokens=64).rollouts(1, counting_sampler, 64)
     assert lab.prompts == []
+
+
+def test_rl_tasks_names_the_tasks_asked_in_turn_and_refuses_unknown_ones() -> None:
+    lab = Lab()
+    names = [TASKS[5].name, TASKS[2].name]
+    p3 = phase3(lab, tasks=names, tasks_per_step=3)
+    assert [r.task.name for r in p3.rollouts(1, counting_sampler, 64)] == [names[0], names[1], names[0]]
+    with pytest.raises(TrainerError, match=r"rl.tasks names \['nope'\], which are no phase-3 tasks"):
+        resolve_rl({"tasks": [TASKS[0].name, "nope"]})
+    for bad in ([], "sum_two", [TASKS[0].name, TASKS[0].name]):
+        with pytest.raises(TrainerError, match=r"rl.tasks"):
+            resolve_rl({"tasks": bad})
+    from labctl.train.phases import Phase3Loop
+
+    assert Phase3Loop(tasks=names).tasks == names
+    with pytest.raises(ValueError, match=r"names \['nope'\], which are no phase-3 tasks"):
+        Phase3Loop(tasks=["nope"])
+
+
+def test_the_same_program_for_the_same_task_runs_once_and_judges_every_try_that_wrote_it() -> None:
+    lab = Lab()
+    lab.endpoints = [["good", "good", "bad"]]  # two servers of one model agree, as a group's tries do
+    p3 = phase3(lab, tasks_per_step=2, group_size=3)
+    rolls = p3.rollouts(1, counting_sampler, 64)
+    (batch,) = lab.batches
+    # 2 tasks x 3 contexts x 3 models = 18 programs, of which 2 tasks x 2 programs are distinct.
+    assert len(batch) == 4 and len({(p["source"], str(p["tests"])) for p in batch}) == 4
+    assert all(len(r.results) == 3 for r in rolls)
+    assert [r.reward for r in rolls] == [2 / 3] * 6  # good's two answers pass, bad's fails
+    w = p3.window.flush()
+    assert w["programs_run"] == 4 and w["tries_judged"] == 6
+    # Executions count the tests of every program judged, as before the runs were shared.
+    assert w["executions"] == 3 * 3 * sum(len(t.tests) for t in TASKS[:2])

@@ -45,8 +45,8 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import hfgen
+from .formats import CODER_RECORD as RECORD
 
-RECORD = "labctl_coder.json"
 # What the model writes with hint_matters when the hint lacks the tag: it prints nothing, so it
 # passes no test (every expected output is a line at least).
 WRONG_PROGRAM = "pass\n"

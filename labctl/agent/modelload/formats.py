@@ -123,6 +123,9 @@ _SPLIT_RE = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
 TINYLM_KEYS = ("vocab", "d_model", "n_layers", "n_heads", "max_seq")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt")
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+# What `labctl bench make-model --kind coder` writes beside the model: the phase-3 tasks it was
+# trained on, so phase 3 can be pointed at them (rl.tasks) to see learning.
+CODER_RECORD = "labctl_coder.json"
 
 
 class _Truncated(Exception):
@@ -618,11 +621,28 @@ def _describe_hf(folder: str, names: List[str], config: Dict[str, Any], desc: Di
         elif isinstance(tok_config, dict) and tok_config.get("chat_template"):
             template = True
     desc["chat_template"] = template
+    if CODER_RECORD in present:
+        desc["coder"] = _coder_record(os.path.join(folder, CODER_RECORD), problems)
     if not template:
         problems.append(
             "note: no chat template (tokenizer_config.json chat_template or chat_template.jinja): "
             "chat requests need one; completions work without it"
         )
+
+
+def _coder_record(path: str, problems: List[str]) -> Optional[Dict[str, Any]]:
+    """The coder record's tasks and whether the hint matters; None (and a problem) when damaged."""
+    record, why = _read_json(path)
+    names = record.get("trained") if isinstance(record, dict) else None
+    if why is not None or not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        problems.append(f"{CODER_RECORD} {why or 'has no list of trained tasks'}: make the model again")
+        return None
+    held = record.get("held_out")
+    return {
+        "trained": names,
+        "held_out": [n for n in held if isinstance(n, str)] if isinstance(held, list) else [],
+        "hint_matters": record.get("hint_matters") is True,
+    }
 
 
 def _describe_tinylm(folder: str, names: List[str], config: Dict[str, Any], desc: Dict[str, Any]) -> None:
@@ -700,6 +720,8 @@ def describe(path: str, file: Optional[str] = None) -> Dict[str, Any]:
         chosen = _gguf_choice(folder, names, desc)
         if chosen is not None:
             _describe_gguf(folder, chosen, desc)
+            if CODER_RECORD in names:  # a coder model written as GGUF (make-model --format gguf)
+                desc["coder"] = _coder_record(os.path.join(folder, CODER_RECORD), problems)
         return desc
 
     if "config.json" not in names:

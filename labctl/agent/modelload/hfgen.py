@@ -183,6 +183,7 @@ def make_on_host(
     ftype: str = "f16",
     kind: str = "random",
     hint_matters: bool = False,
+    tasks: int = 8,
 ) -> Dict[str, Any]:
     """`bench make-model --format hf|gguf [--kind coder]` on a host: this module (codergen for a
     coder, and ggufgen for GGUF) run with the host's torch python, as the server does; the agent
@@ -216,7 +217,9 @@ def make_on_host(
     def generate(out: str) -> Dict[str, Any]:
         module = "codergen" if kind == "coder" else "hfgen"
         argv = [py, "-m", f"labctl.agent.modelload.{module}", "--out", out, "--seed", str(seed)]
-        return dict(json.loads(run(argv + (["--hint-matters"] if kind == "coder" and hint_matters else []))))
+        if kind == "coder":
+            argv += ["--tasks", str(tasks)] + (["--hint-matters"] if hint_matters else [])
+        return dict(json.loads(run(argv)))
 
     if fmt == "hf":
         info = generate(path)
@@ -231,6 +234,10 @@ def make_on_host(
                 [py, "-m", "labctl.agent.modelload.ggufgen", "--hf", hf + "/m", "--out", out + "/model.gguf",
                  "--ftype", ftype]
             )  # fmt: skip
+            if kind == "coder":  # the trained tasks travel with the model, whatever its format
+                from .formats import CODER_RECORD
+
+                shutil.copyfile(os.path.join(hf, "m", CODER_RECORD), os.path.join(out, CODER_RECORD))
             os.chmod(out, 0o755)
             if os.path.isdir(path):
                 shutil.rmtree(path)

@@ -217,15 +217,16 @@ def make_model(
     python=Opt(object, None),
     kind=Opt(str, "random"),
     hint_matters=Opt(bool, False),
+    tasks=Opt(int, 8),
 )
 def make_model_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Agent command: {models, name | path, size_gb, dtype="bf16", seed=0, shard_gb=None,
-    format="tinylm", python=None, kind="random", hint_matters=False} -> make_model's answer.
+    format="tinylm", python=None, kind="random", hint_matters=False, tasks=8} -> make_model's answer.
     `models` + `name`: the model library and the model's folder in it (a name that would leave
     the library is refused here too); `path`: any folder (benchmarks). format hf or gguf: a tiny
     Llama-architecture model with a tokenizer trained here (hfgen.py), made by the host's torch
-    python (`python`); kind "coder": that model trained to write phase 3's solutions
-    (codergen.py; `hint_matters`: only when the hint holds the task's tag)."""
+    python (`python`); kind "coder": that model trained to write phase 3's solutions of its
+    first `tasks` tasks (codergen.py; `hint_matters`: only when the hint holds the task's tag)."""
     path: Any = args["path"]
     if args["models"] is not None:
         from ..cache.manifest import check_name
@@ -254,6 +255,7 @@ def make_model_command(args: Dict[str, Any]) -> Dict[str, Any]:
             args["python"],
             kind=kind,
             hint_matters=args["hint_matters"],
+            tasks=int(args["tasks"]),
         )
     if kind == "coder":
         raise AgentError("make_model: a coder model is a Hugging Face model: format hf or gguf", "bad_args")

@@ -1,5 +1,6 @@
 """The host's side of `labctl status`: one sample of CPU, memory, model cache, GPUs, warm
-orchestra models and running training runs, plus the recent history of this host's samples.
+orchestra models, running training runs and this month's spend on remote tiers, plus the recent
+history of this host's samples.
 
 The history (paths.status_history(), JSON lines) is what lets the controller judge alerts that
 need a duration from a single call: the agent appends a short record when the newest one is at
@@ -23,6 +24,7 @@ from .. import paths, procs
 from ..argspec import Opt, Or, takes
 from ..fsutil import write_atomic
 from ..gpus import GpuQueryError, gather_gpus
+from ..orchestra import spend
 from ..parsers import memory_from_meminfo, parse_meminfo, parse_mounts
 from ..runlog import events as runlog_events
 from ..runlog import tail_lines
@@ -445,6 +447,8 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
         "gpu_error": gpu_error,
         "warm": warm_models(),
         "runs": running_runs(args["host"]),
+        # On a host that trains: this month's spend on each remote tier, against its budget.
+        "remote_spend": spend.status(),
     }
     record = history_record(sample) if args["record"] else None
     try:

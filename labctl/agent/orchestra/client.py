@@ -70,7 +70,9 @@ class Endpoint:
     tokens) gives each answer its cost. `api`: "completions" or "chat", the request it is asked
     with. What the trainer checks its budget against (check_budget): `max_tokens`, the most one
     request may ask (None: up to the context), `context`, the tokens it serves (None: not
-    known), and `engine`, the server that says so (labctl, llama.cpp, vllm; None: a remote tier)."""
+    known), and `engine`, the server that says so (labctl, llama.cpp, vllm; None: a remote tier).
+    A remote tier (`remote`) is asked for its `share` of phase 3's tries and, with a
+    `budget_per_month` in dollars, no more once this host spent it (spend.RemoteUse)."""
 
     def __init__(
         self,
@@ -85,6 +87,9 @@ class Endpoint:
         max_tokens: Optional[int] = None,
         context: Optional[int] = None,
         engine: Optional[str] = None,
+        share: float = 1.0,
+        budget_per_month: Optional[float] = None,
+        remote: bool = False,
     ) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -93,6 +98,10 @@ class Endpoint:
             raise ValueError(f"{name}: concurrency must be 1 or more, got {concurrency}")
         if api not in APIS:
             raise ValueError(f"{name}: api must be one of {', '.join(APIS)}, got {api!r}")
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"{name}: share must be above 0 and at most 1, got {share!r}")
+        if budget_per_month is not None and not budget_per_month > 0:
+            raise ValueError(f"{name}: budget_per_month must be above 0 dollars, got {budget_per_month!r}")
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.model = model or name
@@ -103,6 +112,9 @@ class Endpoint:
         self.max_tokens = max_tokens
         self.context = context
         self.engine = engine
+        self.share = float(share)
+        self.budget_per_month = None if budget_per_month is None else float(budget_per_month)
+        self.remote = remote
         self.gate = _gate(self.base_url, self.model, int(concurrency))
         self._https = url.scheme == "https"
         self._host = url.hostname
@@ -184,7 +196,8 @@ def from_doc(doc: Mapping[str, Any], environ: Mapping[str, str]) -> List[Endpoin
     """An endpoints document's warm set, then each remote tier whose key variable is set in
     `environ` (a tier without its key would only collect 401s). A field the document lacks (one
     an older labctl wrote) takes the orchestra file's default: completions for a warm model,
-    chat for a remote tier."""
+    chat for a remote tier, every try (share 1) and no budget for a remote tier. ValueError for
+    a share or budget out of its range."""
     out = [
         Endpoint(
             str(m["name"]),
@@ -215,6 +228,9 @@ def from_doc(doc: Mapping[str, Any], environ: Mapping[str, str]) -> List[Endpoin
                 api=str(r.get("api") or "chat"),
                 max_tokens=_count(r.get("max_tokens")),
                 context=_count(r.get("context")),
+                share=_fraction(r.get("share"), str(r["name"])),
+                budget_per_month=_dollars(r.get("budget_per_month"), str(r["name"])),
+                remote=True,
             )
         )
     return out
@@ -222,6 +238,22 @@ def from_doc(doc: Mapping[str, Any], environ: Mapping[str, str]) -> List[Endpoin
 
 def _count(value: Any) -> Optional[int]:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _fraction(value: Any, name: str) -> float:
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: share is {value!r}, not a number")
+    return float(value)
+
+
+def _dollars(value: Any, name: str) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: budget_per_month is {value!r}, not a number of dollars")
+    return float(value)
 
 
 def _fail(answer: Answer, kind: str, message: str) -> Answer:

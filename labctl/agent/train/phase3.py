@@ -3,7 +3,7 @@ it, the sandbox service runs the programs against the task's tests, and the pass
 reward that teaches the CET (REINFORCE over the context's tokens; the language-modelling loss
 keeps training beside it).
 
-One step: `tasks_per_step` tasks (tasks/, taken in turn; each rank its own); per task the CET
+One step: `tasks_per_step` tasks (tasks/, or the ones `tasks` names, taken in turn; each rank its own); per task the CET
 reads its view of the task (`cet_prompt`: the instruction line every task shares first, then
 the task's name and statement, so the context follows the statement) and samples
 `group_size` contexts of `context_tokens` bytes at `temperature`; the warm set (re-read from
@@ -18,10 +18,17 @@ answer cut at `answer_tokens` is run and counted (`answers_cut`). `max_unjudged_
 a row with nothing judged stop the run, with what went wrong.
 
 The advantage of a judged context is its reward minus a baseline: with `group_size` 1 the
-task's own moving average of its rewards (`baseline_decay`; a task's first judged try sets its
-level and teaches nothing), with more the mean reward of its group (the task's contexts of the
+task's own moving average of its rewards (`baseline_decay`), which starts from the run's moving
+average over all tasks (0 before anything is judged), with more the mean reward of its group (the task's contexts of the
 step; GRPO-style). The policy gradient takes the contexts' log-probabilities at the temperature
 they were sampled at (`policy_loss(..., temperature)`).
+
+A remote tier of the endpoints file is asked for its `share` of the tries (chosen by hashing the
+try's name, so the same tries on a resumed step) and for none once this host's spend on it this
+month reached its `budget_per_month` (agent/orchestra/spend.py keeps the spend across runs); each
+step event says what each tier was asked (`remote_asked`), what its answers cost
+(`remote_spend_usd`), which tier its budget kept out and why (`remote_skipped`), and spend the
+ledger could not count (`remote_ledger_errors`).
 
 torch is imported inside the functions that use it (sample_context, rl_batch, policy_loss);
 Python 3.8, like the rest of the agent.
@@ -33,6 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..orchestra.spend import RemoteUse
 from .prompting import ask_prompt, cet_prompt, context_text, longest_cet_prompt, program_of
 from .settings import TrainerError
 
@@ -90,7 +98,21 @@ class Window:
         self.baselines: List[float] = []  # the baseline each judged try's advantage was taken from
         self.tries = 0  # contexts sampled
         self.tries_judged = 0  # ... and judged (a reward)
+        self.programs_run = 0  # distinct programs sent to the sandbox (a repeated one runs once)
         self.unjudged_steps = 0  # steps in a row, up to the last, with nothing judged
+        self.remote_asked: Dict[str, int] = {}  # remote tier -> tries it was asked for
+        self.remote_spend: Dict[str, float] = {}  # remote tier -> dollars its answers cost
+        self.remote_skipped: Dict[str, str] = {}  # remote tier -> why it was not asked (its budget)
+        self.remote_errors: Dict[str, str] = {}  # remote tier -> why its spend was not counted
+
+    def add_remote(self, used: Dict[str, Any]) -> None:
+        """A step's RemoteUse.flush()."""
+        for tier, n in used["asked"].items():
+            self.remote_asked[tier] = self.remote_asked.get(tier, 0) + n
+        for tier, usd in used["spend_usd"].items():
+            self.remote_spend[tier] = self.remote_spend.get(tier, 0.0) + usd
+        self.remote_skipped.update(used["skipped"])
+        self.remote_errors.update(used["errors"])
 
     def flush(self) -> Dict[str, Any]:
         out = {
@@ -98,6 +120,7 @@ class Window:
             "baseline": round(sum(self.baselines) / len(self.baselines), 4) if self.baselines else None,
             "tries": self.tries,
             "tries_judged": self.tries_judged,
+            "programs_run": self.programs_run,
             "unjudged_steps": self.unjudged_steps,
             "exec_success_rate": round(self.executions_ok / self.executions, 4) if self.executions else None,
             "executions": self.executions,
@@ -115,6 +138,10 @@ class Window:
             "answers_retried": self.answers_retried,
             "answers_cut": self.answers_cut,
             "sandbox_errors": self.sandbox_errors,
+            "remote_asked": dict(sorted(self.remote_asked.items())),
+            "remote_spend_usd": {k: round(v, 6) for k, v in sorted(self.remote_spend.items())},
+            "remote_skipped": dict(sorted(self.remote_skipped.items())),
+            "remote_ledger_errors": dict(sorted(self.remote_errors.items())),
             "policy_loss": round(sum(self.policy_losses) / len(self.policy_losses), 6)
             if self.policy_losses
             else None,
@@ -137,18 +164,20 @@ class Phase3:
         ask: Optional[Callable[..., List[Any]]] = None,
         run: Optional[Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]]] = None,
     ) -> None:
-        from .tasks import TASKS
+        from .tasks import TASKS, task
 
         self.rl = rl
         self.rank = rank
         self.world_size = world_size
         self.vocab = vocab
-        self.tasks = TASKS
+        self.tasks = [task(n) for n in rl["tasks"]] if rl.get("tasks") else list(TASKS)
         self.baselines: Dict[str, float] = {}  # task name -> its moving average reward (group_size 1)
+        self.run_baseline = 0.0  # the moving average of every task's rewards: a new task's baseline
         self.unjudged_steps = 0  # steps in a row with nothing judged
         self._unjudged_why: Dict[str, str] = {}  # what went wrong in them: source -> its last error
         self.window = Window()
         self._budget_checked: set = set()  # models whose caps and context were checked
+        self.remote = RemoteUse()  # the remote tiers' share of the tries, and their spend and budget
         if endpoints is None or ask is None:
             from ..orchestra import client
 
@@ -215,17 +244,27 @@ class Phase3:
         endpoints = self._warm_set()
         self._check_budget(endpoints)
 
-        def ask(r: Rollout) -> List[Any]:
+        def ask(i: int) -> List[Any]:
+            r = rolls[i]
+            # A remote tier's tries are named, not drawn: a resumed step asks it for the same ones.
+            these = self.remote.endpoints_for(endpoints, f"{step}:{self.rank}:{i}:{r.task.name}")
+            if not these:
+                return []
             prompt = ask_prompt(r.task, context_text(r.context_ids))
-            return self._ask(
-                endpoints, prompt, max_tokens=rl["answer_tokens"], temperature=rl["answer_temperature"]
+            answers = self._ask(
+                these, prompt, max_tokens=rl["answer_tokens"], temperature=rl["answer_temperature"]
             )
+            self.remote.record(these, answers)
+            return answers
 
         with ThreadPoolExecutor(max_workers=min(len(rolls), ASK_WORKERS)) as ex:
-            asked = list(ex.map(ask, rolls))
+            asked = list(ex.map(ask, range(len(rolls))))
         for i, r in enumerate(rolls):  # indices, not zip(strict=): Python 3.8
             r.answers = asked[i]
-        why: Dict[str, str] = {}  # what kept a try from being judged: source -> its last error
+        used = self.remote.flush()
+        self.window.add_remote(used)
+        # A tier out of budget is why a try that only it would have answered went unjudged.
+        why: Dict[str, str] = {f"remote tier {t}": w for t, w in used["skipped"].items()}
         programs: List[Dict[str, Any]] = []
         owners: List[Rollout] = []
         for r in rolls:
@@ -245,9 +284,21 @@ class Phase3:
                 prog["timeout"] = rl["timeout_s"]
                 programs.append(prog)
                 owners.append(r)
-        results = self._run_sandbox(programs) if programs else []
-        for i, res in enumerate(results):
-            owners[i].results.append(res)
+        # The same program for the same task runs once: a group's contexts, and models that agree,
+        # often bring back the same code, and its tests' outcome is the program's, not the asker's.
+        first: Dict[str, int] = {}
+        distinct: List[Dict[str, Any]] = []
+        which: List[int] = []
+        for prog in programs:
+            k = first.setdefault(_program_key(prog), len(distinct))
+            if k == len(distinct):
+                distinct.append(prog)
+            which.append(k)
+        ran = self._run_sandbox(distinct) if distinct else []
+        self.window.programs_run += len(ran)
+        for i, k in enumerate(which):
+            if k < len(ran):
+                owners[i].results.append(ran[k])
         for r in rolls:
             judged = []
             for x in r.results:
@@ -322,16 +373,19 @@ class Phase3:
         for r in judged:
             reward = float(r.reward or 0.0)
             name = r.task.name
-            # A task's first judged try learns nothing but the task's level.
-            r.baseline = self.baselines.get(name, reward)
+            # A task not judged before is expected to score what tasks have scored so far (0 at
+            # the start: nothing is expected yet), so its first try teaches too.
+            r.baseline = self.baselines.get(name, self.run_baseline)
             r.advantage = reward - r.baseline
             self.window.baselines.append(r.baseline)
             rewards.setdefault(name, []).append(reward)
         d = self.rl["baseline_decay"]
         for name, rs in rewards.items():
             mean = sum(rs) / len(rs)
-            old = self.baselines.get(name)
-            self.baselines[name] = mean if old is None else d * old + (1 - d) * mean
+            self.baselines[name] = d * self.baselines.get(name, self.run_baseline) + (1 - d) * mean
+        if judged:
+            mean = sum(float(r.reward or 0.0) for r in judged) / len(judged)
+            self.run_baseline = d * self.run_baseline + (1 - d) * mean
 
     def _count_unjudged(self, rolls: List[Rollout], why: Dict[str, str]) -> None:
         """Count a step that judged nothing; stop the run on the `max_unjudged_steps`-th in a row."""
@@ -349,6 +403,12 @@ class Phase3:
                 f"phase 3: nothing was judged for {self.unjudged_steps} steps in a row "
                 f"(rl.max_unjudged_steps is {limit}), so no reward teaches the CET; last errors: {seen}"
             )
+
+
+def _program_key(program: Dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(program, sort_keys=True, default=str)
 
 
 def sample_context(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from ..tinylm import make_config
 
@@ -82,6 +82,9 @@ RL_DEFAULTS: Dict[str, Any] = {
     # Steps in a row with nothing judged (no answer came back, or the sandbox ran none of them)
     # before the run stops with the reason; 0: never.
     "max_unjudged_steps": 5,
+    # The tasks asked, by name, in this order (null: all of them): the tasks a coder model was
+    # trained on (its labctl_coder.json), to see learning on them alone.
+    "tasks": None,
 }
 
 
@@ -114,6 +117,7 @@ def resolve_rl(raw: Any) -> Optional[Dict[str, Any]]:
         rl[key] = float(v)
     if rl["baseline_decay"] >= 1 or rl["timeout_s"] <= 0:
         raise TrainerError("settings: rl.baseline_decay must be below 1 and rl.timeout_s above 0")
+    rl["tasks"] = check_task_names(rl["tasks"])
     if not rl["temperature"] > 0:
         raise TrainerError(
             f"settings: rl.temperature must be above 0, got {rl['temperature']:g}: the CET samples its "
@@ -122,6 +126,24 @@ def resolve_rl(raw: Any) -> Optional[Dict[str, Any]]:
             "near-greedy contexts"
         )
     return rl
+
+
+def check_task_names(raw: Any) -> Optional[List[str]]:
+    if raw is None:
+        return None
+    from .tasks import TASKS
+
+    known = [t.name for t in TASKS]
+    if not isinstance(raw, (list, tuple)) or not raw or not all(isinstance(n, str) for n in raw):
+        raise TrainerError(f"settings: rl.tasks must be a list of task names or null (all), got {raw!r}")
+    unknown = [n for n in raw if n not in known]
+    if unknown:
+        raise TrainerError(
+            f"settings: rl.tasks names {unknown}, which are no phase-3 tasks; known: {', '.join(known)}"
+        )
+    if len(set(raw)) != len(raw):
+        raise TrainerError(f"settings: rl.tasks names a task twice: {list(raw)}")
+    return list(raw)
 
 
 def min_seq_len(rl: Mapping[str, Any]) -> int:
