@@ -65,7 +65,7 @@ def phase3(
     ] = False,
     learn_steps: Annotated[
         int, typer.Option("--learn-steps", min=2, max=10000, help="Steps of the learning run.")
-    ] = 40,
+    ] = 100,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
@@ -81,7 +81,7 @@ def phase3(
     --learn: does phase 3 learn? A run of --learn-steps steps against a warm coder model whose
     hint matters (`labctl bench make-model --kind coder --hint-matters`: it solves a task only when
     the CET's context holds the task's tag), on the tasks it was trained on; the reward of every
-    step, and its mean over the first and last 5 steps. --set wins over the run's settings.
+    step, and its mean over the first and last 10 steps. --set wins over the run's settings.
 
     Examples (the simulated lab):
 

@@ -33,16 +33,18 @@ def served_twice(name: str) -> list[dict[str, Any]]:
     return [{"name": name, "format": "hf"}, {"name": f"{name}-2", "path": name, "format": "hf"}]
 
 
-def orchestra(pinned: str, library: list[dict[str, Any]]) -> dict[str, Any]:
+def orchestra(first: str, then: str) -> dict[str, Any]:
+    """`first`'s two servers warm (one pinned, the other first in the library), `then`'s two to
+    rotate in."""
     return {
         "hosts": "m5",
         "warm": 2,
         "rotate": 1,
         "every": "4h",
         "context": 512,
-        "pinned": [pinned, f"{pinned}-2"],
+        "pinned": [first],
         "server": {"python": sys.executable, "start_timeout": 180, "stop_grace": 10, "drain_s": 1},
-        "models": library,
+        "models": served_twice(first) + served_twice(then),
     }
 
 
@@ -62,9 +64,8 @@ def coders(
         def python_sandbox(doc: dict[str, Any]) -> None:
             doc["hosts"]["irina"]["sandbox"] = {"languages": ["python"], "pool": 2}
 
-        library = served_twice(CODER) + served_twice(HINT)
-        copy = orchestra_lab(inv, tmp_path_factory.mktemp("p3l"), orchestra(CODER, library), python_sandbox)
-        (copy.parent / "learn.yaml").write_text(yaml.safe_dump(orchestra(HINT, library)))
+        copy = orchestra_lab(inv, tmp_path_factory.mktemp("p3l"), orchestra(CODER, HINT), python_sandbox)
+        (copy.parent / "learn.yaml").write_text(yaml.safe_dump(orchestra(HINT, CODER)))
         try:
             yield copy
         finally:
