@@ -59,10 +59,9 @@ DEMO_TRAIN = --set steps=60 --set batch_size_per_gpu=8 --set seq_len=64 --set mo
 
 DEMO_ORCH = inventory/examples/orchestra-sim.yaml
 # Phase 3's loop, short: 3 steps, one task each (the first three, which demo-coder was trained on),
-# answers of up to 64 tokens (a solution's length).
-DEMO_P3 = --set steps=3 --set batch_size_per_gpu=8 --set seq_len=288 --set model.d_model=64 \
-	--set model.n_layers=2 --set model.n_heads=4 --set model.d_ff=256 --set log_every=1 --set checkpoint_every=100 \
-	--set checkpoint_dir=/var/lib/labctl/train/demo-phase3 --set rl.tasks_per_step=1 --set rl.answer_tokens=64
+# answers of up to 64 tokens (a solution's length): the cpu-demo profile (`labctl train settings`).
+DEMO_P3 = --profile cpu-demo --set steps=3 --set checkpoint_every=100 \
+	--set checkpoint_dir=/var/lib/labctl/train/demo-phase3
 
 demo: install deps
 	$(BIN)/labctl sim up

@@ -319,9 +319,15 @@ ANSWERS: Dict[str, Any] = {
         "sandbox?": {"present": "bool", "path": "str", "error?": "str", "url?": "str", "token?": "str"},
     },
     "train_spawn": {"pid": "int", "pgid?": "int", "started?": "time"},
-    "train_ps": {"processes": [{"pid": "int"}], "remaining": [{"pid": "int"}], "killed?": "bool"},
+    "train_ps": {
+        "processes": [{"pid": "int"}],
+        "remaining": [{"pid": "int"}],
+        "killed?": "bool",
+        "fatal?": "str",
+    },
     "train_status": {
         "state": "str",
+        "fatal?": "str",
         "processes?": "int",
         "rc?": "int?",
         "last_event?": ({}, "null"),

@@ -30,6 +30,12 @@ def phase3(
         Optional[list[str]],
         typer.Option("--set", "-s", help="A phase-3 setting for the measured run (as `labctl train --set`)."),
     ] = None,
+    profile: Annotated[
+        Optional[str],
+        typer.Option(
+            "--profile", help="Settings for the measured run by name, e.g. cpu-demo (as `labctl train`)."
+        ),
+    ] = None,
     limit: Annotated[
         Optional[str], typer.Option("--limit", "-l", help="Train on these hosts (as `labctl train`).")
     ] = None,
@@ -76,18 +82,20 @@ def phase3(
     outside it, with the failed steps.
 
     Needs the warm set (`labctl orchestra start`) and the sandbox service (`labctl sandbox serve`);
-    the training figure runs `labctl train --phase 3` with --set/--limit/--device and rotates once.
+    the training figure runs `labctl train --phase 3` with --profile/--set/--limit/--device and
+    rotates once.
 
     --learn: does phase 3 learn? A run of --learn-steps steps against a warm coder model whose
     hint matters (`labctl bench make-model --kind coder --hint-matters`: it solves a task only when
     the CET's context holds the task's tag), on the tasks it was trained on; the reward of every
-    step, and its mean over the first and last 10 steps. --set wins over the run's settings.
+    step, and its mean over the first and last 10 steps. --set wins over the run's settings, and
+    they over --profile.
 
-    Examples (the simulated lab):
+    Examples (the simulated lab; `labctl init` writes the example files):
 
-        labctl bench phase3 -f inventory/examples/orchestra-sim.yaml --limit m5 --device cpu --set steps=10
+        labctl bench phase3 -f inventory/examples/orchestra-sim.yaml --limit m5 --device cpu --profile cpu-demo --set steps=10
 
-        labctl bench phase3 -f inventory/examples/orchestra-learn.yaml --learn --limit m5 --device cpu
+        labctl bench phase3 -f inventory/examples/orchestra-learn.yaml --learn --limit m5 --device cpu --profile cpu-demo
     """
     from labctl.output.errors import InputError
     from labctl.phase3 import bench as pb
@@ -105,7 +113,7 @@ def phase3(
             f"--only {only!r} names {unknown or 'nothing'}.",
             "Use a comma list of cycle, sandbox, training, learning.",
         )
-    args: list[str] = []
+    args: list[str] = ["--profile", profile] if profile else []
     for item in train_set or []:
         args += ["--set", item]
     if limit:
@@ -270,8 +278,14 @@ def make_model(
         ),
     ] = 8,
     seed: Annotated[
-        int, typer.Option("--seed", help="The weights' seed: the same seed writes the same model.")
-    ] = 0,
+        Optional[int],
+        typer.Option(
+            "--seed",
+            help="The weights' seed: the same seed writes the same model. Default: one made from the "
+            "model's folder name, so two names write two models and the same name the same bytes.",
+            show_default=False,
+        ),
+    ] = None,
     python: Annotated[
         Optional[str],
         typer.Option(
@@ -329,15 +343,24 @@ def make_model(
         folder = name or f"tiny-coder{'-hint' if hint_matters else ''}-{fmt}"
     else:
         folder = name or (f"tinylm-{size_gb:g}g" if fmt == "tinylm" else f"tiny-llama-{fmt}")
+    from labctl.modelload import seed_of
+
+    weights_seed = seed if seed is not None else seed_of(folder)
 
     def work(c: Context) -> Outcome:
         target = storage_host(c.inventory, host)
         library = library_root(target)
 
         def step(run: HostRun) -> HostResult:
-            args = {"models": library, "name": folder, "size_gb": size_gb, "dtype": dtype}
+            args = {
+                "models": library,
+                "name": folder,
+                "size_gb": size_gb,
+                "dtype": dtype,
+                "seed": weights_seed,
+            }
             if fmt != "tinylm":
-                args.update(format=fmt, seed=seed, python=python)
+                args.update(format=fmt, python=python)
             if kind == "coder":
                 args.update(kind=kind, hint_matters=hint_matters, tasks=tasks)
             ans = call_agent(run, "make_model", args, timeout=3600)

@@ -87,10 +87,11 @@ def install(
         period = every
         orchestra_file = None
         if job == "rotate":
-            from labctl.orchestra.spec import default_path, load_orchestra, serving_hosts
+            from labctl.orchestra.spec import default_path, load_orchestra, require_rotation, serving_hosts
 
             orchestra_file = file or default_path(c.inventory_path)
             orch = load_orchestra(orchestra_file)
+            require_rotation(orch, orchestra_file)
             serving_hosts(orch, c.inventory, orchestra_file)  # a file for another lab fails here, not at 4am
             if period is None and schedule is None:
                 period = orch.every  # the cadence lives in one place

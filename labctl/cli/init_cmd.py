@@ -1,4 +1,4 @@
-"""`labctl init [DIR]`: a starter inventory and the default playbooks, to edit."""
+"""`labctl init [DIR]`: a starter inventory, the default playbooks and the examples, to edit."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="Replace files that are already there.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write a starter inventory (DIR/inventory/lab.yaml) and the default playbooks (DIR/playbooks/).
+    """Write a starter inventory (DIR/inventory/lab.yaml), the default playbooks (DIR/playbooks/)
+    and the examples (DIR/inventory/examples/: the simulated lab's orchestras for phase 3, this
+    machine as a sandbox host).
 
     The inventory is the seed lab's (four hosts: a training host with a RAM model cache, a
     storage host, an orchestrator, a Windows workstation); make its hosts yours. In DIR,

@@ -12,8 +12,11 @@ RESUME = {
     "resumes from them.",
     "cache verify": "Run `labctl cache verify` again; a model taken out for repair is fetched again by "
     "`labctl cache sync`.",
-    "train": "The run's processes were stopped on every host. Run the same `labctl train` command again: it "
-    "resumes from the last checkpoint in its checkpoint_dir.",
+    # Before the run streamed anything (preflight, the launch): what the run wrote is unknown here.
+    # A run that was training says what it wrote instead (carry_on, from `labctl train`).
+    "train": "What the run had started was stopped on every host. Run the same `labctl train` command "
+    "again: it resumes from the newest checkpoint in its checkpoint_dir if one was written, else it "
+    "starts from step 1.",
     "facts": "Run `labctl facts` again: it only reads.",
     "status": "Run `labctl status` again: it only reads (and adds one sample to each host's history).",
     "doctor": "Run `labctl doctor` again: it only reads (its network probe stops with its session).",
@@ -21,6 +24,8 @@ RESUME = {
     "exec": "Nothing resumes by itself: run the command again where it should still happen.",
     "sim up": "Run `labctl sim up` again: it finishes from what was already made.",
 }
+# How a command that knows what it left behind carries on, set by it before it exits 130.
+_CARRY_ON: dict[str, str] = {}
 GROUPS = {"cache", "train", "bench", "sim", "inventory"}  # commands with subcommands
 VALUED = {"-i", "--inventory"}  # global options that take a value
 
@@ -48,6 +53,12 @@ def command_words(argv: Sequence[str]) -> str:
     return " ".join(words)
 
 
+def carry_on(words: str, hint: str) -> None:
+    """Say how `labctl WORDS` carries on, from what it knows it left (train: the newest checkpoint
+    its run logged), instead of what RESUME says for any run."""
+    _CARRY_ON[words] = hint
+
+
 def message(argv: Sequence[str], may_still_run: Sequence[str] = ()) -> tuple[str, str]:
     """(what was interrupted, how to carry on) for `labctl ARGV` stopped by Ctrl-C."""
     words = command_words(argv)
@@ -63,7 +74,12 @@ def message(argv: Sequence[str], may_still_run: Sequence[str] = ()) -> tuple[str
         )
     else:
         what += " What it had started on the hosts was stopped with its SSH sessions."
-    hint = RESUME.get(words) or RESUME.get(words.split(" ")[0]) or "Run the command again."
+    hint = (
+        _CARRY_ON.get(words)
+        or RESUME.get(words)
+        or RESUME.get(words.split(" ")[0])
+        or "Run the command again."
+    )
     if may_still_run:
         from labctl.transport.base import still_running_hint
 
@@ -80,6 +96,7 @@ def report(argv: Sequence[str], exc: BaseException | None) -> None:
     interrupt = _keyboard_interrupt(exc)
     still = list(getattr(interrupt, "may_still_run", ()) or ())
     what, hint = message(argv, still)
+    _CARRY_ON.clear()  # said once: a later command in this process knows its own
     json_mode = "--json" in (argv[: list(argv).index("--")] if "--" in argv else argv)
     # A command that caught Ctrl-C itself (train) has printed its own answer already.
     if json_mode and interrupt is not None:

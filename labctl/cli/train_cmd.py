@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -50,6 +50,14 @@ def train(
             "-s",
             help="Override a setting: --set steps=40, --set model.d_model=64. Repeatable. "
             "`labctl train settings` lists every setting.",
+        ),
+    ] = None,
+    profile: Annotated[
+        Optional[str],
+        typer.Option(
+            "--profile",
+            help="A named set of settings, above the phase's and below --set: cpu-demo (phase 3 sized "
+            "for CPUs). `labctl train settings` shows what each sets.",
         ),
     ] = None,
     limit: Annotated[
@@ -229,7 +237,8 @@ def train(
     the run ends "time limit reached, resumable at step N". Run the same command again to resume.
 
     A phase's settings are labctl's defaults, then the phases file's `defaults:`, then the
-    phase, then --set; `labctl train settings` lists every setting, its default and meaning.
+    phase, then --profile, then --set; `labctl train settings` lists every setting, its default
+    and meaning, and the profiles.
 
     Exit code: 0 the run finished; 75 the time limit paused it (resumable); 1 preflight refused
     or a host failed; 2 bad input; 130 Ctrl-C.
@@ -239,6 +248,8 @@ def train(
         labctl train --phase 1 --dry-run
 
         labctl train --phase 1 --limit m5,irina --device cpu --set steps=50
+
+        labctl train --phase 3 --limit m5 --device cpu --profile cpu-demo --set steps=3
 
         labctl train --phase 2 --detach && labctl train status
 
@@ -264,6 +275,7 @@ def train(
         phase=phase,
         file=file,
         sets=tuple(set_ or ()),
+        profile=profile,
         limit=limit,
         device=device.value if device else None,
         python=python,
@@ -300,6 +312,12 @@ def train(
 
     def work(c: Context) -> Outcome:
         result = run.start(c, request, None if c.json_mode else _LiveView(c))
+        from labctl.train import results
+
+        if isinstance(result, results.Attached) and result.interrupted:
+            from labctl.cli.interrupted import carry_on
+
+            carry_on("train", result.carry_on())  # what the run really wrote, for the Ctrl-C message
         return Outcome(result.to_json(), lambda: _render(c, result), result.exit_code)
 
     run_command(ctx, work, inventory, json_out, verbose)
@@ -414,7 +432,8 @@ def _print_job_preview(c: Context, result: JobPreview) -> None:
 
 @app.command("settings")
 def settings(ctx: typer.Context, json_out: JsonOpt = False) -> None:
-    """Every setting a phase takes (in the phases file or with --set): its default, an example, what it means.
+    """Every setting a phase takes (in the phases file or with --set): its default, an example, what it means;
+    then the profiles --profile takes and what each sets.
 
     Nested settings are dotted as --set takes them (model.d_model); in the file they nest
     (model: {d_model: 512}).
@@ -422,19 +441,29 @@ def settings(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     from rich.table import Table
 
     from labctl.output.console import emit_json, make_console
-    from labctl.train.phases import describe_settings
+    from labctl.train.phases import PROFILES, describe_settings
 
     rows = describe_settings()
+    profiles: list[dict[str, Any]] = [
+        {"profile": n, "meaning": m, "sets": list(sets)} for n, (m, sets) in PROFILES.items()
+    ]
     root = ctx.find_root().obj or {}
     if json_out or root.get("json"):
-        emit_json({"settings": rows})
+        emit_json({"settings": rows, "profiles": profiles})
         return
     table = Table(title="training settings (playbooks/train.yaml, --set KEY=VALUE)", title_justify="left")
     for col in ("setting", "default", "e.g.", "what it is"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(r["setting"], r["default"], r["example"], r["meaning"])
-    make_console().print(table, markup=False)
+    console = make_console()
+    console.print(table, markup=False)
+    shown = Table(title="profiles (--profile NAME; --set wins over them)", title_justify="left")
+    for col in ("profile", "sets", "what it is for"):
+        shown.add_column(col, overflow="fold")
+    for p in profiles:
+        shown.add_row(p["profile"], " ".join(p["sets"]), p["meaning"])
+    console.print(shown, markup=False)
 
 
 @app.command("status")
@@ -477,14 +506,74 @@ def _print_status(c: Context, result: RunsStatus) -> None:
         state = r.get("state", "?")
         if state == "paused" and r.get("resume_step") is not None:
             state = f"paused (resumable at step {r['resume_step']})"
+        if state == "failed" and r.get("reason"):
+            state = f"failed: {r['reason']}"
         table.add_row(
             r["run_id"],
             str(r.get("phase")),
             state,
             per_host,
-            format_event(event) if event else "",
+            format_event(event, r["run_id"]) if event else "",
         )
     c.console.print(table)
+
+
+@app.command("show")
+def show(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="A run id (see `labctl train status`).")],
+    samples: Annotated[
+        bool,
+        typer.Option(
+            "--samples",
+            help="Phase 3's samples: a model's program per step, the sandbox's exit, stderr and the "
+            "first test's output (why a reward is 0).",
+        ),
+    ] = False,
+    last: Annotated[int, typer.Option("--last", "-n", min=1, help="How many of the newest samples.")] = 3,
+    inventory: InventoryOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """One run as recorded here: its phase, state, hosts and newest event; with --samples, what the
+    models wrote in its last steps and how the sandbox ran it (attached phase-3 runs).
+
+    Examples:
+
+        labctl train show p3-20250101-120000-ab12 --samples
+
+        labctl --json train show p3-20250101-120000-ab12 --samples -n 10
+    """
+    from labctl.train import runs
+    from labctl.train.results import _last_local_event
+
+    def work(c: Context) -> Outcome:
+        root = runs.runs_dir(c.inventory_file())
+        record = runs.load(root, run_id)
+        event = _last_local_event(root / run_id / "metrics.jsonl")
+        doc: dict[str, Any] = {"run": record, "last_event": event}
+        if samples:
+            doc["samples"] = runs.samples(root, run_id, last)
+        return Outcome(doc, lambda: _print_show(c, doc))
+
+    run_command(ctx, work, inventory, json_out, verbose)
+
+
+def _print_show(c: Context, doc: dict[str, Any]) -> None:
+    from labctl.train.launch import format_event, format_sample
+
+    rec = doc["run"]
+    c.console.print(
+        f"[bold]{rec['run_id']}[/]: phase {rec.get('phase')}, {rec.get('state', '?')}, "
+        f"hosts {', '.join(rec.get('hosts') or [])}; logs {rec.get('log_dir')}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    if doc.get("last_event"):
+        c.console.print(format_event(doc["last_event"], rec["run_id"]), markup=False, soft_wrap=True)
+    for sample in doc.get("samples") or []:
+        c.console.print("")
+        c.console.print(format_sample(sample), markup=False, soft_wrap=True, highlight=False)
 
 
 @app.command("stop")

@@ -209,8 +209,16 @@ def check_nics(f: HostFound) -> list[Line]:
                               f"Correct nics: for {name} in the inventory (`ip link` lists what is there)."))  # fmt: skip
             continue
         state = n.get("operstate")
-        speed = n.get("speed_mbps") if not n.get("virtual") else None
-        text = f"{d.name} {state}, " + (f"{speed} Mbit/s" if speed else "no speed reported")
+        # The speed as `facts` shows it; a virtual NIC's (a veth, a bridge) is what its driver
+        # says, not a cable's, so it is shown as such and never held against the declared one.
+        reported = n.get("speed_mbps")
+        speed = reported if not n.get("virtual") else None
+        text = f"{d.name} {state}, " + (
+            "no speed reported"
+            if not reported
+            else f"{reported} Mbit/s"
+            + (" (virtual NIC: its driver's figure, not a link's)" if speed is None else "")
+        )
         if n.get("master") and state != "up":
             state = "up" if nics.get(str(n["master"]), {}).get("operstate") == "up" else state
         if state not in ("up", "unknown"):

@@ -1,9 +1,12 @@
-"""`labctl init`: a starter lab folder (the seed lab's inventory and the default playbooks).
+"""`labctl init`: a starter lab folder (the seed lab's inventory, the default playbooks and the
+examples a newcomer runs: the simulated lab's orchestras, this machine as a sandbox host).
 
 The files are labctl's own package data (labctl/data/), so an installed labctl writes the same
 files the repository holds, in the repository's layout: DIR/inventory/lab.yaml beside
-DIR/playbooks/. From DIR, the default inventory (inventory/lab.yaml) is then the new one, and
-the playbooks are found beside it (labctl/documents/defaults.py looks in the inventory's parent).
+DIR/playbooks/, the examples in DIR/inventory/examples/ (the paths `make demo`, `bench phase3
+--help` and the examples' own comments name). From DIR, the default inventory
+(inventory/lab.yaml) is then the new one, and the playbooks are found beside it
+(labctl/documents/defaults.py looks in the inventory's parent).
 Nothing is overwritten unless asked: with a file already there, nothing at all is written.
 """
 
@@ -26,6 +29,15 @@ FILES = [
     ("playbooks/network.yaml", "playbooks/network.yaml"),
     ("playbooks/alerts.yaml", "playbooks/alerts.yaml"),
     ("playbooks/plan.yaml", "playbooks/plan.yaml"),
+    *(
+        (f"examples/{name}", f"inventory/examples/{name}")
+        for name in (
+            "orchestra-sim.yaml",
+            "orchestra-learn.yaml",
+            "local-sandbox.yaml",
+            "sandbox-python.yaml",
+        )
+    ),
 ]
 HEADER = (
     "# Written by `labctl init`: the seed lab's inventory as a starting point. Make the hosts yours\n"
@@ -45,7 +57,7 @@ def starter_files() -> dict[str, str]:
 
 
 def write_starter(folder: Path, force: bool = False) -> list[Path]:
-    """Write the starter inventory and the default playbooks into `folder`; the paths written.
+    """Write the starter inventory, the default playbooks and the examples into `folder`; the paths written.
 
     An existing file is an InputError naming every one (nothing written) unless `force`.
     """

@@ -148,6 +148,7 @@ def choose(
         )
 
     n_auto = max(0, size - len(out)) + excess
+    swapped = n_auto
     kept = len([n for n in staying if n not in out])
     # Room for the models that must join (pinned ones first, then --in).
     n_auto = max(n_auto, must_join - (warm - kept))
@@ -158,8 +159,14 @@ def choose(
         n_auto = max(min(excess, len(pool)), n_auto - (needed - available))
         needed = warm - (kept - n_auto)
     auto = pool[:n_auto]
-    for n in auto:
-        why[n] = "over the warm size" if excess and n in pool[:excess] else "least recently rotated in"
+    making_room = _dedupe([*missing_pinned, *in_])
+    for i, n in enumerate(auto):
+        if excess and n in pool[:excess]:
+            why[n] = "over the warm size"
+        elif i < swapped:
+            why[n] = "least recently rotated in"
+        else:  # `orchestra start` swaps none but must still make room for a pinned model
+            why[n] = f"least recently rotated in, leaving room for {', '.join(making_room)}"
     leaving = _dedupe([*stale, *out, *auto])
 
     joining: list[str] = []

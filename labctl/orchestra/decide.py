@@ -33,6 +33,9 @@ class PlanStep:
     gpu_model: str
     memory_gb: float
     mode: str
+    # "declared": the inventory names this GPU and the host did not report it (no driver, the
+    # simulated lab); tables mark it so a reader does not take it for a card that was found.
+    gpu_source: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -169,10 +172,11 @@ def decide(
     choice: Choice | None
     reason = ""
     in_library = all(m["name"] in orch.names for m in current)
+    pinned_warm = set(orch.pinned) <= {m["name"] for m in current}
     if kind == "stop":
         choice = None
         warm_after: list[str] = []
-    elif kind == "start" and len(current) == orch.warm and in_library and not displaced:
+    elif kind == "start" and len(current) == orch.warm and in_library and pinned_warm and not displaced:
         choice = None
         warm_after = [m["name"] for m in current]
         reason = f"{len(current)} of {orch.warm} warm models already answer"
@@ -202,6 +206,7 @@ def decide(
             str(m.get("gpu_model") or ""),
             round(needs.get(m["name"], 0.0), 2),
             "move" if m["name"] in after.where else "gpu-gone",
+            str(m.get("gpu_source") or ""),
         )
         for m in current
         if m["name"] in displaced
@@ -216,11 +221,15 @@ def decide(
                 s.gpu,
                 g.model if g else "",
                 round(needs.get(s.model, 0.0), 2),
-                "move" if s.model in displaced else s.mode,
+                # `orchestra stop` swaps nothing: its stops have no make/break order to name.
+                "" if kind == "stop" else "move" if s.model in displaced else s.mode,
+                g.source if g else "",
             )
         )
     if not plan_steps and not reason:
         reason = "the warm set is already as planned"
+        if kind == "rotate" and orch.rotate == 0 and not (out or in_):
+            reason = "rotate is 0 in the orchestra file, so nothing rotates; the warm set is as planned"
     return RotationPlan(
         kind,
         choice,

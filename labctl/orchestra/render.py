@@ -27,14 +27,30 @@ def _when(at: float | None) -> str:
     return f"{stamp} ({fmt_age(at, now)})" if at <= now else f"{stamp} (in {fmt_duration(at - now)})"
 
 
+def gpu_cell(index: int | None, model: str | None, source: str | None) -> str:
+    """A GPU as a table shows it; one the inventory declares but the host did not report (no
+    driver, the simulated lab) is marked, so it is not taken for a card that was found."""
+    if index is None:
+        return "-"
+    text = f"{index} {model or ''}".strip()
+    return f"{text} (declared)" if source == "declared" else text
+
+
 def render_status(console: Console, st: Status) -> None:
     table = Table(title="orchestra", title_justify="left", show_edge=False, pad_edge=False)
     for col in ("host", "model", "GPU", "port", "since", "health"):
         table.add_column(col)
     for r in st.rows:
-        gpu = "-" if r.get("gpu") is None else f"{r['gpu']} {r.get('gpu_model') or ''}".strip()
+        gpu = gpu_cell(r.get("gpu"), r.get("gpu_model"), r.get("gpu_source"))
         health = "[green]answers[/]" if r["healthy"] else f"[red]{escape(str(r.get('error') or 'down'))}[/]"
-        table.add_row(r["host"], r["name"], gpu, str(r.get("port") or "-"), _when(r.get("since")), health)
+        table.add_row(
+            r["host"],
+            escape(r["name"]),
+            escape(gpu),
+            str(r.get("port") or "-"),
+            _when(r.get("since")),
+            health,
+        )
     if st.rows:
         console.print(table)
     else:
@@ -45,6 +61,13 @@ def render_status(console: Console, st: Status) -> None:
         f"RAM cache over the recorded rotations: {st.cache_hits} hits, {st.cache_misses} misses.",
         soft_wrap=True,
     )
+    if st.rows and st.pinned_not_warm:
+        names = ", ".join(st.pinned_not_warm)
+        console.print(
+            f"[yellow]pinned, not warm:[/] {escape(names)}; `labctl orchestra start` brings "
+            f"{'it' if len(st.pinned_not_warm) == 1 else 'them'} in (make-before-break).",
+            soft_wrap=True,
+        )
     for n in st.notes:
         console.print(f"[yellow]needs repair[/] {escape(n)} (the next rotation repairs it)", soft_wrap=True)
     for n in st.others:
@@ -103,8 +126,8 @@ def render_rotation(console: Console, result: RotationResult, orch: Orchestra) -
             table.add_column(col, justify="right")
     times = {(t.model, "start"): t for t in result.joined} | {(t.model, "stop"): t for t in result.left}
     for s in plan.steps:
-        gpu = "-" if s.gpu is None else f"{s.gpu} {s.gpu_model or ''}".strip()
-        row = [s.action, s.model, s.host, gpu, s.mode or ""]
+        gpu = gpu_cell(s.gpu, s.gpu_model, s.gpu_source)
+        row = [s.action, s.model, s.host, escape(gpu), s.mode or "-"]
         if not result.dry_run:
             t = times.get((s.model, s.action))
             if t is None:

@@ -291,6 +291,33 @@ def left_behind(
     return out
 
 
+def lacks_torch(text: str) -> bool:
+    """Whether a server's error or log says its interpreter has no torch."""
+    return "torch is not installed" in text or "No module named 'torch'" in text
+
+
+def failed_start_hint(kind: str, host: str, model: str, made_room: bool, torch_fix: str | None = None) -> str:
+    """The hint of a joiner that did not become healthy: what was undone, the fix, and the
+    command that was run (`kind`), to run again. `torch_fix`: where the server's interpreter
+    lacks torch, the provision command that installs it (provision_fix's text)."""
+    command = "labctl rotate" if kind == "rotate" else f"labctl orchestra {kind}"
+    undone = (
+        "Nothing was left half-started: the joining servers were stopped and the warm set is as it was"
+        + (" minus the models stopped to make room" if made_room else "")
+        + "."
+    )
+    log = f"{paths.ORCHESTRA_LOGS}/{model}.log"
+    if torch_fix is not None:
+        fix = (
+            f"labctl's model server ran with a Python that has no torch on {host}: name one that has it "
+            f"with `{command} --python PATH` or `server.python: PATH` in the orchestra file, or install "
+            f"the torch environment with {torch_fix}; then run `{command}` again."
+        )
+    else:
+        fix = f"Read {log} on {host}, fix the model or the server command, and run `{command}` again."
+    return f"{undone} {fix}"
+
+
 def _cancel() -> Any:
     import threading
 
@@ -648,13 +675,22 @@ class _Executor:
             self._commit(host)
             r = bad[0] if bad else {"model": "?", "error": "no answer"}
             tail = (r.get("log_tail") or "").strip()[-600:]
-            log = f"{paths.ORCHESTRA_LOGS}/{r['model']}.log"
+            error = str(r.get("error") or "no health answer")
+            torch_fix = None
+            if lacks_torch(f"{error}\n{tail}"):
+                from labctl.provision.hint import provision_fix
+
+                torch_fix = provision_fix(self.ctx.inventory, host, "torch_env")
             raise HostError(
-                f"{host}: {r['model']} did not become healthy: {r.get('error') or 'no health answer'}."
+                f"{host}: {r['model']} did not become healthy: {error}."
                 + (f" Its log ends:\n{tail}" if tail else ""),
-                f"Nothing was left half-started: the joining servers were stopped and the warm set is as it was"
-                f"{'' if not any(s.mode == 'break-before-make' for s in batch) else ' minus the models stopped to make room'}. "
-                f"Read {log} on {host}, fix the model or the server command, and rotate again.",
+                failed_start_hint(
+                    self.opts.kind,
+                    host,
+                    str(r["model"]),
+                    any(s.mode == "break-before-make" for s in batch),
+                    torch_fix,
+                ),
             )
         for x in started:
             r = results[x["model"]]
@@ -669,6 +705,7 @@ class _Executor:
                     "name": x["model"],
                     "gpu": s.gpu,
                     "gpu_model": s.gpu_model,
+                    "gpu_source": s.gpu_source,
                     "port": x["port"],
                     "pid": x["pid"],
                     "state": "loaded",

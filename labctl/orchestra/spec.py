@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import shlex
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
@@ -453,8 +453,13 @@ class Orchestra(Strict):
         default_factory=list,
         description="gpus: [Tesla P40] (GPU models the orchestra may use; empty = all but training's)",
     )
-    warm: int = Field(default=5, ge=1, description="warm: 5 (models kept loaded)")
-    rotate: int = Field(default=2, ge=1, description="rotate: 2 (models swapped each time, fewer than warm)")
+    # warm and rotate are checked against each other and the library in cross_checks, where the
+    # fix an error names can be one that passes (a field's own bound could only name a fixed example).
+    warm: int = Field(default=5, description="warm: 5 (models kept loaded, at most the library's)")
+    rotate: int = Field(
+        default=2,
+        description="rotate: 2 (models swapped each time, fewer than warm; 0: nothing rotates)",
+    )
     every: str = Field(default="4h", description="every: 4h (the cadence: 4h, 90m, 6h)")
     pinned: list[str] = Field(default_factory=list, description="pinned: [Llama-3.1-8B-Instruct]")
     context: int = Field(
@@ -466,13 +471,22 @@ class Orchestra(Strict):
     overhead: Overhead = Field(default_factory=lambda: Overhead())
     server: Server = Field(default_factory=lambda: Server())
     models: list[ModelEntry] = Field(
-        min_length=1, description="models: [{name: Llama-3.1-8B-Instruct, size_gb: 16.1}, ...]"
+        min_length=1,
+        description="models: [Llama-3.1-8B-Instruct, {name: Qwen2.5-Coder-7B, size_gb: 8.1}, ...]",
     )
     remote: list[RemoteTier] = Field(
         default_factory=list,
         description="remote: [{name: gpt-4o-mini, base_url: https://api.openai.com/v1, model: gpt-4o-mini, "
         "api_key_env: OPENAI_API_KEY}]",
     )
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _bare_names(cls, v: Any) -> Any:
+        # A model with nothing but a name is written as the name alone: `- Llama-3.1-8B`.
+        if isinstance(v, list):
+            return [{"name": m} if isinstance(m, str) else m for m in v]
+        return v
 
     @field_validator("every")
     @classmethod
@@ -610,13 +624,6 @@ def cross_checks(orch: Orchestra, pos: PositionedYaml) -> list[Problem]:
         if r.name in remote_first:
             problem(("remote", i, "name"), f"'{r.name}' is already remote[{remote_first[r.name]}]; keep one.")
         remote_first.setdefault(r.name, i)
-    if orch.warm > n:
-        problem(("warm",), f"warm is {orch.warm} but the library has {n} models; lower warm or add models.")
-    if orch.rotate >= orch.warm:
-        problem(
-            ("rotate",),
-            f"rotate ({orch.rotate}) must be below warm ({orch.warm}): some models stay warm while others swap.",
-        )
     seen: set[str] = set()
     for i, name in enumerate(orch.pinned):
         if name not in first:
@@ -625,17 +632,92 @@ def cross_checks(orch: Orchestra, pos: PositionedYaml) -> list[Problem]:
         elif name in seen:
             problem(("pinned", i), f"'{name}' is pinned twice; keep one.")
         seen.add(name)
-    if len(seen) > orch.warm:
+    warm, rotate, pinned = orch.warm, orch.rotate, len(seen)
+
+    def fix(*fields: str) -> str:
+        return count_fixes(warm, rotate, pinned, n, fields)
+
+    if warm < 1:
+        problem(("warm",), f"warm is {warm}: at least one model stays warm.{fix('warm')}")
+    elif warm > n:
         problem(
-            ("pinned",), f"{len(seen)} models are pinned but only {orch.warm} stay warm; pin at most warm."
+            ("warm",),
+            f"warm is {warm} but the library has {n} models; lower warm or add models.{fix('warm')}",
         )
-    elif orch.rotate > orch.warm - len(seen):
+    if rotate < 0:
+        problem(("rotate",), f"rotate is {rotate}: it counts the models swapped each time.{fix('rotate')}")
+    elif warm >= 1 and rotate >= warm:
         problem(
             ("rotate",),
-            f"rotate ({orch.rotate}) is more than the {orch.warm - len(seen)} warm models that are not pinned; "
-            "lower rotate, raise warm or pin fewer.",
+            f"rotate ({rotate}) must be below warm ({warm}): some models stay warm while others swap."
+            f"{fix('rotate', 'warm')}",
+        )
+    if warm >= 1 and pinned > warm:
+        problem(
+            ("pinned",),
+            f"{pinned} models are pinned but only {warm} stay warm; pin at most warm.{fix('warm')}",
+        )
+    elif 0 <= rotate < warm and rotate > warm - pinned:
+        problem(
+            ("rotate",),
+            f"rotate ({rotate}) is more than the {warm - pinned} warm models that are not pinned; "
+            f"lower rotate, raise warm or pin fewer.{fix('rotate', 'warm')}",
         )
     return out
+
+
+def counts_fit(warm: int, rotate: int, pinned: int, library: int) -> bool:
+    """Whether warm, rotate and the number of pinned models fit a library of `library` models."""
+    return 1 <= warm <= library and 0 <= rotate < warm and pinned <= warm and rotate <= warm - pinned
+
+
+def count_fixes(warm: int, rotate: int, pinned: int, library: int, fields: Sequence[str]) -> str:
+    """The fixes an error names (' Write `rotate: 1` or `warm: 3`.'): for each of `fields`, the value nearest the file's that
+    makes every count fit on its own; where none does, warm and rotate together. Every fix named
+    passes validation, so following one never leads to the next error."""
+    fixes = []
+    for f in fields:
+        if f == "rotate":
+            ok = [r for r in range(min(warm, library + 1)) if counts_fit(warm, r, pinned, library)]
+            if ok:
+                fixes.append(f"`rotate: {min(ok, key=lambda r: (abs(r - rotate), -r))}`")
+        else:
+            ok = [w for w in range(1, library + 1) if counts_fit(w, rotate, pinned, library)]
+            if ok:
+                fixes.append(f"`warm: {min(ok, key=lambda w: (abs(w - warm), -w))}`")
+    if not fixes:
+        ok = [w for w in range(1, library + 1) if counts_fit(w, 0, pinned, library)]
+        if not ok:
+            return ""
+        fixes.append(f"`warm: {min(ok, key=lambda w: abs(w - warm))}, rotate: 0`")
+    return " Write " + " or ".join(fixes) + "."
+
+
+def require_rotation(orch: Orchestra, path: Path) -> None:
+    """An InputError when the file rotates nothing (rotate: 0), so that scheduling its rotation
+    says so at once instead of installing a job that does nothing at every cadence."""
+    if orch.rotate != 0:
+        return
+    from labctl.documents.defaults import shown_path
+    from labctl.output.errors import InputError
+
+    n, pinned = len(orch.names), len(set(orch.pinned))
+    options = [
+        f"`warm: {w}, rotate: {r}`"
+        for w in sorted(range(1, n + 1), key=lambda w: (w != orch.warm, w))
+        for r in range(1, w)
+        if counts_fit(w, r, pinned, n)
+    ][:1]
+    fix = (
+        f"To rotate, write {options[0]} in it, then schedule again."
+        if options
+        else f"Its library of {n} cannot rotate (a swap needs a model outside the warm set): add models first."
+    )
+    raise InputError(
+        f"{shown_path(path)} says rotate: 0, so there is nothing to rotate: a scheduled `labctl rotate` "
+        f"would change nothing every {orch.every}.",
+        f"{fix} With rotate: 0 the warm set stays as `labctl orchestra start` loaded it, and needs no schedule.",
+    )
 
 
 def orchestra_error(path: Path, problems: list[Problem]) -> DocumentError:

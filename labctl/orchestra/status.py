@@ -38,6 +38,8 @@ class Status:
     schedule: dict[str, Any] = field(default_factory=dict)  # see scheduled_rotation
     # Servers on a serving machine that another lab started: said, never a problem of this lab.
     others: list[str] = field(default_factory=list)
+    # Pinned models of the file that are not warm: `orchestra start` (or `rotate`) brings them in.
+    pinned_not_warm: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> int:
@@ -55,6 +57,7 @@ class Status:
             "problems": self.notes,
             "schedule": self.schedule,
             "other_labs": self.others,
+            "pinned_not_warm": self.pinned_not_warm,
         }
 
 
@@ -124,9 +127,10 @@ def summarize(
     warm_size: int,
     schedule: dict[str, Any] | None = None,
     addresses: Sequence[str] | None = None,
+    pinned: Sequence[str] = (),
 ) -> Status:
     """Pure: the status from what the hosts answered; `schedule` from scheduled_rotation;
-    `addresses` as rotated_from_outside takes them."""
+    `addresses` as rotated_from_outside takes them; `pinned`: the file's pinned models."""
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     others: list[str] = []
@@ -142,6 +146,7 @@ def summarize(
                     "name": m["name"],
                     "gpu": m.get("gpu"),
                     "gpu_model": m.get("gpu_model"),
+                    "gpu_source": m.get("gpu_source"),
                     "port": m.get("port"),
                     "pid": m.get("pid"),
                     "since": m.get("since"),
@@ -166,7 +171,11 @@ def summarize(
     hits = sum(len(h.get("cache_hits") or []) for h in rotations)
     misses = sum(len(h.get("cache_misses") or []) for h in rotations)
     schedule = schedule if schedule is not None else scheduled_rotation([])
-    return Status(rows, last, schedule["next_at"], every_s, warm_size, hits, misses, notes, schedule, others)
+    warm_names = {r["name"] for r in rows}
+    missing = [p for p in pinned if p not in warm_names]
+    return Status(
+        rows, last, schedule["next_at"], every_s, warm_size, hits, misses, notes, schedule, others, missing
+    )
 
 
 def orchestra_status(ctx: Context, orch: Orchestra, file: Path | None = None) -> Status:
@@ -175,7 +184,7 @@ def orchestra_status(ctx: Context, orch: Orchestra, file: Path | None = None) ->
 
     views = read_views(ctx, serving_hosts(ctx, orch), orch.server.health, gpus=False)
     schedule = scheduled_rotation(list_jobs(ctx), str(file) if file else None)
-    return summarize(views, orch.every_s, orch.warm, schedule, _ip_addresses(ctx))
+    return summarize(views, orch.every_s, orch.warm, schedule, _ip_addresses(ctx), orch.pinned)
 
 
 def _ip_addresses(ctx: Context) -> list[str] | None:

@@ -59,7 +59,7 @@ def hint_coders(ctx: Context, orch: Orchestra) -> tuple[list[str], list[str], li
             f"the CET writes (warm: {', '.join(warm)}).",
             "Make one and serve it: `labctl bench make-model --kind coder --hint-matters --host STORAGE "
             "--name learn-coder`, then `labctl orchestra start -f FILE` with a file whose warm set is it "
-            "(labctl's examples/orchestra-learn.yaml).",
+            "(inventory/examples/orchestra-learn.yaml, which `labctl init` writes).",
         )
     trained: list[str] = list(files[coders[0]]["coder"]["trained"])
     for n in coders[1:]:
@@ -68,7 +68,7 @@ def hint_coders(ctx: Context, orch: Orchestra) -> tuple[list[str], list[str], li
     if not trained:
         raise InputError(
             f"The warm coder models ({', '.join(coders)}) share no trained task.",
-            "Serve coder models made with the same --seed and task count.",
+            "Serve coder models made with the same --tasks.",
         )
     return coders, others, trained
 

@@ -208,6 +208,7 @@ def run_many(
             worst = max(checked[i]["timeout"] for i in mine)
             args = {
                 "programs": [checked[i] for i in mine],
+                "lab": ctx.inventory.lab,  # the pool's containers are this lab's alone
                 "langs": specs,
                 "limits": limits.as_dict(),
                 "concurrency": concurrency,

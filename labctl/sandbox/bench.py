@@ -44,6 +44,7 @@ def bench(ctx: Context, lang: str, levels: list[int], runs: int, host: str | Non
     hello = languages.recipe(lang).hello
     args = {
         "programs": [{"lang": lang, "source": hello, "stdin": None}],
+        "lab": ctx.inventory.lab,
         "langs": {lang: spec},
         "limits": limits.as_dict(),
         "concurrency": levels,

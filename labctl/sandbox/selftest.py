@@ -127,6 +127,7 @@ def on_hosts(ctx: Context, host: str | None, lang: str | None, only: Sequence[st
     """The self-test on each sandbox host (--host, or the inventory's role `sandbox`) through
     its agent: `sandbox_run` for the attacks, `sandbox_hostcheck` around each. The languages are
     --lang's, else each host's inventory `sandbox.languages`; `only` keeps the attacks so named."""
+    from labctl.agent.sandbox import LABEL_LAB
     from labctl.hosts.agent_ship import ask_agent
     from labctl.sandbox.api import DEFAULT_POOL, host_failure, lang_spec, ready_hosts, sandbox_hosts
     from labctl.sandbox.limits import Limits
@@ -157,6 +158,7 @@ def on_hosts(ctx: Context, host: str | None, lang: str | None, only: Sequence[st
         ) -> list[dict[str, Any]]:
             args = {
                 "programs": reqs,
+                "lab": ctx.inventory.lab,
                 "langs": specs,
                 "limits": limits.as_dict(),
                 "concurrency": conc,
@@ -173,6 +175,9 @@ def on_hosts(ctx: Context, host: str | None, lang: str | None, only: Sequence[st
                 ask_agent(ctx, h, "sandbox_hostcheck", {"action": action, **args}, timeout=SETTLE_S + 60)
             )
 
-        for row in selftest(langs, run_batch, hostcheck, only=only):
+        # the host check judges this lab's containers only: another lab's runs on the same
+        # dockerd are neither left behind by this test nor its to count
+        labels = [f"{LABEL_LAB}={ctx.inventory.lab}"]
+        for row in selftest(langs, run_batch, hostcheck, labels, only=only):
             rows.append({"host": h.name, **row})
     return {"hosts": [h.name for h, _, _ in plan], "rows": rows, "escaped": len(escaped(rows))}

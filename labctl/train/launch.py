@@ -4,11 +4,14 @@ Attached runs: each host's torchrun runs under the transport's watchdog (transpo
 in its own process group, so it dies when labctl dies or the SSH session drops. Ctrl-C or a
 failed host cancels every host (SIGTERM to the group, SIGKILL after `stop_grace`), and then
 every host is asked for processes still carrying the run's id and those are stopped too: the
-run ends with a list of what remains, which should be empty.
+run ends with a list of what remains, which should be empty. A host that failed says why in the
+trainer's words (a fatal error's reason, agent/train/fatal.py; else the rank and its error line,
+train/failure.py), never with torchrun's traceback.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -19,11 +22,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from labctl.agent import paths
+from labctl.agent.train.events import SAMPLES_FILE
+from labctl.agent.train.fatal import EXIT_FATAL
 from labctl.hosts.agent_ship import agent_dir, agent_zip, call_agent
 from labctl.hosts.context import Context
 from labctl.hosts.fanout import HostResult, HostRun, fan_out
 from labctl.inventory.model import Host
 from labctl.output.errors import HostError, InputError
+from labctl.train.failure import TorchrunText, failure_line, fatal_event, fatal_line
 from labctl.train.phases import Settings
 from labctl.train.plan import Problem, plan_run
 from labctl.train.spec import RUN_ENV, LaunchSpec, NodeSpec
@@ -189,8 +195,9 @@ def _num(value: Any, fmt: str) -> str:
     return "-" if value is None else format(float(value), fmt)
 
 
-def _phase3_part(event: dict[str, Any]) -> str:
-    """Phase 3's figures of a step event: reward, code that ran, the slowest model's p95."""
+def _phase3_part(event: dict[str, Any], run_id: str | None = None) -> str:
+    """Phase 3's figures of a step event: reward, code that ran, the slowest model's p95; a
+    reward of 0 says whether any program ran, and where the step's sample shows why."""
     latency = event.get("orchestra_ms") or {}
     slowest = max((m["p95"] for m in latency.values()), default=None)
     part = f"  reward {_num(event.get('reward'), '.3f')}"
@@ -200,6 +207,7 @@ def _phase3_part(event: dict[str, Any]) -> str:
         f"  code ran {_num(event.get('exec_success_rate'), '.0%')}"
         f"  {len(latency)} models p95 {_num(slowest, ',.0f')} ms"
     )
+    part += _zero_reward_hint(event, run_id)
     if event.get("rotation_wait_s"):
         part += f"  rotation wait {event['rotation_wait_s']:.2f} s"
     if event.get("answers_failed"):
@@ -214,14 +222,27 @@ def _phase3_part(event: dict[str, Any]) -> str:
     return part
 
 
-def format_event(event: dict[str, Any]) -> str:
+def _zero_reward_hint(event: dict[str, Any], run_id: str | None) -> str:
+    """Why a reward is 0: no program ran (every test exited non-zero or timed out: a syntax
+    error, a missing import), or they ran and printed the wrong thing."""
+    if event.get("reward") != 0 or not event.get("programs_run"):
+        return ""
+    see = f"see `labctl train show {run_id or 'RUN'} --samples`"
+    n = event["programs_run"]
+    if event.get("exec_success_rate") == 0:
+        return f"  (0 of {n} program{'s' if n != 1 else ''} ran: {see})"
+    return f"  (no test passed: {see})"
+
+
+def format_event(event: dict[str, Any], run_id: str | None = None) -> str:
+    """One event as a line; `run_id` names the run in what a phase-3 step tells to run next."""
     kind = event.get("event")
     if kind == "step":
         return (
             f"step {event.get('step')}/{event.get('steps')}  loss {_num(event.get('loss'), '.4f')}  "
             f"lr {_num(event.get('lr'), '.2e')}  {_num(event.get('tokens_per_s'), ',.0f')} tok/s"
             + (f"  restart {event['restart']}" if event.get("restart") else "")
-            + (_phase3_part(event) if "reward" in event else "")
+            + (_phase3_part(event, run_id) if "reward" in event else "")
         )
     if kind == "start":
         resumed = event.get("resumed_from")
@@ -248,6 +269,37 @@ def format_event(event: dict[str, Any]) -> str:
     return json.dumps(event)
 
 
+def format_sample(sample: dict[str, Any]) -> str:
+    """Phase 3's sample of a step as a person reads it: who wrote what, and how it ran."""
+    head = f"step {sample.get('step')}: {sample.get('task')} by {sample.get('model')}"
+    if sample.get("rank"):
+        head += f" (rank {sample['rank']})"
+    lines = [head]
+    if sample.get("error") and "program" not in sample:
+        return "\n".join([*lines, f"  the answer failed: {sample['error']}"])
+    if sample.get("error"):
+        lines.append(f"  the sandbox could not run it: {sample['error']}")
+    else:
+        how = f"  passed {sample.get('passed')} of {sample.get('total')} tests"
+        if sample.get("stage") == "compile":
+            how += "; it did not compile"
+        if sample.get("timed_out"):
+            how += f"; the first {'compile' if sample.get('stage') == 'compile' else 'test'} timed out"
+        elif "exit_code" in sample:
+            what = "the compiler" if sample.get("stage") == "compile" else "the first test"
+            how += f"; {what} exited {sample['exit_code']}"
+        lines.append(how)
+    size = f"{sample.get('program_bytes')} bytes" + (", cut at answer_tokens" if sample.get("cut") else "")
+    lines.append(f"  program ({size}):")
+    lines += [f"    {ln}" for ln in str(sample.get("program") or "").splitlines() or ["(empty)"]]
+    for key in ("stderr", "stdout"):
+        text = str(sample.get(key) or "")
+        if text.strip():
+            lines.append(f"  {key}:")
+            lines += [f"    {ln}" for ln in text.splitlines()]
+    return "\n".join(lines)
+
+
 @dataclass
 class Stream:
     """Routes every host's lines: all to per-host files, rank 0's events to metrics, chosen ranks to the screen."""
@@ -259,6 +311,9 @@ class Stream:
     lock: threading.Lock = field(default_factory=threading.Lock)
     files: dict[str, IO[str]] = field(default_factory=dict)
     first_step_at: float | None = None
+    samples: IO[str] | None = None  # opened by the first sample: only phase 3 writes them
+    fatal: dict[str, str] = field(default_factory=dict)  # host -> the trainer's reason (fatal.py)
+    torchrun_text: dict[str, TorchrunText] = field(default_factory=dict)  # host -> its traceback filter
 
     def open(self, hosts: list[str]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -271,6 +326,8 @@ class Stream:
             f.close()
         if hasattr(self, "metrics"):
             self.metrics.close()
+        if self.samples is not None:
+            self.samples.close()
 
     def line(self, host: str, stream: str, text: str) -> None:
         m = RANK_LINE.match(text)
@@ -283,8 +340,21 @@ class Stream:
                 event = parsed if isinstance(parsed, dict) and "event" in parsed else None
             except ValueError:
                 event = None
+        # Any rank may stop the run for good; only rank 0 prints the other events.
+        reason = fatal_event(body.strip()) if rank is not None else None
         with self.lock:
             self.files[host].write(text + "\n")
+            if reason is not None:
+                self.fatal.setdefault(host, reason)
+                if self.show is not None:
+                    self.show(f"{host}/{rank}", fatal_line(reason), "stderr")
+                return
+            if event is not None and event.get("event") == "sample":
+                # Phase 3's sample of a step: `train show RUN --samples` reads it; too long to show.
+                if self.samples is None:
+                    self.samples = open(self.folder / SAMPLES_FILE, "a", buffering=1)  # noqa: SIM115
+                self.samples.write(json.dumps({**event, "host": host}) + "\n")
+                return
             if event is not None:
                 event = {**event, "host": host}
                 self.events.append(event)
@@ -294,7 +364,10 @@ class Stream:
             if self.show is None:
                 return
             if rank is None:
-                # torchrun's own lines: restarts, rendezvous and failures matter; its INFO chatter does not.
+                # torchrun's own lines: restarts, rendezvous and failures matter; its INFO chatter
+                # does not, nor its traceback (the trainer's own line says what went wrong).
+                if not self.torchrun_text.setdefault(host, TorchrunText()).keep(text):
+                    return
                 if any(
                     w in text
                     for w in ("ERROR", "Traceback", "Error", "WARNING", "restart", "Restart", "failed")
@@ -302,7 +375,7 @@ class Stream:
                     self.show(f"{host}/torchrun", text, "stderr")
                 return
             if self.ranks is None or rank in self.ranks:
-                self.show(f"{host}/{rank}", format_event(event) if event else body, stream)
+                self.show(f"{host}/{rank}", format_event(event, self.folder.name) if event else body, stream)
 
 
 @dataclass
@@ -313,6 +386,7 @@ class Outcome:
     interrupted: bool = False
     failed_host: str | None = None
     first_step_seconds: float | None = None
+    fatal: str | None = None  # the trainer's reason when a fatal error ended the run (fatal.py)
 
 
 def _command(spec: LaunchSpec, node: NodeSpec) -> str:
@@ -361,10 +435,8 @@ def run_attached(
             return HostResult(name, "timeout", error=f"stopped after {timeout:g} s")
         if res.rc == 0:
             return HostResult(name, "ok", rc=0)
-        tail = [ln for ln in (res.stderr or res.stdout).splitlines() if ln.strip()][-3:]
-        return HostResult(
-            name, "failed", rc=res.rc, error=f"torchrun exited {res.rc}: " + " | ".join(tail)[-400:]
-        )
+        lines = (res.stdout or "").splitlines() + (res.stderr or "").splitlines()
+        return HostResult(name, "failed", rc=res.rc, error=failure_line(res.rc, lines))
 
     interrupted = False
     try:
@@ -373,16 +445,36 @@ def run_attached(
         abort.set()
         interrupted = True
         results = []
-    remaining = stop_everywhere(ctx, spec.run_id, [by_name[n.host] for n in spec.nodes], grace, spec.log_dir)
+    checked = _ps_everywhere(ctx, spec.run_id, [by_name[n.host] for n in spec.nodes], grace, spec.log_dir)
+    # The fatal file outlives a line torchrun stopped copying before it was read.
+    fatal = {**{r.host: r.data["fatal"] for r in checked if r.ok and r.data.get("fatal")}, **stream.fatal}
+    results = [_with_reason(r, fatal.get(r.host)) for r in results]
     first = stream.first_step_at - started if stream.first_step_at else None
-    return Outcome(results, stream.events, remaining, interrupted, failed[0] if failed else None, first)
+    reason = fatal.get(failed[0]) if failed and failed[0] in fatal else next(iter(fatal.values()), None)
+    return Outcome(
+        results, stream.events, _remaining(checked), interrupted, failed[0] if failed else None, first, reason
+    )
+
+
+def _with_reason(result: HostResult, reason: str | None) -> HostResult:
+    """A failed host's row says the trainer's reason when it gave one, not torchrun's words."""
+    if reason is None or result.status != "failed":
+        return result
+    # torchrun's own exit code says only that it was ended; the trainer's says why.
+    return dataclasses.replace(result, error=fatal_line(reason), rc=EXIT_FATAL)
 
 
 def stop_everywhere(
     ctx: Context, run_id: str, hosts: list[Host], grace: int, log_dir: str | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """SIGTERM, then SIGKILL after `grace`, every process of the run on every host; what is left."""
-    results = ask_agents(
+    return _remaining(_ps_everywhere(ctx, run_id, hosts, grace, log_dir))
+
+
+def _ps_everywhere(
+    ctx: Context, run_id: str, hosts: list[Host], grace: int, log_dir: str | None
+) -> list[HostResult]:
+    return ask_agents(
         ctx,
         hosts,
         "train_ps",
@@ -390,6 +482,9 @@ def stop_everywhere(
         timeout=grace + 60,
         label="checking no process of the run remains",
     )
+
+
+def _remaining(results: list[HostResult]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         if r.ok:

@@ -6,7 +6,8 @@
       1: {name: cold_start, strategy: single_gpu_debug, batch_size_per_gpu: 2048, ...}
 
 A phase's settings are the built-in defaults, then the file's `defaults`, then the phase,
-then `--set key=value` (dotted keys reach nested settings: `--set model.d_model=64`).
+then a named profile (`--profile cpu-demo`: PROFILES), then `--set key=value` (dotted keys
+reach nested settings: `--set model.d_model=64`).
 Every error names the file, the line and the field, and exits 2.
 """
 
@@ -37,6 +38,37 @@ from labctl.transport.shell import env_name_problem, env_value_problem
 
 DEFAULT_PHASES = Path("playbooks/train.yaml")
 STRATEGIES = ("single_gpu_debug", "multi_gpu_full", "multi_gpu_conservative")
+
+# Named sets of --set values (`labctl train --profile NAME`), above the phase and below --set.
+# The seed lab's phases are sized for GPUs; on CPUs one phase-3 step of them takes minutes.
+PROFILES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "cpu-demo": (
+        "phase 3 on CPUs, a step in seconds: a tiny CET, one task a step, answers of up to 64 "
+        "tokens (`make demo`'s phase 3)",
+        (
+            "batch_size_per_gpu=8",
+            "accumulation_steps=1",
+            "seq_len=288",
+            "model.d_model=64",
+            "model.n_layers=2",
+            "model.n_heads=4",
+            "model.d_ff=256",
+            "log_every=1",
+            "rl.tasks_per_step=1",
+            "rl.answer_tokens=64",
+        ),
+    ),
+}
+
+
+def profile_sets(name: str) -> list[str]:
+    """The --set values of profile `name`; an unknown name is an InputError listing them."""
+    if name not in PROFILES:
+        raise InputError(
+            f"--profile {name}: no such profile.{did_you_mean(name, PROFILES)}",
+            f"Profiles: {', '.join(PROFILES)} (`labctl train settings` shows what each sets).",
+        )
+    return list(PROFILES[name][1])
 
 
 class _Strict(Strict):
@@ -423,14 +455,18 @@ class PhasesFile(BaseModel):
     defaults: dict[str, Any]
     phases: dict[int, dict[str, Any]]
 
-    def settings(self, phase: int, overrides: list[str] | None = None) -> Settings:
+    def settings(
+        self, phase: int, overrides: list[str] | None = None, profile: str | None = None
+    ) -> Settings:
+        """Phase `phase`'s settings: the file's, then `profile`'s (PROFILES), then `overrides` (--set)."""
+        layers = (profile_sets(profile) if profile else []) + list(overrides or [])
         if phase not in self.phases:
             raise InputError(
                 f"No phase {phase} in {self.path}.",
                 f"Phases there: {', '.join(str(p) for p in sorted(self.phases))}.",
             )
         merged = _merge(_merge({}, self.defaults), self.phases[phase])
-        for text in overrides or []:
+        for text in layers:
             merged = _merge(merged, parse_override(text))
         try:
             return Settings.model_validate(merged)
@@ -438,7 +474,9 @@ class PhasesFile(BaseModel):
             problems = problems_from(e, Settings)
             lines = "\n  ".join(f"{fld}: {msg}" for _, fld, msg in problems)
             raise InputError(
-                f"Phase {phase}'s settings (from {self.path} and --set) have problems:\n  {lines}",
+                f"Phase {phase}'s settings (from {self.path}"
+                + (f", --profile {profile}" if profile else "")
+                + f" and --set) have problems:\n  {lines}",
                 "Fix the --set values or the file.",
             ) from None
 

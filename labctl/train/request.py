@@ -157,6 +157,7 @@ class TrainRequest:
     phase: int
     file: Path | None = None  # phases file; None: playbooks/train.yaml
     sets: tuple[str, ...] = ()  # --set key=value overrides, in order
+    profile: str | None = None  # --profile: a named set of settings below --set (phases.PROFILES)
     limit: str | None = None  # hosts instead of the phase's `hosts`
     device: str | None = None  # "cuda", "cpu", "auto"; None: the phase's
     python: str | None = None

@@ -188,6 +188,7 @@ class Attached:
     first_step_seconds: float | None
     checked: dict[str, list[dict[str, Any]]]  # every host asked afterwards: its processes of the run
     log_dir: Path
+    fatal: str | None = None  # the trainer's own reason when a fatal error ended the run (no restart)
 
     @classmethod
     def from_outcome(cls, spec: LaunchSpec, outcome: Outcome, log_dir: Path) -> Attached:
@@ -200,6 +201,7 @@ class Attached:
             outcome.first_step_seconds,
             outcome.remaining,
             log_dir,
+            outcome.fatal,
         )
 
     @property
@@ -238,6 +240,26 @@ class Attached:
         return count_restarts(self.events)
 
     @property
+    def last_checkpoint(self) -> int | None:
+        """The newest step a checkpoint holds, as rank 0 logged it: one written by this run, or the
+        one it resumed from; None when the run had none to resume from and wrote none."""
+        return newest_checkpoint_step(self.events)
+
+    def carry_on(self) -> str:
+        """What running the same command again does after Ctrl-C, from what the run really wrote."""
+        step = self.last_checkpoint
+        where = self.spec.settings.get("checkpoint_dir")
+        if step is None:
+            return (
+                "The run's processes were stopped on every host. No checkpoint was written: the same "
+                "`labctl train` command starts again from step 1."
+            )
+        return (
+            "The run's processes were stopped on every host. Run the same `labctl train` command again: "
+            f"it resumes from the checkpoint of step {step}" + (f" in {where}." if where else ".")
+        )
+
+    @property
     def exit_code(self) -> int:
         if self.interrupted:
             return EXIT_INTERRUPTED
@@ -266,7 +288,21 @@ class Attached:
             "first_step_seconds": self.first_step_seconds,
             "remaining_processes": self.remaining,
             "log_dir": str(self.log_dir),
+            "reason": self.fatal,
+            "last_checkpoint": self.last_checkpoint,
         }
+
+
+def newest_checkpoint_step(events: Iterable[dict[str, Any]]) -> int | None:
+    """The newest checkpoint step among rank 0's events: "checkpoint" events and what a "start"
+    resumed from (a restart that found none says None, and an older one still counts)."""
+    steps = [
+        int(e["step"] if e.get("event") == "checkpoint" else e["resumed_from"])
+        for e in events
+        if (e.get("event") == "checkpoint" and e.get("step") is not None)
+        or (e.get("event") == "start" and e.get("resumed_from") is not None)
+    ]
+    return max(steps, default=None)
 
 
 def paused_event(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:

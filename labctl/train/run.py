@@ -29,7 +29,9 @@ from labctl.train.results import DryRun, JobFiles, JobPreview, RunsStatus, Stopp
 def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> TrainResult:
     """Preflight and plan the run, then launch it or write it down as `request.backend` does."""
     backend = backends.get(request.backend)
-    settings = load_phases(request.file, ctx.inventory_path).settings(request.phase, list(request.sets))
+    settings = load_phases(request.file, ctx.inventory_path).settings(
+        request.phase, list(request.sets), request.profile
+    )
     script = request.script
     if script is None and settings.script:
         script = Path(settings.script)
@@ -190,6 +192,9 @@ def status(ctx: Context, run_id: str | None = None) -> RunsStatus:
             if new is not None:
                 resume = [s["resume_step"] for s in host_state.values() if s.get("resume_step") is not None]
                 extra = {"resume_step": resume[0]} if new == "paused" and resume else {}
+                reason = next((s["fatal"] for s in host_state.values() if s.get("fatal")), None)
+                if new == "failed" and reason:
+                    extra["reason"] = reason  # the trainer's own words, not torchrun's exit code
                 rec = runs.update(root, rec["run_id"], state=new, **extra)
         rows.append({**rec, "host_state": host_state})
     return RunsStatus(root, rows)

@@ -3,6 +3,7 @@
     run.json        phase, hosts, each host's log folder, how it was started, its state
     <host>.log      every line the host's torchrun printed (attached runs), all ranks
     metrics.jsonl   rank 0's events (step, loss, tokens/s, checkpoints)
+    samples.jsonl   phase 3's sample per step: a model's program and how the sandbox ran it
 
 `labctl train status` and `stop` start from these records; the hosts hold the truth about
 which processes still run.
@@ -68,3 +69,32 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
     return sorted(out, key=lambda r: r.get("started", 0), reverse=True)
+
+
+def samples(root: Path, run_id: str, last: int) -> list[dict[str, Any]]:
+    """The newest `last` of phase 3's samples that rank 0 streamed here for run `run_id`."""
+    from labctl.agent.train.events import SAMPLES_FILE
+
+    record = load(root, run_id)
+    path = root / run_id / SAMPLES_FILE
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    out = []
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a run that was killed mid-write
+        if isinstance(item, dict):
+            out.append(item)
+    if not out:
+        host = (record.get("hosts") or ["HOST"])[0]
+        where = f"{record.get('log_dir') or 'RUN_FOLDER'}/{SAMPLES_FILE}"
+        raise InputError(
+            f"Run {run_id} has no samples in {path}: only phase 3 keeps them, one per step, and only "
+            "an attached run streams them here.",
+            f"A detached run's are on its first host: labctl exec -l {host} -- tail -n {last} {where}",
+        )
+    return out[-last:]

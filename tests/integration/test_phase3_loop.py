@@ -117,7 +117,12 @@ def lab(docker_images: dict[str, Any], tmp_path: Path) -> Iterator[tuple[Orchest
     (tmp_path / "token").write_text(token + "\n")
     (tmp_path / "token").chmod(0o600)
     svc = Service(
-        {"python": lang_spec("python", limits)}, limits.as_dict(), token.encode(), pool=3, concurrency=4
+        {"python": lang_spec("python", limits)},
+        limits.as_dict(),
+        token.encode(),
+        pool=3,
+        concurrency=4,
+        lab="phase3-loop-test",
     )
     httpd = Server("127.0.0.1", 0, svc)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

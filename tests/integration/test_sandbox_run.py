@@ -209,6 +209,64 @@ def test_pool_survives_between_calls_and_is_adopted(local_inv: Path) -> None:
     assert second["warm"] and second["stdout"] == "2\n"
 
 
+def _lab_inv(lab: str, folder: Path) -> Path:
+    inv = folder / f"{lab}.yaml"
+    host = {"address": "127.0.0.1", "connection": "local", "python": "/usr/bin/python3", "roles": ["sandbox"]}
+    host["sandbox"] = {"languages": ["python"], "pool": 2}
+    inv.write_text(yaml.safe_dump({"lab": lab, "hosts": {"here": host}}))
+    return inv
+
+
+def _idle_of(lab: str) -> set[str]:
+    out = subprocess.run(
+        ["docker", "ps", "--filter", f"label=labctl.lab={lab}", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {n for n in out.split() if n.startswith("labctl-sbx-")}
+
+
+def test_two_labs_on_one_dockerd_never_take_each_others_containers(
+    sandbox_images: None, tmp_path: Path
+) -> None:
+    from labctl.sandbox.api import lang_spec
+    from labctl.sandbox.limits import Limits
+
+    tag = uuid.uuid4().hex[:8]
+    lab_a, lab_b = f"lab-a-{tag}", f"lab-b-{tag}"
+    inv_a, inv_b = _lab_inv(lab_a, tmp_path), _lab_inv(lab_b, tmp_path)
+    # an idle container from before containers had a lab, of the very same pool: no lab's
+    before = f"labctl-sbx-python-{tag}"
+    labels = lang_spec("python", Limits())["config"]["Labels"]
+    subprocess.run(
+        ["docker", "run", "-d", "--name", before, *[x for k, v in labels.items() for x in ("--label", f"{k}={v}")],
+         "--user", "65534:65534", "--network", "none", "labctl-sandbox/python:latest", "sleep", "300"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    prog = {"lang": "python", "source": "print(1)"}
+    try:
+        assert run_many([prog], inventory=inv_a)[0]["stdout"] == "1\n"
+        idle_a = _idle_of(lab_a)
+        assert len(idle_a) == 2  # lab a's pool, topped up
+        # lab b finds two idle containers of the same config and one of no lab: it takes none
+        assert [r["stdout"] for r in run_many([prog] * 3, inventory=inv_b, concurrency=1)] == ["1\n"] * 3
+        assert _idle_of(lab_a) == idle_a
+        assert len(_idle_of(lab_b)) == 2 and not _idle_of(lab_b) & idle_a
+        assert not gone(before, tries=1)
+        # and lab a still finds its own, warm
+        assert run_many([prog], inventory=inv_a)[0]["warm"]
+        assert not gone(before, tries=1)
+    finally:
+        for lab in (lab_a, lab_b):
+            subprocess.run(
+                f"docker ps -aq --filter label=labctl.lab={lab} | xargs -r docker rm -f",
+                shell=True,
+                capture_output=True,
+            )
+        subprocess.run(["docker", "rm", "-f", before], capture_output=True)
+
+
 def test_unknown_language_is_an_input_error(local_inv: Path) -> None:
     proc = labctl("-i", str(local_inv), "sandbox", "run", "--lang", "cobol", "/dev/null")
     assert (
@@ -226,7 +284,7 @@ def test_a_container_whose_agent_died_mid_run_is_reaped(local_inv: Path, tmp_pat
         "from labctl.agent.sandbox.pool import Pool\n"
         "from labctl.sandbox.api import lang_spec\n"
         "from labctl.sandbox.limits import Limits\n"
-        "pool = Pool(Client(), 'python', lang_spec('python', Limits())['config'], 0)\n"
+        "pool = Pool(Client(), 'python', lang_spec('python', Limits())['config'], 0, 'l')\n"  # local_inv's lab
         "name, _ = pool.claim()\n"
         "print(name, flush=True)\n"
         "os._exit(9)\n"

@@ -28,6 +28,7 @@ from tests.conftest import ON_THIS_MACHINE, labctl
 pytestmark = [pytest.mark.integration, ON_THIS_MACHINE]
 
 RUN_LABEL = f"labctl.test=selftest-{uuid.uuid4().hex[:8]}"
+LAB = RUN_LABEL.split("=", 1)[1]  # the lab these tests run their pools as
 # Attacks known to escape the engine, name -> why: each an xfail(strict) until it is fixed, so
 # the table shows the day it is. (The nproc ulimit shared by every container of uid 65534 was
 # one: a fork bomb beside another run starved it; fixed on the engine's side.)
@@ -57,7 +58,7 @@ def _engine() -> tuple[Any, Any]:
         langs[lang] = spec
 
     def run_batch(reqs: list[dict[str, Any]], conc: int) -> list[dict[str, Any]]:
-        return run_programs(reqs, langs, limits.as_dict(), concurrency=conc, pool_size=2)
+        return run_programs(reqs, langs, limits.as_dict(), concurrency=conc, pool_size=2, lab=LAB)
 
     def check(action: str, args: dict[str, Any]) -> dict[str, Any]:
         return hostcheck.hostcheck_command({"action": action, **args})

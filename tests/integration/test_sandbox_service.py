@@ -31,7 +31,7 @@ def service(docker_images: dict[str, Any]) -> Iterator[tuple[Service, str]]:
     """python and c served on 127.0.0.1, plus go, whose image is never built here."""
     limits = Limits()
     langs = {lang: lang_spec(lang, limits) for lang in ("python", "c", "go")}
-    svc = Service(langs, limits.as_dict(), TOKEN.encode(), pool=2, concurrency=4)
+    svc = Service(langs, limits.as_dict(), TOKEN.encode(), pool=2, concurrency=4, lab="sandbox-service-test")
     httpd = Server("127.0.0.1", 0, svc)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     svc.warm()

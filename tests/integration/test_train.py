@@ -179,6 +179,29 @@ def test_a_failed_host_stops_the_others_and_nothing_is_left(lab: Any) -> None:
     assert out["remaining_processes"] == {} and run_processes(run_id) == []
 
 
+def test_a_fatal_trainer_error_ends_the_run_at_once_with_the_trainers_reason(lab: Any) -> None:
+    # Every worker refuses its device: each would refuse it again, so torchrun must not restart one.
+    before = existing_runs(lab)
+    args = train_args(lab, "--set", "max_restarts=3", "--set", "env.LABCTL_TRAIN_DEVICE=cuda")
+    started = time.monotonic()
+    proc = labctl(*args, timeout=300)
+    took = time.monotonic() - started
+    reason = "LABCTL_TRAIN_DEVICE=cuda but torch sees no CUDA device"
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 1, shown
+    assert reason in " ".join(shown.split()) and "no restart" in shown, shown
+    for noise in ("ChildFailedError", "To enable traceback", "error_file", "Traceback"):
+        assert noise not in shown, shown
+    run_id = newest_run(lab, before)
+    record = json.loads((runs_dir(lab) / run_id / "run.json").read_text())
+    assert record["state"] == "failed" and reason in record["reason"], record
+    logs = "".join((runs_dir(lab) / run_id / f"{h}.log").read_text() for h in ("m5", "irina"))
+    # One attempt: each worker said it once at most (labctl may stop a host before its worker
+    # does), and torchrun never started one again (restarts would say it 4 times on a host).
+    assert logs.count("error: " + reason) in (1, 2), logs
+    assert took < 120 and run_processes(run_id) == []
+
+
 def test_ctrl_c_leaves_no_process_of_the_run_on_any_host(lab: Any) -> None:
     before = existing_runs(lab)
     proc = start(train_args(lab, steps=100000, ckpt_every=1000))
@@ -192,7 +215,11 @@ def test_ctrl_c_leaves_no_process_of_the_run_on_any_host(lab: Any) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130
-    assert "Interrupted (Ctrl-C): `labctl train`" in stderr and "resumes from the last checkpoint" in stderr
+    assert "Interrupted (Ctrl-C): `labctl train`" in stderr
+    # checkpoint_every 1000 and the first step just logged: nothing to resume from, and it says so.
+    text = " ".join(stderr.split())
+    assert "No checkpoint was written: the same `labctl train` command starts again from step 1." in text
+    assert "resumes" not in text
     out = json.loads(stdout)
     assert out["state"] == "interrupted" and out["remaining_processes"] == {}
     assert run_processes(run_id) == []

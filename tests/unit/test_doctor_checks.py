@@ -213,3 +213,21 @@ def test_alerts_firing_are_lines_critical_fails_warning_warns_and_none_passes() 
     assert "91 °C" in lines[0].found and "alerts.yaml" in lines[0].fix
     assert statuses(check_alerts(HostFound(M5, facts([]), alerts=[])), "alerts") == [PASS]
     assert check_alerts(HostFound(M5, facts([]))) == []  # not sampled: no line
+
+
+def test_a_nics_speed_reads_as_facts_shows_it_and_a_virtual_ones_is_not_held_against_it() -> None:
+    from labctl.doctor.checks import check_nics
+    from labctl.inventory.model import NIC
+
+    host = M5.model_copy(update={"nics": [NIC(name="eth0", speed_mbps=25000)]})
+    veth = {"name": "eth0", "operstate": "up", "speed_mbps": 10000, "virtual": True, "is_bond": False}
+    (line,) = [x for x in check_nics(HostFound(host, facts([], nics=[veth]))) if x.check == "NIC"]
+    # `labctl facts` shows this NIC as "eth0 10000M up": doctor says the same speed.
+    assert "10000 Mbit/s" in line.found and "no speed reported" not in line.found
+    assert "virtual" in line.found and line.status == PASS  # a veth's figure is no cable's
+    cable = {**veth, "virtual": False}
+    (line,) = [x for x in check_nics(HostFound(host, facts([], nics=[cable]))) if x.check == "NIC"]
+    assert line.status == WARN and "10000 Mbit/s; declared 25000" in line.found
+    unknown = {**veth, "speed_mbps": None}
+    (line,) = [x for x in check_nics(HostFound(host, facts([], nics=[unknown]))) if x.check == "NIC"]
+    assert "no speed reported" in line.found

@@ -227,3 +227,42 @@ def test_write_throughput_is_reported(tmp_path: Path) -> None:
         f"\nmake_model: {answer['bytes'] / MB:.0f} MB in {seconds:.2f} s = {answer['bytes'] / seconds / MB:.0f} MB/s"
     )
     assert answer["bytes"] >= 190 * MB
+
+
+MAKE_INV = """\
+lab: t
+defaults: {connection: local}
+hosts:
+  b:
+    address: 10.0.0.2
+    roles: [storage]
+    storage: {models: MODELS}
+"""
+
+
+def _made(tmp_path: Path, library: str, name: str, *extra: str) -> str:
+    """`labctl bench make-model --name NAME` (tinylm, 1 MB) into `library`: its weights' sha256."""
+    import hashlib
+    import sys
+
+    lib = tmp_path / library
+    lib.mkdir(exist_ok=True)
+    inv = tmp_path / f"{library}.yaml"
+    inv.write_text(MAKE_INV.replace("MODELS", str(lib)))
+    argv = ["-i", str(inv), "bench", "make-model", "--size-gb", "0.001", "--name", name, *extra]
+    proc = subprocess.run(
+        [sys.executable, "-m", "labctl", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = sorted((lib / name).glob("*.safetensors"))
+    assert files
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+
+
+def test_make_model_seeds_from_the_name_unless_seed_is_given(tmp_path: Path) -> None:
+    a, b = _made(tmp_path, "lib", "demo-a"), _made(tmp_path, "lib", "demo-b")
+    assert a != b  # two names, two models: they answer differently
+    assert _made(tmp_path, "lib2", "demo-a") == a  # the same name writes the same bytes again
+    seeded = _made(tmp_path, "lib", "s-a", "--seed", "3")
+    assert _made(tmp_path, "lib", "s-b", "--seed", "3") == seeded != a
+    assert _made(tmp_path, "lib3", "demo-a", "--seed", "3") == seeded  # --seed wins over the name

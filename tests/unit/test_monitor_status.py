@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 import types
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import commands, paths
+from labctl.agent import answers, commands, paths
 from labctl.agent.monitor import status as agent_status
 
 # Recorded from `nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,compute_cap,
@@ -331,6 +332,59 @@ def test_history_skips_a_line_cut_by_a_crash(tmp_path: Path) -> None:
     assert [r["t"] for r in agent_status.update_history(str(path), rec(130.0), 130.0)] == [100.0, 130.0]
 
 
+# Lines that parse as JSON but hold what no sample can (inf, nan, a time past the year 9999, a
+# float count): each would fail the whole host's status, on the host or against the answer's shape.
+DAMAGED = [
+    '{"t": 1e999, "memory_used_bytes": 1, "gpus": []}',
+    '{"t": -1e999, "memory_used_bytes": 1, "gpus": []}',
+    '{"t": NaN, "memory_used_bytes": 1, "gpus": []}',
+    '{"t": 1e300, "memory_used_bytes": 1, "gpus": []}',
+    '{"t": true, "memory_used_bytes": 1, "gpus": []}',
+    '{"t": 105.0, "m": 1e999, "boot": "b1", "memory_used_bytes": 1, "gpus": []}',
+    '{"t": 105.0, "m": NaN, "boot": "b1", "memory_used_bytes": 1, "gpus": []}',
+    '{"t": 105.0, "m": -Infinity, "boot": "b1", "memory_used_bytes": 1, "gpus": []}',
+    '{"t": 105.0, "m": -1e300, "boot": "b1", "memory_used_bytes": 1, "gpus": []}',  # before the boot
+    '{"t": 105.0, "memory_used_bytes": 1e999, "gpus": []}',
+    '{"t": 105.0, "memory_used_bytes": 1.5, "gpus": []}',
+    '{"t": 105.0, "memory_used_bytes": 1, "gpus": [{"index": 0, "memory_used_pct": NaN}]}',
+    '{"t": 105.0, "memory_used_bytes": 1, "gpus": [{"index": 0, "utilization_pct": Infinity}]}',
+    '{"t": 105.0, "memory_used_bytes": 1, "gpus": [{"index": 1e999}]}',
+    '{"t": 105.0, "memory_used_bytes": 1, "gpus": {"0": 1}}',
+    '{"t": 105.0, "note": 1e999}',
+    '{"t": 110, "memory_us',  # cut by a crash, then appended to
+    "[" * 5000,
+]
+
+
+def test_history_skips_and_counts_lines_holding_inf_nan_or_a_time_out_of_range(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    good = [
+        dict(rec(100.0), m=900.0, boot="b1"),
+        dict(rec(110.0), gpus=[{"index": 0, "memory_used_pct": 5.0}]),
+    ]
+    path.write_text("\n".join([json.dumps(good[0]), *DAMAGED, json.dumps(good[1])]) + "\n")
+    clock = agent_status.Clock(130.0, 930.0, "b1")
+    for record in (None, rec(130.0)):  # read only, then appending
+        out = agent_status.update_history(str(path), record, 130.0, clock)
+        samples = [r for r in out if "note" not in r]
+        assert [r["t"] for r in samples] == [100.0, 110.0] + ([130.0] if record else [])
+        notes = [r["note"] for r in out if "note" in r]
+        assert notes == [f"{len(DAMAGED)} damaged line(s) of {path} skipped"]
+    assert answers.problem(answers.STATUS["history?"], samples) is None
+
+
+@pytest.mark.usefixtures("recorded_nvidia_smi")
+def test_status_answers_with_a_history_holding_1e999(history_in_tmp: Path) -> None:
+    history_in_tmp.parent.mkdir(parents=True)
+    good = json.dumps(rec(time.time() - 30))
+    history_in_tmp.write_text(f"{good}\n" + '{"t": 1e999, "memory_used_bytes": 1, "gpus": []}\n')
+    out = commands.resolve("status")({"cache_path": "/", "record": True})
+    assert len(out["history"]) == 2 and out["history_notes"] == [
+        f"1 damaged line(s) of {history_in_tmp} skipped"
+    ]
+    assert answers.answer_problem("status", out) is None
+
+
 def _write_history(path: str, t: float, barrier: Any) -> None:
     barrier.wait()
     agent_status.update_history(path, rec(t), t)
@@ -372,3 +426,17 @@ def test_a_phase3_runs_newest_window_reaches_status() -> None:
     assert (got["step"], got["reward"], got["orchestra_ms"]) == (2, None, {})
     assert "rotation_wait_s" not in agent_status.progress([json.loads(step(1, 3.0))])
     assert agent_status.progress(events[:1])["rotation_wait_s"] == 0.7
+
+
+def test_best_loss_passes_over_losses_that_are_no_number() -> None:
+    # nan, inf, an int past a float's range and true, as a run's script may log them: none is the
+    # best loss, and none may fail the host's status (best_loss is a finite number in the answer).
+    events = [
+        json.loads('{"step": 1, "loss": NaN}'),
+        {"step": 2, "loss": 2.0},
+        json.loads('{"step": 3, "loss": -1e999}'),
+        {"step": 4, "loss": -(10**400)},
+        {"step": 5, "loss": True},
+    ]
+    got = agent_status.progress(events)
+    assert (got["best_loss"], got["best_step"]) == (2.0, 2)

@@ -184,9 +184,10 @@ def test_attached_summary_of_a_finished_run() -> None:
     assert list(doc) == [
         "run_id", "phase", "state", "world_size", "hosts", "failed_host", "steps_logged", "first_step",
         "last_step", "first_loss", "last_loss", "restarts", "resumed_from", "done", "resume_step",
-        "first_step_seconds", "remaining_processes", "log_dir",
+        "first_step_seconds", "remaining_processes", "log_dir", "reason", "last_checkpoint",
     ]  # fmt: skip
     assert doc["state"] == "finished" and result.exit_code == EXIT_OK and doc["resume_step"] is None
+    assert doc["reason"] is None  # no fatal error
     assert (doc["first_step"], doc["first_loss"], doc["last_step"], doc["last_loss"]) == (5, 2.5, 10, 1.25)
     assert doc["steps_logged"] == 2 and doc["restarts"] == 1 and doc["resumed_from"] == [None, 5]
     assert doc["done"] and doc["remaining_processes"] == {} and doc["log_dir"] == "/runs/p1"
@@ -204,6 +205,10 @@ def test_attached_summary_of_failed_interrupted_and_leftover_runs() -> None:
     )
     assert failed.state == "failed" and failed.exit_code == EXIT_HOST
     assert failed.to_json()["failed_host"] == "irina"
+    fatal = Attached.from_outcome(
+        make_spec(), outcome(results=[HostResult("irina", "failed", rc=2)], fatal="no CUDA device"), Path("r")
+    )
+    assert fatal.state == "failed" and fatal.to_json()["reason"] == "no CUDA device"
     interrupted = Attached.from_outcome(make_spec(), outcome(results=[], interrupted=True), Path("r"))
     assert interrupted.state == "interrupted" and interrupted.exit_code == EXIT_INTERRUPTED
     nothing_ran = Attached.from_outcome(make_spec(), outcome(results=[], events=[]), Path("r"))

@@ -305,7 +305,10 @@ def read_line(rf: Any) -> Optional[Dict[str, Any]]:
     line = rf.readline(MAX_LINE)
     if not line:
         return None
-    doc = json.loads(line)
+    try:
+        doc = json.loads(line)
+    except RecursionError:  # malformed like any other line, not a handler thread's death
+        raise ValueError("the line is nested too deeply to parse as JSON") from None
     if not isinstance(doc, dict):
         raise ValueError("not an object")
     return doc

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import re
 import socket
@@ -38,6 +39,9 @@ HISTORY_ANSWER_S = 65 * 60.0
 # A record's wall stamp and its age by the boot clock disagreeing by more than this: the wall
 # clock was set (stepped) since. NTP's slewing stays far below it over HISTORY_KEEP_S.
 CLOCK_STEP_S = 5.0
+# The controller's bounds on a status answer's numbers (labctl/agent/answers.py).
+INT_LIMIT = 2**63
+TIME_LIMIT = 253402300800.0  # 10000-01-01
 CPU_WINDOW_S = 0.2
 LOG_TAIL_BYTES = 64 * 1024
 METRICS_TAIL_BYTES = 4 * 1024 * 1024  # enough for every logged step of a long run: best_loss needs them
@@ -148,8 +152,11 @@ def progress(events: List[Dict[str, Any]]) -> Dict[str, Any]:
         ("step", "steps", "loss", "lr", "tokens_per_s", "grad_norm", "best_loss", "best_step")
     )
     for event in events:
-        loss = event.get("loss")
-        if isinstance(loss, (int, float)) and (out["best_loss"] is None or loss < out["best_loss"]):
+        loss: Any = event.get("loss")
+        # nan, inf or an int past a float's range are no loss, and would fail the answer.
+        if not _figure(loss, "num") or not math.isfinite(float(loss)):
+            continue
+        if out["best_loss"] is None or loss < out["best_loss"]:
             out["best_loss"], out["best_step"] = float(loss), event.get("step")
     if events:
         last = events[-1]
@@ -316,23 +323,74 @@ def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
-def _read_history(path: str) -> List[Dict[str, Any]]:
+def _figure(value: Any, kind: str) -> bool:
+    """`value` is a number of `kind` ("int", "num", "time") as the controller checks a status
+    answer (labctl/agent/answers.py, which the agent does not import): finite, an int within
+    64 bits, a time between 1970 and the year 10000."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if kind == "time":
+        return math.isfinite(value) and 0 <= value < TIME_LIMIT
+    if isinstance(value, int):
+        return -INT_LIMIT <= value < INT_LIMIT
+    return kind == "num" and math.isfinite(value)
+
+
+def _sound(record: Any) -> bool:
+    """Whether a history line is a record this agent could have written: what it holds is
+    read as numbers (ages, spans, dates) and answered, so one inf, nan or stamp out of range
+    would fail the whole host's status."""
+    if not isinstance(record, dict) or not _figure(record.get("t"), "time"):
+        return False
+    if "m" in record and not _figure(record["m"], "time"):  # seconds since boot: never negative
+        return False
+    if "note" in record and not isinstance(record["note"], str):
+        return False
+    used = record.get("memory_used_bytes")
+    gpus = record.get("gpus", [])
+    if (used is not None and not _figure(used, "int")) or not isinstance(gpus, list):
+        return False
+    for g in gpus:
+        if not isinstance(g, dict):
+            return False
+        figures = (
+            (g.get("index"), "int"),
+            (g.get("memory_used_pct"), "num"),
+            (g.get("utilization_pct"), "num"),
+        )
+        if any(v is not None and not _figure(v, kind) for v, kind in figures):
+            return False
+    return True
+
+
+def _read_history(path: str) -> Tuple[List[Dict[str, Any]], int]:
     """The history's records in the order they were appended (not sorted by their stamps: a
-    clock set back makes those go back too)."""
+    clock set back makes those go back too), and how many damaged lines were skipped."""
     out: List[Dict[str, Any]] = []
+    damaged = 0
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError:
-        return out
-    for line in data.decode("utf-8", "replace").splitlines():
+        return out, damaged
+    lines = data.decode("utf-8", "replace").splitlines()
+    # A last line with no newline yet may be a write in progress (reading only takes no lock):
+    # skipped like a cut one, but not counted.
+    last = len(lines) - 1 if not data.endswith(b"\n") else len(lines)
+    for i, line in enumerate(lines):
         try:
             record = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash or a full disk: skip it, keep the rest
-        if isinstance(record, dict) and isinstance(record.get("t"), (int, float)):
+        except (ValueError, RecursionError):
+            record = None  # a line cut by a crash or a full disk: skip it, keep the rest
+        if _sound(record):
             out.append(record)
-    return out
+        elif line.strip() and i != last:
+            damaged += 1
+    return out, damaged
+
+
+def _damaged_note(path: str, damaged: int) -> List[str]:
+    return [f"{damaged} damaged line(s) of {path} skipped"] if damaged else []
 
 
 def _settle(records: List[Dict[str, Any]], clock: Clock) -> Tuple[List[Dict[str, Any]], List[str], bool]:
@@ -393,14 +451,16 @@ def update_history(
     Notes on a clock that was set (see _settle) come among the records as {"t", "note"}."""
     clock = clock or Clock(now)
     if record is None:
-        records, notes, _ = _settle(_read_history(path), clock)
-        return _answer(records, notes, clock)
+        history, damaged = _read_history(path)
+        records, notes, _ = _settle(history, clock)
+        return _answer(records, notes + _damaged_note(path, damaged), clock)
     record = clock.stamp(record)
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     with open(os.path.join(folder, "history.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        records, notes, rewrite = _settle(_read_history(path), clock)
+        history, damaged = _read_history(path)
+        records, notes, rewrite = _settle(history, clock)
         added = [clock.stamp({"t": clock.wall, "note": n}) for n in notes]
         samples = [r for r in records if "note" not in r]
         if added or not samples or clock.age(samples[-1]) >= HISTORY_EVERY_S:
@@ -413,7 +473,8 @@ def update_history(
             records += added
             with open(path, "a") as f:
                 f.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in added))
-    return _answer(records, [], clock)
+    # Said on every answer, not kept as a note: the lines stay until the next rewrite drops them.
+    return _answer(records, _damaged_note(path, damaged), clock)
 
 
 def _answer(records: List[Dict[str, Any]], notes: List[str], clock: Clock) -> List[Dict[str, Any]]:

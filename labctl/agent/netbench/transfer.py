@@ -45,7 +45,10 @@ def _read_line(sock: socket.socket) -> Tuple[Optional[Dict[str, Any]], bytes]:
         if len(buf) > MAX_LINE and b"\n" not in buf:
             raise ValueError("line too long")
     line, _, rest = buf.partition(b"\n")
-    doc = json.loads(line)
+    try:
+        doc = json.loads(line)
+    except RecursionError:  # malformed like any other line, not a handler thread's death
+        raise ValueError("the line is nested too deeply to parse as JSON") from None
     if not isinstance(doc, dict):
         raise ValueError("not an object")
     return doc, rest

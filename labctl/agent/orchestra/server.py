@@ -104,6 +104,13 @@ class Handler(JsonHandler):
     def model(self) -> ServedModel:
         return cast(Server, self.server).model
 
+    def _error_doc(self, status: int, message: str) -> Dict[str, Any]:
+        if not self.path.startswith("/v1/"):
+            return {"error": message}
+        if status >= 500:
+            return openai_api.error_doc(message, "server_error")
+        return ApiError(status, message).doc()
+
     def do_GET(self) -> None:
         route = self.path.split("?", 1)[0]
         model = self.model

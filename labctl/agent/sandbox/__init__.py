@@ -12,6 +12,7 @@ language, `labctl-sandbox/LANG:latest`, labelled with its recipe's hash and its 
 IMAGE_PREFIX = "labctl-sandbox/"
 LABEL_RECIPE = "labctl.recipe"
 LABEL_LANG = "labctl.lang"
+LABEL_LAB = "labctl.lab"  # a pool container's lab: the inventory's lab name
 
 
 def image_name(lang: str) -> str:

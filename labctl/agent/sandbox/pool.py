@@ -5,6 +5,12 @@ The pool lives in Docker, not in this process: idle containers carry the pool's 
 `labctl-sbx-LANG-` name, so the next agent call (another process) adopts them as they are.
 A claimed container is recorded with the claiming agent's process; a container whose agent
 died mid-run (killed, its SSH session gone) is killed by the next agent that opens a pool.
+
+Every container carries its lab (`labctl.lab`, the inventory's lab name): labs whose sandbox
+hosts share one dockerd never claim, count, reap or kill each other's containers. Containers
+from before that label belong to no lab that can be told, so no lab touches them either: one
+might be a lab's that still runs an older labctl, which would refill what another lab killed,
+over and over. They are removed by hand once (README, `labctl sandbox`).
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import fcntl
 import os
 import threading
 import uuid
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import paths
+from ..errors import AgentError
+from . import LABEL_LAB
 from .docker import Client, DockerError
 
 RUN_PREFIX = "labctl-run-"
@@ -95,18 +103,39 @@ def _forget(name: str) -> None:
         pass
 
 
-def reap_orphans(client: Client) -> List[str]:
-    """Kill claimed containers whose agent is gone (its run can never finish or be released);
-    drop records whose container is gone. Call under _CLAIM. The names killed."""
-    running: Set[str] = set()
+def check_lab(lab: object) -> str:
+    """The lab a pool belongs to: its containers are labelled with it and only it."""
+    if not isinstance(lab, str) or not lab:
+        raise AgentError(
+            "lab is required: the inventory's lab name (sandbox containers are labelled with it)", "bad_args"
+        )
+    return lab
+
+
+def _names(c: Dict[str, Any]) -> List[str]:
+    return [n.lstrip("/") for n in c.get("Names") or []]
+
+
+def _owner(c: Dict[str, Any]) -> Optional[str]:
+    """The lab a listed container belongs to; None for one made before containers had a lab."""
+    return (c.get("Labels") or {}).get(LABEL_LAB)
+
+
+def reap_orphans(client: Client, lab: str) -> List[str]:
+    """Kill this lab's claimed containers whose agent is gone (its run can never finish or be
+    released); drop records whose container is gone. Another lab's containers and records, and
+    those of no lab, are not this lab's to judge. Call under _CLAIM. The names killed."""
+    running: Dict[str, Optional[str]] = {}  # a claimed container's name -> its lab
     for c in client.list(["labctl.sandbox=1"]):
-        running.update(n.lstrip("/") for n in c.get("Names") or [] if n.lstrip("/").startswith(RUN_PREFIX))
+        running.update((n, _owner(c)) for n in _names(c) if n.startswith(RUN_PREFIX))
     killed: List[str] = []
     try:
         names = [n for n in os.listdir(paths.SANDBOX_RUN_DIR) if n.startswith(RUN_PREFIX)]
     except OSError:
         return killed
     for name in names:
+        if name in running and running[name] != lab:
+            continue
         try:
             with open(_record_path(name)) as f:
                 record = f.read()
@@ -123,10 +152,12 @@ def reap_orphans(client: Client) -> List[str]:
 
 
 class Pool:
-    def __init__(self, client: Client, lang: str, config: Dict[str, Any], size: int) -> None:
+    def __init__(self, client: Client, lang: str, config: Dict[str, Any], size: int, lab: str) -> None:
         self.client = client
         self.lang = lang
-        self.config = config
+        self.lab = check_lab(lab)
+        # the controller's config names no lab: the same limits make the same pool in every lab
+        self.config = dict(config, Labels=dict(config["Labels"], **{LABEL_LAB: lab}))
         self.size = max(0, size)
         self.pool_id = str(config["Labels"]["labctl.pool"])
         self.prefix = f"labctl-sbx-{lang}-"
@@ -137,19 +168,24 @@ class Pool:
         self.errors: List[str] = []
         self.reaped: List[str] = []
 
+    def filters(self) -> List[str]:
+        """The labels of this pool's containers: its config's, in this lab."""
+        return [f"labctl.pool={self.pool_id}", f"labctl.lang={self.lang}", f"{LABEL_LAB}={self.lab}"]
+
     def _listed(self) -> List[str]:
-        names = []
-        for c in self.client.list([f"labctl.pool={self.pool_id}", f"labctl.lang={self.lang}"]):
-            for n in c.get("Names") or []:
-                if n.lstrip("/").startswith(self.prefix):
-                    names.append(n.lstrip("/"))
+        names: List[str] = []
+        for c in self.client.list(self.filters()):
+            # dockerd filtered on the labels already; checked again here because claiming
+            # another lab's container is the one mistake this must never make
+            if _owner(c) == self.lab:
+                names.extend(n for n in _names(c) if n.startswith(self.prefix))
         return names
 
     def open(self) -> None:
-        """Reap what dead agents left claimed, adopt the idle containers Docker already holds,
-        and top the pool up to `size`."""
+        """Reap what this lab's dead agents left claimed, adopt this lab's idle containers Docker
+        already holds, and top the pool up to `size`."""
         with _CLAIM:
-            self.reaped = reap_orphans(self.client)
+            self.reaped = reap_orphans(self.client, self.lab)
             idle = self._listed()
         with self.lock:
             self.idle = idle

@@ -22,7 +22,7 @@ from .. import paths
 from ..argspec import Opt, Or, takes
 from ..errors import AgentError
 from .docker import Client, DockerError, oom_kills
-from .pool import Pool
+from .pool import Pool, check_lab
 
 PUT_CMD = ["sh", "-c", 'cat > "$1"', "sh"]
 PUT_TIMEOUT = 10.0
@@ -74,10 +74,11 @@ def _outcome(
 
 
 class _Pools:
-    def __init__(self, client: Client, langs: Dict[str, Dict[str, Any]], size: int) -> None:
+    def __init__(self, client: Client, langs: Dict[str, Dict[str, Any]], size: int, lab: str) -> None:
         self.client = client
         self.langs = langs
         self.size = size
+        self.lab = check_lab(lab)
         self.pools: Dict[str, Pool] = {}
         self.lock = threading.Lock()
 
@@ -85,7 +86,9 @@ class _Pools:
         with self.lock:
             pool = self.pools.get(lang)
             if pool is None:
-                pool = self.pools[lang] = Pool(self.client, lang, self.langs[lang]["config"], self.size)
+                pool = self.pools[lang] = Pool(
+                    self.client, lang, self.langs[lang]["config"], self.size, self.lab
+                )
                 pool.open()
             return pool
 
@@ -253,17 +256,20 @@ def run_programs(
     concurrency: int = 8,
     pool_size: int = 4,
     client: Optional[Client] = None,
+    *,
+    lab: str,
 ) -> List[Dict[str, Any]]:
     """Run every program (dicts: lang, source, stdin, timeout, memory_mb) at most `concurrency`
-    at a time in the warm pool; results in the programs' order. Waits for the background kills
-    and refills before it returns, so the pool holds `pool_size` idle containers afterwards."""
+    at a time in the warm pool of `lab`; results in the programs' order. Waits for the background
+    kills and refills before it returns, so the pool holds `pool_size` idle containers afterwards."""
+    check_lab(lab)
     client = client or Client()
     if not client.available():
         raise AgentError(f"no Docker socket at {client.path}: is dockerd installed and running?", "no_docker")
     for p in programs:
         if p.get("lang") not in langs:
             raise AgentError(f"no sandbox config for language {p.get('lang')!r}", "bad_args")
-    pools = _Pools(client, langs, pool_size)
+    pools = _Pools(client, langs, pool_size, lab)
     try:
         for lang in sorted({p["lang"] for p in programs}):
             pools.get(lang)
@@ -284,8 +290,9 @@ def run_programs(
         pools.wait()
 
 
-# What sandbox_run and sandbox_bench both take: the programs, each language's spec, the limits.
-_PROGRAMS = {"programs": list, "langs": dict, "limits": dict}
+# What sandbox_run and sandbox_bench both take: the programs, each language's spec, the limits,
+# and the lab whose pool runs them (the inventory's lab name).
+_PROGRAMS = {"programs": list, "langs": dict, "limits": dict, "lab": str}
 
 
 def _args(args: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Dict[str, Any], Dict[str, Any]]:
@@ -300,7 +307,7 @@ def _args(args: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Dict[str, Any], D
 @takes(**_PROGRAMS, concurrency=Or(int, 8), pool=Or(int, 4))
 def run_command(args: Dict[str, Any]) -> Dict[str, Any]:
     programs, langs, limits = _args(args)
-    results = run_programs(programs, langs, limits, args["concurrency"], args["pool"])
+    results = run_programs(programs, langs, limits, args["concurrency"], args["pool"], lab=args["lab"])
     return {"results": results}
 
 
@@ -340,10 +347,10 @@ def bench_command(args: Dict[str, Any]) -> Dict[str, Any]:
     rows = []
     for conc in [int(c) for c in args["concurrency"]]:
         # warm-up: the pool fills to `conc` idle containers before the clock starts
-        run_programs(programs[:1], langs, limits, 1, conc, client)
+        run_programs(programs[:1], langs, limits, 1, conc, client, lab=args["lab"])
         progs = [dict(programs[0]) for _ in range(runs)]
         t0 = time.monotonic()
-        res = run_programs(progs, langs, limits, conc, conc, client)
+        res = run_programs(progs, langs, limits, conc, conc, client, lab=args["lab"])
         took = time.monotonic() - t0
         bad = sum(1 for r in res if r["exit_code"] != 0 or r["stdout"].strip() != expect)
         pool = _stats([r["latency_ms"] for r in res], took, bad)

@@ -22,6 +22,7 @@ from ..argspec import Opt, takes
 from ..errors import AgentError
 from ..fsutil import write_atomic, write_json
 from ..launch import IMPORT_ROOT, port_state, start_detached
+from .pool import check_lab
 
 MODULE = "labctl.agent.sandbox.service"
 TAGS = ("LABCTL_LAB", "LABCTL_HOST", "LABCTL_SANDBOX_PORT", "LABCTL_SANDBOX_CONFIG")
@@ -119,8 +120,9 @@ def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
     Idempotent: a service already running with this config is left as it is; one with
     another config is stopped and started again with this one.
     """
-    lab, host = args["lab"], args["host"]
-    config = {k: args[k] for k in ("bind", "port", "langs", "limits", "pool", "concurrency")}
+    lab, host = check_lab(args["lab"]), args["host"]
+    # the lab too: the service's pools hold that lab's containers only
+    config = {k: args[k] for k in ("lab", "bind", "port", "langs", "limits", "pool", "concurrency")}
     config["token_file"] = paths.SANDBOX_TOKEN
     token_made = ensure_token()
     before = _running(lab, host)

@@ -100,12 +100,14 @@ class Service:
         pool: int = 4,
         concurrency: int = 8,
         client: Optional[Client] = None,
+        *,
+        lab: str,
     ) -> None:
         self.langs = langs
         self.limits = limits
         self.token = token
         self.client = client or Client()
-        self.pools = _Pools(self.client, langs, pool)
+        self.pools = _Pools(self.client, langs, pool, lab)
         self.workers = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="sandbox")
         self.state = "warming"
         self.lang_state: Dict[str, str] = {lang: "warming" for lang in langs}
@@ -254,7 +256,7 @@ def _stop(signum: int, frame: Any) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labctl.agent.sandbox.service", description=__doc__)
     parser.add_argument(
-        "--config", required=True, help="JSON: bind, port, token_file, langs, limits, pool, concurrency"
+        "--config", required=True, help="JSON: lab, bind, port, token_file, langs, limits, pool, concurrency"
     )
     args = parser.parse_args(argv)
     with open(args.config) as f:
@@ -264,9 +266,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (AgentError, OSError) as exc:
         sys.stderr.write(f"sandbox service: {getattr(exc, 'message', None) or exc}\n")
         return 1
-    service = Service(
-        cfg["langs"], cfg["limits"], token, int(cfg.get("pool", 4)), int(cfg.get("concurrency", 8))
-    )
+    try:
+        service = Service(
+            cfg["langs"],
+            cfg["limits"],
+            token,
+            int(cfg.get("pool", 4)),
+            int(cfg.get("concurrency", 8)),
+            lab=cfg.get("lab"),
+        )
+    except AgentError as exc:
+        sys.stderr.write(f"sandbox service: {args.config}: {exc.message}\n")
+        return 1
     try:
         httpd = Server(cfg.get("bind") or "0.0.0.0", int(cfg["port"]), service)
     except OSError as exc:

@@ -1,4 +1,5 @@
-"""Where rank 0's events go: JSON lines on stdout and in metrics_path, TensorBoard scalars beside it.
+"""Where rank 0's events go: JSON lines on stdout and in metrics_path, TensorBoard scalars beside it,
+phase 3's samples (what a model wrote and how it ran) in samples.jsonl beside it.
 
 TensorBoard is optional (the `tensorboard` extra): where torch.utils.tensorboard cannot be
 imported the trainer writes exactly what it wrote before, and nothing fails.
@@ -23,6 +24,7 @@ SCALARS = (
     ("rotation_wait_s", "phase3/rotation_wait_s"),
     ("policy_loss", "phase3/policy_loss"),
 )
+SAMPLES_FILE = "samples.jsonl"  # beside metrics.jsonl: phase 3's sample per step
 TENSORBOARD_DIR = "tensorboard"  # beside metrics.jsonl, so one `tensorboard --logdir RUNS` sees every run
 FLUSH_SECONDS = 10  # a watching TensorBoard lags the run by at most this
 
@@ -52,6 +54,7 @@ class EventLog:
         self.tensorboard: Any = None
         self.tensorboard_dir: Optional[str] = None
         self.note: Optional[str] = None  # for the start event's notes
+        self.samples_path: Optional[str] = None
 
     def open(self, metrics_path: Optional[str]) -> None:
         """Open metrics_path for appending and, where TensorBoard is importable, an event file beside it."""
@@ -60,6 +63,7 @@ class EventLog:
         parent = os.path.dirname(os.path.abspath(metrics_path))
         os.makedirs(parent, exist_ok=True)
         self.metrics = open(metrics_path, "a")  # noqa: SIM115 (open for the whole run, closed by close())
+        self.samples_path = os.path.join(parent, SAMPLES_FILE)
         writer, self.note = tensorboard_writer_class()
         if writer is not None:
             self.tensorboard_dir = os.path.join(parent, TENSORBOARD_DIR)
@@ -85,6 +89,19 @@ class EventLog:
                     self.tensorboard.add_scalar(
                         f"phase3/latency_{q}_ms/{model}", ms[q], global_step=event["step"]
                     )
+
+    def sample(self, sample: Dict[str, Any]) -> None:
+        """A phase-3 sample: a {"event": "sample"} line on stdout (the controller keeps it in the
+        run's samples.jsonl) and in samples.jsonl beside metrics_path, never in metrics.jsonl: a
+        sample is kilobytes, and what reads the metrics reads numbers."""
+        if not self.active:
+            return
+        line = json.dumps({"event": "sample", **sample}) + "\n"
+        self.out.write(line)
+        self.out.flush()
+        if self.samples_path is not None:
+            with open(self.samples_path, "a") as f:
+                f.write(line)
 
     def close(self) -> None:
         if self.tensorboard is not None:

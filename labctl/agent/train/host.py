@@ -21,6 +21,7 @@ from ..fsutil import write_json
 from ..gpus import GpuQueryError, gather_gpus
 from ..launch import IMPORT_ROOT, port_state, torch_python
 from ..nics import gather_nics
+from . import fatal
 
 TORCH_PROBE_TIMEOUT_S = 180.0
 
@@ -245,11 +246,24 @@ def ps_command(args: Dict[str, Any]) -> Dict[str, Any]:
     if not run_id:
         raise AgentError("run_id is required", "bad_args")
     found = run_processes(run_id, host)
-    if not args["stop"] or not found:
-        return {"processes": found, "stopped": [], "remaining": found}
-    killed, left = procs.terminate(found, lambda: run_processes(run_id, host), args["grace"])
-    _mark_stopped(_log_dir(args))
-    return {"processes": found, "stopped": found, "killed": bool(killed), "remaining": left}
+    log_dir = _log_dir(args)
+    out: Dict[str, Any] = {"processes": found, "stopped": [], "remaining": found}
+    if args["stop"] and found:
+        killed, left = procs.terminate(found, lambda: run_processes(run_id, host), args["grace"])
+        _mark_stopped(log_dir)
+        out.update(stopped=found, killed=bool(killed), remaining=left)
+    reason = _fatal_reason(log_dir)
+    if reason is not None:
+        out["fatal"] = reason
+    return out
+
+
+def _fatal_reason(log_dir: str) -> Optional[str]:
+    """The trainer's own reason when a fatal error ended the run here (fatal.py), else None."""
+    if not log_dir:
+        return None
+    doc = fatal.read(log_dir)
+    return str(doc["reason"]) if doc is not None else None
 
 
 def _log_dir(args: Dict[str, Any]) -> str:
@@ -338,6 +352,11 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
         out["state"] = "gone"  # no process, no exit code: killed from outside, or the host rebooted
     else:
         out["state"] = "unknown"
+    reason = _fatal_reason(log_dir)
+    if reason is not None and out["state"] != "stopped":
+        # torchrun was ended by the trainer itself: its exit code says nothing, the reason does.
+        out["state"] = "failed"
+        out["fatal"] = reason
     out["last_event"] = _last_event(os.path.join(log_dir, "console.log"))
     last = out["last_event"] or {}
     if out["state"] == "finished" and last.get("event") == "paused":

@@ -102,6 +102,8 @@ class StepLoop(TrainerSetup):
             )
 
         rolls = self.phase3.rollouts(step, sample, self.seq_len)
+        if self.phase3.sample is not None:
+            self.metrics.sample(self.phase3.sample)
         return rl_batch(rolls, self.seq_len, self.device)
 
     def _step_with_retry(self, step: int) -> Any:

@@ -33,6 +33,10 @@ class Metrics:
         """A JSON line on stdout and in metrics_path (and TensorBoard scalars), from rank 0 only."""
         self.events.write(event)
 
+    def sample(self, sample: Dict[str, Any]) -> None:
+        """Phase 3's sample of a step (phase3.pick_sample), from rank 0 only."""
+        self.events.sample(sample)
+
     def start_clock(self, step: int) -> None:
         """Training begins after `step` (0, or the step resumed from): the clock starts now."""
         self.t0 = time.perf_counter()

@@ -57,6 +57,10 @@ __all__ = [
 ]
 
 ASK_WORKERS = 32  # the most contexts asked at once (each one asks every warm model)
+# A step's sample (samples.jsonl) is read by a person: a program and its output past these sizes
+# tell no more, and a run of thousands of steps keeps its samples file small.
+SAMPLE_PROGRAM_BYTES = 4096
+SAMPLE_OUTPUT_BYTES = 2048
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -176,6 +180,7 @@ class Phase3:
         self.unjudged_steps = 0  # steps in a row with nothing judged
         self._unjudged_why: Dict[str, str] = {}  # what went wrong in them: source -> its last error
         self.window = Window()
+        self.sample: Optional[Dict[str, Any]] = None  # the last step's sample (pick_sample)
         self._budget_checked: set = set()  # models whose caps and context were checked
         self.remote = RemoteUse()  # the remote tiers' share of the tries, and their spend and budget
         if endpoints is None or ask is None:
@@ -267,6 +272,8 @@ class Phase3:
         why: Dict[str, str] = {f"remote tier {t}": w for t, w in used["skipped"].items()}
         programs: List[Dict[str, Any]] = []
         owners: List[Rollout] = []
+        answered: List[Any] = []  # each program's answer
+        failed: List[Tuple[Rollout, Any]] = []
         for r in rolls:
             for a in r.answers:
                 if a.retried:
@@ -275,6 +282,7 @@ class Phase3:
                 if not a.ok:
                     self.window.answers_failed += 1
                     self.window.answer_errors[a.name] = why[f"answer from {a.name}"] = str(a.error)[:200]
+                    failed.append((r, a))
                     continue
                 if getattr(a, "finish_reason", None) == "length":
                     self.window.answers_cut += 1  # run all the same: a program may end before the cut
@@ -284,6 +292,7 @@ class Phase3:
                 prog["timeout"] = rl["timeout_s"]
                 programs.append(prog)
                 owners.append(r)
+                answered.append(a)
         # The same program for the same task runs once: a group's contexts, and models that agree,
         # often bring back the same code, and its tests' outcome is the program's, not the asker's.
         first: Dict[str, int] = {}
@@ -299,6 +308,11 @@ class Phase3:
         for i, k in enumerate(which):
             if k < len(ran):
                 owners[i].results.append(ran[k])
+        tried = [
+            (owners[i], answered[i], programs[i], ran[k] if k < len(ran) else None)
+            for i, k in enumerate(which)
+        ]
+        self.sample = pick_sample(step, self.rank, tried, failed)
         for r in rolls:
             judged = []
             for x in r.results:
@@ -403,6 +417,68 @@ class Phase3:
                 f"phase 3: nothing was judged for {self.unjudged_steps} steps in a row "
                 f"(rl.max_unjudged_steps is {limit}), so no reward teaches the CET; last errors: {seen}"
             )
+
+
+def pick_sample(
+    step: int,
+    rank: int,
+    tried: List[Tuple[Rollout, Any, Dict[str, Any], Optional[Dict[str, Any]]]],
+    failed: List[Tuple[Rollout, Any]],
+) -> Optional[Dict[str, Any]]:
+    """One of the step's tries as a person reads it (samples.jsonl): the model, its program, how
+    the sandbox ran it, the first test's output. The try that explains the reward best: the
+    judged program that passed least (the first one that passed nothing, when the reward is 0),
+    else one the sandbox could not run, else an answer that failed; None when nothing was asked.
+    `tried`: (try, answer, program, its result or None) per program, in the order they ran."""
+    ran = [(r, a, p, x) for r, a, p, x in tried if x is not None]
+    judged = [t for t in ran if "error" not in t[3]]
+    pick: Optional[Tuple[Rollout, Any, Dict[str, Any], Dict[str, Any]]] = None
+    if judged:
+        pick = min(judged, key=lambda t: t[3]["passed"] / t[3]["total"] if t[3].get("total") else 1.0)
+    elif ran:
+        pick = ran[0]
+    if pick is None:
+        if not failed:
+            return None
+        r, a = failed[0]
+        return {
+            "step": step,
+            "rank": rank,
+            "task": r.task.name,
+            "model": a.answered_by,
+            "error": _clip(str(a.error), SAMPLE_OUTPUT_BYTES),
+        }
+    r, a, prog, result = pick
+    source = str(prog.get("source") or "")
+    out: Dict[str, Any] = {
+        "step": step,
+        "rank": rank,
+        "task": r.task.name,
+        "model": a.answered_by,
+        "program": _clip(source, SAMPLE_PROGRAM_BYTES),
+        "program_bytes": len(source.encode("utf-8")),
+        "cut": getattr(a, "finish_reason", None) == "length",
+    }
+    if "error" in result:
+        out["error"] = _clip(str(result["error"]), SAMPLE_OUTPUT_BYTES)
+        return out
+    out.update(passed=result.get("passed"), total=result.get("total"), stage=result.get("stage", "run"))
+    # A program that did not compile ran no test: the compiler's exit and output say why.
+    first = result.get("compile") if result.get("stage") == "compile" else (result.get("tests") or [None])[0]
+    if isinstance(first, dict):
+        out["exit_code"] = first.get("exit_code")
+        out["timed_out"] = bool(first.get("timed_out"))
+        out["stdout"] = _clip(str(first.get("stdout") or ""), SAMPLE_OUTPUT_BYTES)
+        out["stderr"] = _clip(str(first.get("stderr") or ""), SAMPLE_OUTPUT_BYTES)
+    return out
+
+
+def _clip(text: str, limit: int) -> str:
+    """`text` within `limit` bytes of UTF-8, saying how much was left out."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", "ignore") + f"\n[... {len(data) - limit} more bytes]"
 
 
 def _program_key(program: Dict[str, Any]) -> str:

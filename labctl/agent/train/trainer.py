@@ -14,7 +14,8 @@ Rank 0 prints one JSON object per line on stdout, each with an "event" key: "sta
 `time_limit` ended the run before its last step, "paused" (limit.py), and
 appends the same lines to `metrics_path`; where TensorBoard is installed it also writes the
 step events' scalars to event files beside it (events.py). Other ranks print nothing
-on stdout. A failure is one line on stderr ("labctl trainer: error: ...") and a non-zero exit.
+on stdout. A failure is one line on stderr ("labctl trainer: error: ...") and a non-zero exit;
+a TrainerError is fatal (fatal.py): exit 2, and under labctl a "fatal" event and no torchrun restart.
 A paused run exits EXIT_PAUSED (75) alone and 0 under torchrun, which would take a non-zero
 exit for a failure and restart the workers.
 
@@ -35,6 +36,7 @@ import sys
 import traceback
 from typing import Any, Dict, List, Optional
 
+from . import fatal
 from .limit import clock_origin
 from .loop import StepLoop
 from .settings import EXIT_PAUSED, TrainerError, load_settings
@@ -162,8 +164,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return EXIT_PAUSED
         return 0
     except TrainerError as exc:
-        print(f"{who}: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        # Every attempt would fail the same way: no restart, and the reason is what the user reads.
+        return fatal.end_run(str(exc), who)
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         print(f"{who}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

@@ -78,5 +78,6 @@ class SshBackend(BaseBackend):
             ended=time.time(),
             remaining=result.remaining,
             resume_step=result.resume_step,
+            reason=result.fatal,
         )
         return result
