@@ -112,6 +112,7 @@ RUN = {
     "last_nccl_error?": "str?",
     "reward?": "any",
     "exec_success_rate?": "any",
+    "programs_run?": "any",
     "rotation_wait_s?": "any",
     "orchestra_ms?": "any",
     "gpus?": (["int"], "null"),

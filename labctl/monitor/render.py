@@ -193,6 +193,10 @@ def _run_text(r: dict[str, Any]) -> Text:
         parts.append(f"{_si(speed)} tok/s")
     parts += _phase3_parts(r)
     text = Text("  ".join(parts))
+    from labctl.train.launch import zero_reward_hint
+
+    if isinstance(r.get("programs_run"), int):  # what a reward of 0 means, and where to look
+        text.append(zero_reward_hint(r, str(r.get("run_id") or "")), style="yellow")
     if r.get("nccl_errors"):
         text.append(f"  {r['nccl_errors']} NCCL errors", style="bold red")
     return text

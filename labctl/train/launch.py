@@ -207,7 +207,7 @@ def _phase3_part(event: dict[str, Any], run_id: str | None = None) -> str:
         f"  code ran {_num(event.get('exec_success_rate'), '.0%')}"
         f"  {len(latency)} models p95 {_num(slowest, ',.0f')} ms"
     )
-    part += _zero_reward_hint(event, run_id)
+    part += zero_reward_hint(event, run_id)
     if event.get("rotation_wait_s"):
         part += f"  rotation wait {event['rotation_wait_s']:.2f} s"
     if event.get("answers_failed"):
@@ -222,7 +222,7 @@ def _phase3_part(event: dict[str, Any], run_id: str | None = None) -> str:
     return part
 
 
-def _zero_reward_hint(event: dict[str, Any], run_id: str | None) -> str:
+def zero_reward_hint(event: dict[str, Any], run_id: str | None) -> str:
     """Why a reward is 0: no program ran (every test exited non-zero or timed out: a syntax
     error, a missing import), or they ran and printed the wrong thing."""
     if event.get("reward") != 0 or not event.get("programs_run"):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.agent.train.settings import EXIT_PAUSED
-from labctl.output.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_OK
+from labctl.output.errors import EXIT_HOST, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK
 from labctl.train.spec import LaunchSpec
 
 if TYPE_CHECKING:
@@ -265,6 +265,10 @@ class Attached:
             return EXIT_INTERRUPTED
         if self.remaining:
             return EXIT_HOST
+        if self.state == "failed" and self.fatal is not None:
+            # The trainer refused what it was given (settings, a token, the lab's set-up): the
+            # same command fails the same way until the input is fixed, as labctl's own refusals.
+            return EXIT_INPUT
         return {"finished": EXIT_OK, "paused": EXIT_PAUSED}.get(self.state, EXIT_HOST)
 
     def to_json(self) -> dict[str, Any]:

@@ -188,7 +188,7 @@ def test_a_fatal_trainer_error_ends_the_run_at_once_with_the_trainers_reason(lab
     took = time.monotonic() - started
     reason = "LABCTL_TRAIN_DEVICE=cuda but torch sees no CUDA device"
     shown = proc.stdout + proc.stderr
-    assert proc.returncode == 1, shown
+    assert proc.returncode == 2, shown  # the trainer refused its input: fixed there, not on a host
     assert reason in " ".join(shown.split()) and "no restart" in shown, shown
     for noise in ("ChildFailedError", "To enable traceback", "error_file", "Traceback"):
         assert noise not in shown, shown

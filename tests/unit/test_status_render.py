@@ -269,3 +269,18 @@ def test_a_phase3_run_shows_its_reward_the_code_that_ran_and_its_slowest_model()
     assert all(len(line) <= 80 for line in screen(statuses))
     # A phase-1 run says nothing of the sort.
     assert "reward" not in " ".join(screen(lab()))
+
+
+def test_a_phase3_run_at_reward_0_says_whether_its_programs_ran_and_where_to_look() -> None:
+    statuses = lab()
+    sample = statuses[0].sample
+    assert sample is not None
+    run = sample["runs"][0]
+    run.update(run_id="p3-zero", reward=0.0, exec_success_rate=0.0, programs_run=3)
+    text = " ".join(" ".join(screen(statuses)).split())
+    assert "(0 of 3 programs ran: see `labctl train show p3-zero --samples`)" in text
+    run.update(exec_success_rate=0.5)
+    text = " ".join(" ".join(screen(statuses)).split())
+    assert "(no test passed: see `labctl train show p3-zero --samples`)" in text
+    run.update(reward=0.25)
+    assert "--samples" not in " ".join(screen(statuses))

@@ -16,7 +16,7 @@ from labctl.cli.app import app
 from labctl.cli.train_cmd import Backend as BackendChoice
 from labctl.hosts.context import Context
 from labctl.hosts.fanout import HostResult
-from labctl.output.errors import EXIT_HOST, EXIT_INTERRUPTED, EXIT_OK, InputError
+from labctl.output.errors import EXIT_HOST, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, InputError
 from labctl.train import backends, launch, run
 from labctl.train.backends import BaseBackend, PlannedRun, RunsOn, RunView
 from labctl.train.backends.jobs import for_cluster
@@ -209,6 +209,8 @@ def test_attached_summary_of_failed_interrupted_and_leftover_runs() -> None:
         make_spec(), outcome(results=[HostResult("irina", "failed", rc=2)], fatal="no CUDA device"), Path("r")
     )
     assert fatal.state == "failed" and fatal.to_json()["reason"] == "no CUDA device"
+    # The trainer refused its input: exit 2, as labctl's own refusals, not a host's failure.
+    assert fatal.exit_code == EXIT_INPUT
     interrupted = Attached.from_outcome(make_spec(), outcome(results=[], interrupted=True), Path("r"))
     assert interrupted.state == "interrupted" and interrupted.exit_code == EXIT_INTERRUPTED
     nothing_ran = Attached.from_outcome(make_spec(), outcome(results=[], events=[]), Path("r"))

@@ -143,7 +143,7 @@ def warm_models(path: str = paths.WARM_STATE) -> List[Dict[str, Any]]:
     return out
 
 
-PHASE3_KEYS = ("reward", "exec_success_rate", "rotation_wait_s", "orchestra_ms")
+PHASE3_KEYS = ("reward", "exec_success_rate", "programs_run", "rotation_wait_s", "orchestra_ms")
 
 
 def progress(events: List[Dict[str, Any]]) -> Dict[str, Any]:
