@@ -33,6 +33,7 @@ from labctl.sim.plan import (
     host_names,
     inventory_doc,
     known_hosts_text,
+    lab_name,
     parse_rate,
     parse_subnet,
     plan_hosts,
@@ -466,7 +467,7 @@ def _up_locked(
         )
         if _write_if_changed(sim_dir / KNOWN_HOSTS_FILE, known):
             changes.append(f"wrote {sim_dir / KNOWN_HOSTS_FILE}")
-        doc = inventory_doc(plans, state.subnet, _python(), load_seed())
+        doc = inventory_doc(plans, state.subnet, _python(), load_seed(), lab=lab_name(state.bridge))
         text = (
             f"# Written by `labctl sim up` for the simulated lab in {sim_dir}; `labctl sim down` removes it.\n"
             + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110)

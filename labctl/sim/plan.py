@@ -379,6 +379,13 @@ def seed_hosts(seed_doc: Any) -> dict[str, Mapping[str, Any]]:
     return {str(k): v for k, v in hosts.items() if isinstance(v, Mapping)}
 
 
+def lab_name(bridge: str) -> str:
+    """The lab's name in its inventory: "sim" on the default bridge, else named after its own.
+    Labs side by side share this machine's Docker, and what labctl keeps there (sandbox pools)
+    is told apart by the lab's name."""
+    return "sim" if bridge == DEFAULT_BRIDGE else f"sim-{bridge}"
+
+
 def inventory_doc(
     plans: Sequence[HostPlan],
     subnet: str,

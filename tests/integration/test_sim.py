@@ -112,7 +112,7 @@ def test_a_wrong_host_key_is_refused(lab: sim.SimLab, tmp_path: Path) -> None:
 
 def test_inventory_follows_the_contract(lab: sim.SimLab) -> None:
     doc = yaml.safe_load(lab.inventory_path.read_text())
-    assert doc["lab"] == "sim"
+    assert doc["lab"] == f"sim-{BRIDGE}"  # a lab beside the default one is named after its bridge
     assert doc["defaults"]["ssh_key"] == "keys/id_ed25519"
     assert doc["defaults"]["known_hosts"] == "keys/known_hosts"
     assert Path(doc["defaults"]["python"]).exists()

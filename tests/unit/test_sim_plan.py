@@ -22,6 +22,7 @@ from labctl.sim.plan import (
     host_names,
     inventory_doc,
     known_hosts_text,
+    lab_name,
     parse_rate,
     plan_hosts,
     seed_hosts,
@@ -178,6 +179,17 @@ def test_inventory_follows_the_contract() -> None:
     assert list(doc["hosts"]) == ["m5", "workstation", "node01"]
     assert doc["hosts"]["node01"] == {"address": "10.250.0.12", "roles": ["node"]}
     assert doc["hosts"]["m5"]["bond"]["address"] == "10.250.0.10/24"
+
+
+def test_labs_side_by_side_have_names_of_their_own() -> None:
+    # They share this machine's Docker, where sandbox pools are told apart by the lab's name.
+    assert lab_name("lcbr0") == "sim" and lab_name("lctest1") == "sim-lctest1"
+    assert lab_name("lctest1") != lab_name("lctest2")
+    plans = plan_hosts(host_names(["m5"], 1), "10.251.0.0/24")
+    assert (
+        inventory_doc(plans, "10.251.0.0/24", "/usr/bin/python3", SEED, lab=lab_name("lcbr9"))["lab"]
+        == "sim-lcbr9"
+    )
 
 
 def test_inventory_from_the_real_seed_lab_validates(tmp_path: Path) -> None:
