@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
@@ -9,6 +10,36 @@ from typing import Any, Dict, List, Optional, Tuple
 from .parsers import NVIDIA_SMI_FIELDS, cuda_version_string, nccl_version_string, parse_nvidia_smi_csv
 
 NVIDIA_SMI_TIMEOUT_S = 5.0
+
+
+def arch_caps(arch_list: List[str]) -> Tuple[List[Tuple[int, int]], bool]:
+    """torch.cuda.get_arch_list() -> (its architectures, whether any PTX is embedded)."""
+    caps: List[Tuple[int, int]] = []
+    ptx = False
+    for a in arch_list:
+        m = re.fullmatch(r"(sm|compute)_([0-9]+)([0-9])[a-z]?", a)
+        if not m:
+            continue
+        if m.group(1) == "compute":
+            ptx = True
+        caps.append((int(m.group(2)), int(m.group(3))))
+    return caps, ptx
+
+
+def supports(archs: List[Tuple[int, int]], ptx: bool, cap: Tuple[int, int]) -> bool:
+    """A cubin sm_XY runs on X.Z with Z >= Y; PTX is compiled for anything newer."""
+    if any(a[0] == cap[0] and a[1] <= cap[1] for a in archs):
+        return True
+    return ptx and any(a <= cap for a in archs)
+
+
+def runs_on(arch_list: List[str], cap: Tuple[int, int]) -> bool:
+    """Whether an installed torch (its get_arch_list()) has kernels for a GPU of `cap`; a build
+    that lists nothing is taken at its word (its first kernel will say)."""
+    if not arch_list:
+        return True
+    caps, ptx = arch_caps(arch_list)
+    return supports(caps, ptx, cap)
 
 
 class GpuQueryError(RuntimeError):

@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from labctl.agent.gpus import runs_on
 from labctl.doctor.gather import Gathered, HostFound, NetworkProbe, runs_sandboxes
 from labctl.doctor.model import FAIL, PASS, WARN, Line
 from labctl.doctor.tiers import NodeHas, Tier
 from labctl.doctor.tiers import check_tier as check_tier_needs
 from labctl.facts.compare import GIB, compare_declared, section_error
-from labctl.facts.gpus import builds_for, fmt_cap, parse_cap, runs_on, version_tuple
+from labctl.facts.gpus import builds_for, fmt_cap, parse_cap, version_tuple
 
 CKPT_WARN_GB = 100  # seed 003 §2.1: model checkpoints 100GB at the development scale
 CKPT_FAIL_GB = 10

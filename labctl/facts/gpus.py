@@ -13,6 +13,10 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+# What a torch build's arch list runs on is read the same way on the hosts (labctl's model
+# server refuses a card before loading) and here: one reading, in the agent's stdlib module.
+from labctl.agent.gpus import supports
+
 if TYPE_CHECKING:
     from labctl.inventory.model import Host
 
@@ -61,12 +65,6 @@ def variants_for(version: str) -> list[str]:
     return [x for x in CUDA_VARIANTS if build_archs(version, x)]
 
 
-def supports(archs: list[Cap], ptx: bool, cap: Cap) -> bool:
-    if any(a[0] == cap[0] and a[1] <= cap[1] for a in archs):
-        return True
-    return ptx and any(a <= cap for a in archs)
-
-
 def builds_for(version: str, caps: Iterable[Cap]) -> list[str]:
     """CUDA builds of torch `version` that run on every one of `caps`, newest first."""
     wanted = list(caps)
@@ -107,24 +105,3 @@ def declared_gpus(host: Host) -> list[tuple[str, Cap | None, float]]:
 def declared_caps(host: Host) -> list[tuple[str, Cap | None]]:
     """One (model, capability) per GPU the inventory declares on `host`; None where unknown."""
     return [(name, cap) for name, cap, _ in declared_gpus(host)]
-
-
-def arch_caps(arch_list: list[str]) -> tuple[list[Cap], bool]:
-    """torch.cuda.get_arch_list() → (cubin architectures, whether any PTX is embedded)."""
-    caps: list[Cap] = []
-    ptx = False
-    for a in arch_list:
-        m = re.fullmatch(r"(sm|compute)_([0-9]+)([0-9])[a-z]?", a)
-        if not m:
-            continue
-        cap = (int(m.group(2)), int(m.group(3)))
-        if m.group(1) == "compute":
-            ptx = True
-        caps.append(cap)
-    return caps, ptx
-
-
-def runs_on(arch_list: list[str], cap: Cap) -> bool:
-    """Whether an installed torch (its get_arch_list()) has kernels for a GPU of `cap`."""
-    caps, ptx = arch_caps(arch_list)
-    return supports(caps, ptx, cap)

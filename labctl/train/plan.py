@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.agent import paths
+from labctl.agent.gpus import runs_on
 from labctl.facts.compare import GIB, model_matches
-from labctl.facts.gpus import Cap, builds_for, declared_gpus, fmt_cap, known_cap, parse_cap, runs_on
+from labctl.facts.gpus import Cap, builds_for, declared_gpus, fmt_cap, known_cap, parse_cap
 from labctl.inventory.model import Host
 from labctl.output.errors import InputError
 from labctl.train.phases import Settings

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from labctl.facts.gpus import arch_caps, build_archs, builds_for, declared_caps, known_cap, runs_on
+from labctl.agent.gpus import arch_caps, runs_on
+from labctl.facts.gpus import build_archs, builds_for, declared_caps, known_cap
 from labctl.inventory.model import GPU, Host
 
 CU126_ARCHS = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
@@ -15,6 +16,12 @@ def test_arch_list_parsing_and_support() -> None:
     assert runs_on(CU126_ARCHS, (6, 1)) and runs_on(CU126_ARCHS, (7, 0))
     assert not runs_on(CU128_ARCHS, (6, 1)) and not runs_on(CU128_ARCHS, (7, 0))
     assert runs_on(["sm_80", "compute_80"], (9, 0)) and not runs_on(["sm_80"], (9, 0))
+    # A build that lists nothing is taken at its word; the model server reads the list the same way.
+    from labctl.agent.orchestra.backend import arch_gap
+
+    assert runs_on([], (6, 1)) and arch_gap([], (6, 1)) is None
+    for archs, cap in ((CU128_ARCHS, (6, 1)), (CU126_ARCHS, (6, 1)), (["sm_80"], (9, 0))):
+        assert (arch_gap(archs, cap) is None) == runs_on(archs, cap)
 
 
 def test_builds_for_the_seed_m5_keep_pascal_and_volta_only_in_cu126() -> None:

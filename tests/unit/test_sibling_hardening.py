@@ -187,9 +187,9 @@ def test_a_plan_window_time_is_hh_mm_in_ascii(bad: str) -> None:
 
 
 def test_other_digits_name_no_gpu_cuda_build_or_architecture() -> None:
+    from labctl.agent.gpus import arch_caps
     from labctl.agent.monitor.status import _visible_gpus
     from labctl.agent.provision.torch_env import cuda_of
-    from labctl.facts.gpus import arch_caps
 
     assert _visible_gpus("0,١") == [0]
     assert cuda_of("cu126") == "12.6" and cuda_of("cu١٢٦") is None

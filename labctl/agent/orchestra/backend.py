@@ -426,16 +426,8 @@ def arch_gap(arch_list: List[str], cap: Tuple[int, int]) -> Optional[str]:
     """Why a torch built for `arch_list` (torch.cuda.get_arch_list()) cannot run on a card of
     compute capability `cap`, or None where it can: a cubin sm_XY runs on X.Z with Z >= Y, PTX
     (compute_XY) is compiled for anything newer."""
-    if not arch_list:
-        return None  # a build that does not say: its first kernel will
-    for arch in arch_list:
-        kind, _, digits = arch.partition("_")
-        digits = "".join(c for c in digits if c.isdigit())
-        if len(digits) < 2:
-            continue
-        have = (int(digits[:-1]), int(digits[-1]))
-        if kind == "sm" and have[0] == cap[0] and have[1] <= cap[1]:
-            return None
-        if kind == "compute" and have <= cap:
-            return None
+    from ..gpus import runs_on
+
+    if runs_on(arch_list, cap):
+        return None
     return f"was built for {', '.join(arch_list)}, which has no kernels for sm_{cap[0]}{cap[1]}, the"
