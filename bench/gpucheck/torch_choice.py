@@ -34,7 +34,8 @@ def _variant(cuda: str | None) -> str:
 def run(env: CheckEnv) -> Section:
     import torch
 
-    from labctl.facts.gpus import arch_caps, build_archs, builds_for, fmt_cap, known_cap, runs_on
+    from labctl.agent.gpus import arch_caps, runs_on
+    from labctl.facts.gpus import build_archs, builds_for, fmt_cap, known_cap
     from labctl.provision.resources.torch_env import TorchEnvParams, choose_build
 
     sec = Section("torch_env", TITLE)
