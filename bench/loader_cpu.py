@@ -235,7 +235,7 @@ def render(r: dict[str, Any]) -> str:
         f"labctl {r['file_bytes'] / ours['back_to_back_seconds'] / GB:.2f} GB/s, safetensors' pread backend "
         f"{r['file_bytes'] / st_pread['back_to_back_seconds'] / GB:.2f} GB/s, + clone() "
         f"{r['file_bytes'] / st_clone['back_to_back_seconds'] / GB:.2f} GB/s.",
-        f"- Writing the checkpoint (stdlib only, `make_model`, median of 3): {r['make_model_seconds']:.2f} s, "
+        f"- Writing the checkpoint (stdlib only, `modelload.make_model`, median of 3): {r['make_model_seconds']:.2f} s, "
         f"{r['make_model_gbps']:.2f} GB/s to tmpfs.",
         MARK_END,
     ]

@@ -64,8 +64,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=REPO / ".labctl/bench/orchestra_cycle.json")
     args = parser.parse_args()
     from labctl.agent.modelload.modelgen import make_model
+    from labctl.agent.models.tinylm import make_config
     from labctl.agent.orchestra.client import Endpoint, ask_all, complete
-    from labctl.agent.tinylm import make_config
 
     config = make_config(vocab=256, d_model=128, n_layers=4, n_heads=4, d_ff=512, max_seq=128)
     procs: list[subprocess.Popen[bytes]] = []

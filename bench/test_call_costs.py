@@ -5,7 +5,7 @@ On a simulated lab of two hosts (its own bridge and subnet):
 - one SSH command (`ssh HOST true`) with the host's own ~/.bashrc (what `sim up` gives each host)
   against the same host reading this machine's ~/.bashrc, as every sim host did before: bash
   reads it for every command sshd runs, and a pyenv or conda set-up there runs each time;
-- one labctl call (`exec`, `status`, `facts`) as a subprocess (`python -m labctl`, how the tests
+- one labctl call (`exec`, `monitor.status`, `facts.collect`) as a subprocess (`python -m labctl`, how the tests
   called it) against the same call through labctl's entry point in the test's process (how
   `tests.conftest.labctl` calls it now).
 

@@ -37,7 +37,7 @@ TARGET_PCT = 3.0
 
 sys.path.insert(0, str(REPO))  # run as a script: make `bench` and `labctl` importable
 from bench.common import machine, publish  # noqa: E402
-from labctl.agent.tinylm import build_model  # noqa: E402
+from labctl.agent.models.tinylm import build_model  # noqa: E402
 from labctl.agent.train.corpus import Corpus  # noqa: E402
 from labctl.agent.train.trainer import Trainer  # noqa: E402
 

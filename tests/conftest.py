@@ -203,7 +203,7 @@ def docker_images() -> dict[str, dict[str, Any]]:
     reason = docker_unavailable()
     if reason:
         pytest.skip(f"Docker sandboxes unavailable: {reason}")
-    from labctl.agent.errors import AgentError
+    from labctl.agent.core.errors import AgentError
     from labctl.agent.sandbox.daemon import daemon_answers, dockerd_op
     from labctl.agent.sandbox.image import build_image
     from labctl.agent.sandbox.languages import RECIPES, SUITE, recipe_hash
@@ -223,7 +223,7 @@ def docker_images() -> dict[str, dict[str, Any]]:
 def agent_server(
     command: str, args: dict[str, Any]
 ) -> Iterator[tuple[dict[str, Any], subprocess.Popen[str]]]:
-    """A real agent command that serves (net_sink, cache_serve) in its own process on this machine:
+    """A real agent command that serves (netbench.sink, cache.serve) in its own process on this machine:
     its "listening" event, and the process (killed at the end if still running)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "labctl.agent", command, json.dumps(args)],

@@ -1,8 +1,8 @@
 """Facts, status, doctor and metrics through NVML on the real card, while a run trains on it.
 
-Every figure comes from labctl's own commands (`facts`, `status`, `doctor`, `metrics
+Every figure comes from labctl's own commands (`facts.collect`, `monitor.status`, `doctor`, `metrics
 --textfile`) against the one-host local lab; the card is also read straight from NVML here so
-the two can be compared. A detached reference-trainer run keeps the GPU busy while `status`
+the two can be compared. A detached reference-trainer run keeps the GPU busy while `monitor.status`
 and `metrics` sample it, so utilisation and power are read under load, not idle.
 """
 

@@ -34,7 +34,7 @@ def _variant(cuda: str | None) -> str:
 def run(env: CheckEnv) -> Section:
     import torch
 
-    from labctl.agent.gpus import arch_caps, runs_on
+    from labctl.agent.core.gpus import arch_caps, runs_on
     from labctl.facts.gpus import build_archs, builds_for, fmt_cap, known_cap
     from labctl.provision.resources.torch_env import TorchEnvParams, choose_build
 

@@ -94,7 +94,7 @@ class Shape:
 
     def state_bytes(self) -> int:
         """What a checkpoint holds: fp32 weights and AdamW's two moments (the trainer's own estimate)."""
-        from labctl.agent.tinylm import make_config, param_count
+        from labctl.agent.models.tinylm import make_config, param_count
 
         cfg = make_config(256, self.d_model, self.n_layers, self.n_heads, self.d_ff, self.seq_len)
         return param_count(cfg) * 4 * 3

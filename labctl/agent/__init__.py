@@ -6,7 +6,7 @@ nothing else from labctl, and keeps to Python 3.8 syntax. Each call answers with
 object on stdout (see `__main__`).
 
 A feature's host side is a package here named like its controller package (`cache`, `ckpt`,
-`facts`, `modelload`, `monitor`, `netbench`, `network`, `orchestra`, `provision`, `sandbox`,
+`facts.collect`, `modelload`, `monitor`, `netbench`, `network`, `orchestra`, `provision`, `sandbox`,
 `schedule`, `train`); its `__init__` declares the agent commands it serves (`COMMANDS`), which
 `commands` merges, and each handler declares its arguments (`argspec.takes`). The modules at
 this package's root are what every feature uses: `paths` (every file labctl keeps on a host),

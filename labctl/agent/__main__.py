@@ -15,7 +15,7 @@ import traceback
 from typing import Any, Dict, List, Optional
 
 from .commands import call
-from .errors import AgentError
+from .core.errors import AgentError
 
 USAGE = "usage: agent COMMAND [JSON-ARGS | -]"
 

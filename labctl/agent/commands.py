@@ -21,9 +21,9 @@ from typing import Any, Callable, Dict, Union
 
 from . import (
     AGENT_VERSION,
-    argspec,
     cache,
     ckpt,
+    cron,
     facts,
     modelload,
     monitor,
@@ -31,13 +31,12 @@ from . import (
     network,
     orchestra,
     provision,
-    registry,
     sandbox,
-    schedule,
     train,
 )
-from .argspec import takes
-from .errors import AgentError
+from .core import argspec, registry
+from .core.argspec import takes
+from .core.errors import AgentError
 
 Handler = Callable[[Dict[str, Any]], Dict[str, Any]]
 
@@ -60,6 +59,7 @@ def ping(args: Dict[str, Any]) -> Dict[str, Any]:
 FEATURES = (
     cache,
     ckpt,
+    cron,
     facts,
     modelload,
     monitor,
@@ -68,17 +68,15 @@ FEATURES = (
     orchestra,
     provision,
     sandbox,
-    schedule,
     train,
 )
 
-COMMANDS: Dict[str, Union[str, Handler]] = {"ping": ping, "host_lock": ".hostlock:lock_command"}
+COMMANDS: Dict[str, Union[str, Handler]] = {"ping": ping}
 for _feature in FEATURES:
-    _package = "." + _feature.__name__.rpartition(".")[2]
+    _short = _feature.__name__.rpartition(".")[2]
     for _name, _entry in _feature.COMMANDS.items():
-        if _name in COMMANDS:  # two features claiming one name is a bug caught on import, not on a host
-            raise RuntimeError(f"agent command {_name!r} is declared twice")
-        COMMANDS[_name] = _package + _entry
+        # A command's name is its place: "cache.state" is `state` in labctl/agent/cache/.
+        COMMANDS[f"{_short}.{_name}"] = f".{_short}{_entry}"
 
 
 def register(name: str, handler: Union[str, Handler]) -> None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def cache_state(run: HostRun, mc: ModelCache) -> dict[str, Any]:
     from labctl.hosts.agent_ship import call_agent
 
-    state: dict[str, Any] = call_agent(run, "cache_state", {"cache": mc.path, "size_gb": mc.size_gb})
+    state: dict[str, Any] = call_agent(run, "cache.state", {"cache": mc.path, "size_gb": mc.size_gb})
     if not state.get("exists"):
         raise HostError(
             f"{run.host.name} has no folder at its model_cache path {mc.path}.",
@@ -37,7 +37,7 @@ def evict(run: HostRun, mc: ModelCache, models: Sequence[str], force: bool = Fal
     from labctl.hosts.agent_ship import call_agent
 
     answer: dict[str, Any] = call_agent(
-        run, "cache_evict", {"cache": mc.path, "models": list(models), "force": force}
+        run, "cache.evict", {"cache": mc.path, "models": list(models), "force": force}
     )
     return answer
 
@@ -48,7 +48,7 @@ def pin(run: HostRun, mc: ModelCache, model: str, pinned: bool) -> dict[str, Any
 
     try:
         answer: dict[str, Any] = call_agent(
-            run, "cache_pin", {"cache": mc.path, "model": model, "pinned": pinned}
+            run, "cache.pin", {"cache": mc.path, "model": model, "pinned": pinned}
         )
     except AgentFailed as e:
         if e.kind != "not_cached":

@@ -1,7 +1,7 @@
 """Carrying out a sync: the storage host serves, the cache host pulls, this process only starts both.
 
-The data path is host to host: the storage host's agent serves the models (`cache_serve`) and
-the cache host's agent pulls them (`cache_pull`, see labctl/agent/cache/); this process starts
+The data path is host to host: the storage host's agent serves the models (`cache.serve`) and
+the cache host's agent pulls them (`cache.pull`, see labctl/agent/cache/); this process starts
 both over SSH, passes the one-time token along, and reads progress lines.
 
 Two entry points: `prepare` then `Prepared.sync` for many cache hosts at once (`labctl cache
@@ -43,7 +43,7 @@ ProgressFn = Callable[[str, dict[str, Any]], None]
 
 
 class FileServer(Listener):
-    """`cache_serve` on `host`, serving the named files or folders under `root`, in a thread,
+    """`cache.serve` on `host`, serving the named files or folders under `root`, in a thread,
     for as long as one pull needs it. `hash_cache`: keep chunk hashes beside them (only in
     folders labctl owns: not in a run's checkpoint folder)."""
 
@@ -71,9 +71,9 @@ class FileServer(Listener):
         super().__init__(
             ctx,
             host,
-            "cache_serve",
+            "cache.serve",
             args,
-            what="cache_serve",
+            what="cache.serve",
             timeout=LONG,
             ready_timeout=READY_TIMEOUT,
             thread_name=f"serve-{host.name}",
@@ -103,7 +103,7 @@ def pull_from(
     last: dict[str, Any],
     on_progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
-    """`cache_pull` on `run`'s host from `server` (announced as `info`): host to host.
+    """`cache.pull` on `run`'s host from `server` (announced as `info`): host to host.
 
     `args` names what to pull and where (`cache` or `into`, `models`, ...); the address,
     port and token are added here. `last` keeps the latest progress event, for errors.
@@ -126,7 +126,7 @@ def pull_from(
     stop_after = int(os.environ.get(STOP_AFTER_ENV) or 0)
     if stop_after:
         full["stop_after_chunks"] = stop_after
-    pulled: dict[str, Any] = call_agent(run, "cache_pull", full, timeout=LONG, on_line=on_line)
+    pulled: dict[str, Any] = call_agent(run, "cache.pull", full, timeout=LONG, on_line=on_line)
     return pulled
 
 
@@ -357,7 +357,7 @@ def verify_host(
     mc = cache_of(inv, run.host)
     state = cache_state(run, mc)  # a clear error when the cache folder is missing
     verified: dict[str, Any] = call_agent(
-        run, "cache_verify", {"cache": mc.path, "models": list(models), "repair": repair}, timeout=LONG
+        run, "cache.verify", {"cache": mc.path, "models": list(models), "repair": repair}, timeout=LONG
     )
     out: dict[str, Any] = {
         "cache": mc.path,

@@ -47,7 +47,7 @@ def in_folder(folder: str, name: str) -> str:
 def check_models(models: Sequence[str], command: str, example: str | None = None) -> list[str]:
     """The model names given to `labctl cache COMMAND`, each checked, duplicates dropped; the
     error's example is that command's own (or `example`, for another command's)."""
-    from labctl.agent.errors import AgentError
+    from labctl.agent.core.errors import AgentError
 
     example = example or f"For example: labctl cache {command} tinylm-1g --host m5."
     out: list[str] = []

@@ -3,7 +3,7 @@
 Per run (the controller's run records: hosts and checkpoint folder), each training host is
 asked for its newest valid checkpoint (re-hashed there); each distinct step is copied once,
 from the first host that holds it valid. The training host serves the two files with the
-cache's transfer (`cache_serve`), the storage host pulls them (`cache_pull` into the step's
+cache's transfer (`cache.serve`), the storage host pulls them (`cache.pull` into the step's
 incoming folder: verified, resumable chunks; the data never passes through this machine),
 and `ckpt_library.commit` re-verifies the copy and renames it into sight. Then, and only for
 runs whose copy did not fail, retention prunes the library (labctl/ckpt/retention.py), never
@@ -181,7 +181,7 @@ def copy_step(
     committed = ask_agent(
         ctx,
         lib.host,
-        "ckpt_lib_commit",
+        "ckpt.lib_commit",
         {"lib": lib.path, "run_id": run_id, "step": step, "record": record},
     )
     action = "present" if committed.get("existed") else "replaced" if committed.get("replaced") else "copied"
@@ -367,7 +367,7 @@ def prune(
     (pruned copies, kept key -> why). Runs whose copy failed this time are left alone, so a
     failed backup never costs an old copy; a dry run's planned copies count, unremovable.
 
-    `status`: what the caller knows of each copy ((run, step) -> None when it verifies, else
+    `monitor.status`: what the caller knows of each copy ((run, step) -> None when it verifies, else
     why it is damaged). A run that would lose a copy keeps its newest good one, and that one
     must verify: while it is not known to, it is re-hashed, and a damaged one hands the role
     to the next step down, so a damaged copy never stands in for the newest good one.
@@ -401,5 +401,5 @@ def prune(
             known[pair] = found.get(pair, "no longer in the library")
     doomed = [where[k] for k in plan.prune if k in where and where[k][0] not in failed]
     if doomed and not dry_run:
-        ask_agent(ctx, lib.host, "ckpt_lib_remove", {"lib": lib.path, "copies": [list(d) for d in doomed]})
+        ask_agent(ctx, lib.host, "ckpt.lib_remove", {"lib": lib.path, "copies": [list(d) for d in doomed]})
     return [{"run_id": r, "step": s} for r, s in doomed], dict(plan.why)

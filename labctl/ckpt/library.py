@@ -128,7 +128,7 @@ def newest_on_hosts(ctx: Context, records: list[dict[str, Any]]) -> dict[str, li
         if folder is None:
             return {"host": name, "error": "the run's record names no checkpoint folder"}
         try:
-            answer = ask_agent(ctx, host, "ckpt_newest", {"dir": folder}, timeout=3600)
+            answer = ask_agent(ctx, host, "ckpt.newest", {"dir": folder}, timeout=3600)
         except LabctlError as e:
             return {"host": name, "dir": folder, "error": e.message}
         return {"host": name, **answer}
@@ -162,7 +162,7 @@ def copies(ctx: Context, lib: Library, run_id: str | None = None) -> dict[str, A
     args: dict[str, Any] = {"lib": lib.path}
     if run_id is not None:
         args["run_id"] = library_run_id(run_id, "The run")
-    answer: dict[str, Any] = ask_agent(ctx, lib.host, "ckpt_lib_list", args, timeout=120)
+    answer: dict[str, Any] = ask_agent(ctx, lib.host, "ckpt.lib_list", args, timeout=120)
     return answer
 
 
@@ -176,7 +176,7 @@ def rehash(
     if not pairs:
         return {}
     args = {"lib": lib.path, "copies": [list(p) for p in pairs], "mark": mark}
-    answer = ask_agent(ctx, lib.host, "ckpt_lib_verify", args, timeout=24 * 3600.0)
+    answer = ask_agent(ctx, lib.host, "ckpt.lib_verify", args, timeout=24 * 3600.0)
     return {(e["run_id"], e["step"]): e.get("reason") for e in answer["entries"]}
 
 
@@ -214,7 +214,7 @@ def find_sources(ctx: Context, damaged: list[dict[str, Any]]) -> dict[tuple[str,
             if host is None:
                 continue
             try:
-                got = ask_agent(ctx, host, "ckpt_newest", {"dir": folder, "step": e["step"]}, timeout=3600)
+                got = ask_agent(ctx, host, "ckpt.newest", {"dir": folder, "step": e["step"]}, timeout=3600)
             except LabctlError:
                 continue
             if got.get("step") == e["step"] and want in (None, got.get("sha256")):

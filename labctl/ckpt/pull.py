@@ -306,7 +306,7 @@ def pull(
         def work(hr: HostRun) -> dict[str, Any]:
             steps = [f.step for f in found]
             state = call_agent(
-                hr, "ckpt_pull_state", {"lib": lib, "run_id": run_id, "steps": steps}, read_only=check
+                hr, "ckpt.pull_state", {"lib": lib, "run_id": run_id, "steps": steps}, read_only=check
             )
             # Both checked before anything is sent: a pull that would be refused changes nothing.
             shelf = _model_state(hr, host, model, exported, check) if exported is not None else None
@@ -349,7 +349,7 @@ def pull(
                 parts, sent = upload_parts(hr, f.pt, f"{incoming}/.parts", f.pt.name, info["parts"])
                 entry = call_agent(
                     hr,
-                    "ckpt_pull_commit",
+                    "ckpt.pull_commit",
                     {
                         "lib": lib,
                         "run_id": run_id,
@@ -399,7 +399,7 @@ def export_model(state: dict[str, Any], folder: Path) -> dict[str, Any]:
     import torch
     from safetensors.torch import save_file
 
-    from labctl.agent.tinylm import DTYPE_NAMES, check_config, param_shapes
+    from labctl.agent.models.tinylm import DTYPE_NAMES, check_config, param_shapes
 
     config = dict(state.get("config") or {})
     config.setdefault("model_type", "tinylm")
@@ -461,7 +461,7 @@ def _model_state(
     local = {
         f: {"size": (folder / f).stat().st_size, "sha256": _sha_file(folder / f)} for f in exported["files"]
     }
-    state = call_agent(hr, "model_publish_state", {"models": models, "name": name}, read_only=check)
+    state = call_agent(hr, "ckpt.publish_state", {"models": models, "name": name}, read_only=check)
     if state["exists"] and state["files"] != local:
         raise InputError(
             f"{host.name}:{state['path']} already holds another model; nothing was pulled.",
@@ -485,7 +485,7 @@ def _publish(hr: HostRun, shelf: dict[str, Any], exported: dict[str, Any], tell:
         parts, _ = upload_parts(hr, folder / fname, f"{incoming}/.parts", fname, shelf["parts"])
         # The whole file's size and sha256 too: the host checks the joined file before publishing.
         files.append({"name": fname, "parts": parts, **shelf["local"][fname]})
-    done = call_agent(hr, "model_publish", {"models": models, "name": name, "files": files}, timeout=600)
+    done = call_agent(hr, "ckpt.publish", {"models": models, "name": name, "files": files}, timeout=600)
     tell(
         f"{name}: in {hr.host.name}'s model library at {done['path']} (labctl cache sync {name} fills a cache)"
     )

@@ -180,7 +180,7 @@ def restore(
         ask_agent(
             ctx,
             to,
-            "ckpt_restore_commit",
+            "ckpt.restore_commit",
             {"dir": folder, "staging": staging, "step": n, "sha256": sha},
             timeout=max(120.0, float(entry.get("bytes") or 0) / 50e6),
         )

@@ -1,7 +1,7 @@
 """The `labctl` command: the root app, its global options, and error handling.
 
 Its commands are one table, COMMANDS: name -> "labctl.cli.<x>_cmd:<attribute>", read with
-`labctl.agent.registry.load` like every registry in labctl. The attribute is a Typer app (a
+`labctl.agent.core.registry.load` like every registry in labctl. The attribute is a Typer app (a
 group: `labctl cache ...`), a function (a command: `labctl exec`), or a typer CommandInfo (a
 command with its own click class: `labctl status`). The help lists them in the table's order,
 commands before groups. Command modules keep their heavy imports inside their commands, so
@@ -18,7 +18,7 @@ import typer
 from typer.models import CommandInfo
 
 from labctl import __version__
-from labctl.agent.registry import load
+from labctl.agent.core.registry import load
 from labctl.output.errors import EXIT_INTERRUPTED, LabctlError
 
 COMMANDS = {

@@ -363,7 +363,7 @@ def make_model(
                 args.update(format=fmt, python=python)
             if kind == "coder":
                 args.update(kind=kind, hint_matters=hint_matters, tasks=tasks)
-            ans = call_agent(run, "make_model", args, timeout=3600)
+            ans = call_agent(run, "modelload.make_model", args, timeout=3600)
             return HostResult(run.host.name, "changed", data=ans)
 
         what = (

@@ -278,7 +278,7 @@ def verify_cmd(
         args: dict[str, Any] = {"lib": lib.path, "mark": True, "remove_damaged": remove_damaged}
         if run:
             args["run_id"] = library_run_id(run, "--run")
-        answer = ask_agent(c, lib.host, "ckpt_lib_verify", args, timeout=7 * 24 * 3600.0)
+        answer = ask_agent(c, lib.host, "ckpt.lib_verify", args, timeout=7 * 24 * 3600.0)
         bad = [e for e in answer["entries"] if e["status"] == "damaged"]
         hints = repair_hints(c, lib, bad)
         entries = [{k: v for k, v in e.items() if k != "record"} for e in answer["entries"]]

@@ -74,9 +74,9 @@ def install(
 
         labctl cron install ckpt-backup --daily
     """
+    from labctl.cron.every import resolve_schedule
+    from labctl.cron.install import install as run_install
     from labctl.output.errors import InputError
-    from labctl.schedule.every import resolve_schedule
-    from labctl.schedule.install import install as run_install
 
     if daily:
         if every is not None or schedule is not None:
@@ -117,9 +117,9 @@ def list_(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Every labctl schedule on every Linux host: schedule, command, last run and its result."""
+    from labctl.cron.install import list_jobs
     from labctl.hosts.fanout import exit_code
     from labctl.hosts.recap import print_recap
-    from labctl.schedule.install import list_jobs
 
     def work(c: Context) -> Outcome:
         results = list_jobs(c)
@@ -158,7 +158,7 @@ def remove(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Remove the job NAME from the orchestrator (with --purge, everything `cron install` put there)."""
-    from labctl.schedule.install import remove as run_remove
+    from labctl.cron.install import remove as run_remove
 
     def work(c: Context) -> Outcome:
         out = run_remove(c, name, host, purge, check, on_event=_events(c, check, False))
@@ -257,7 +257,7 @@ def _print_jobs(console: Any, results: Any) -> None:
 def _print_idle(console: Any, results: Any) -> None:
     from rich.markup import escape
 
-    from labctl.schedule.install import idle_jobs, idle_text
+    from labctl.cron.install import idle_jobs, idle_text
 
     for r in results:
         if idle_jobs(r.data or []):

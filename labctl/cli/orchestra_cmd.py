@@ -168,8 +168,8 @@ def ask_cmd(
     from labctl.output.errors import InputError
 
     if task is not None:
-        from labctl.agent.train.prompting import ask_prompt
-        from labctl.agent.train.tasks import TASKS
+        from labctl.agent.models.prompting import ask_prompt
+        from labctl.agent.models.tasks import TASKS
 
         found = [t for t in TASKS if t.name == task]
         if not found:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from labctl.agent.gpus import runs_on
+from labctl.agent.core.gpus import runs_on
 from labctl.doctor.gather import Gathered, HostFound, NetworkProbe, runs_sandboxes
 from labctl.doctor.model import FAIL, PASS, WARN, Line
 from labctl.doctor.tiers import NodeHas, Tier
@@ -210,7 +210,7 @@ def check_nics(f: HostFound) -> list[Line]:
                               f"Correct nics: for {name} in the inventory (`ip link` lists what is there)."))  # fmt: skip
             continue
         state = n.get("operstate")
-        # The speed as `facts` shows it; a virtual NIC's (a veth, a bridge) is what its driver
+        # The speed as `facts.collect` shows it; a virtual NIC's (a veth, a bridge) is what its driver
         # says, not a cable's, so it is shown as such and never held against the declared one.
         reported = n.get("speed_mbps")
         speed = reported if not n.get("virtual") else None
@@ -315,7 +315,7 @@ def mount_of(mounts: list[dict[str, Any]], path: str) -> dict[str, Any] | None:
 
 
 def check_checkpoint_disk(f: HostFound) -> list[Line]:
-    from labctl.agent.paths import TRAIN_DIR
+    from labctl.agent.core.paths import TRAIN_DIR
 
     name, facts = f.host.name, f.facts or {}
     if not f.host.has_role("train") or section_error(facts, "mounts") is not None:
@@ -445,7 +445,7 @@ def check_alerts(f: HostFound) -> list[Line]:
 def check_cron(f: HostFound) -> list[Line]:
     """Where labctl installed a scheduled job, something runs it: a cron daemon that reads this
     host's /etc/cron.d (systemd for a timer). Hosts with no job get no line."""
-    from labctl.schedule.install import idle_jobs, idle_text
+    from labctl.cron.install import idle_jobs, idle_text
 
     name = f.host.name
     if f.cron_error:

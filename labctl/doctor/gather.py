@@ -1,8 +1,8 @@
 """What doctor asks the hosts, through the agent commands that already exist.
 
-One round per host (fan_out): a clock read (`ping`, timed on this side too), `facts` with
-torch, labctl's scheduled jobs (`cron_list`: what is installed and whether a daemon runs it),
-and `sandbox_images` where the host runs sandboxes. Then one short `bench network`
+One round per host (fan_out): a clock read (`ping`, timed on this side too), `facts.collect` with
+torch, labctl's scheduled jobs (`cron.list`: what is installed and whether a daemon runs it),
+and `sandbox.images` where the host runs sandboxes. Then one short `bench network`
 between two of the hosts for bandwidth and latency. Nothing here judges what came back.
 """
 
@@ -84,17 +84,17 @@ def _step(run: HostRun, rules: AlertRules | None) -> Any:
     before = time.time()
     ping = call_agent(run, "ping", {})
     after = time.time()
-    facts = call_agent(run, "facts", {"torch": True})
+    facts = call_agent(run, "facts.collect", {"torch": True})
     found: dict[str, Any] = {"facts": facts}
     if isinstance(ping, dict) and isinstance(ping.get("time"), (int, float)):
         found["clock"] = Clock(before, float(ping["time"]), after)
     try:
-        found["cron"] = call_agent(run, "cron_list", {}, read_only=True)
+        found["cron"] = call_agent(run, "cron.list", {}, read_only=True)
     except LabctlError as e:
         found["cron_error"] = e.message
     if runs_sandboxes(host):
         try:
-            found["images"] = list(call_agent(run, "sandbox_images", {}).get("images") or [])
+            found["images"] = list(call_agent(run, "sandbox.images", {}).get("images") or [])
         except LabctlError as e:
             found["images_error"] = e.message
     if rules is not None:
@@ -102,7 +102,7 @@ def _step(run: HostRun, rules: AlertRules | None) -> Any:
         from labctl.monitor.collect import status_args
 
         try:
-            sample = call_agent(run, "status", status_args(host))
+            sample = call_agent(run, "monitor.status", status_args(host))
             found["alerts"] = evaluate(host.name, sample, rules)
         except LabctlError as e:
             found["alerts_error"] = e.message

@@ -90,8 +90,8 @@ def duplicate_problems(pos: PositionedYaml) -> list[Problem]:
 def path_component(name: str, what: str, example: str) -> str:
     """`name` when it can be one path component under a folder of labctl's (a model, a run, a
     job ...); else an InputError (exit 2) naming `what` and `example`, a command or value that
-    works. The rule is labctl/agent/paths.py's, which the agent applies again on the host."""
-    from labctl.agent.paths import component_problem
+    works. The rule is labctl/agent/core/paths.py's, which the agent applies again on the host."""
+    from labctl.agent.core.paths import component_problem
 
     problem = component_problem(name)
     if problem:

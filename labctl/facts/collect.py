@@ -1,4 +1,4 @@
-"""Gathering facts: the agent's `facts` on each host, checked against the inventory."""
+"""Gathering facts: the agent's `facts.collect` on each host, checked against the inventory."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def facts_step(torch: bool = True) -> Any:
     def step(run: HostRun) -> HostResult:
         if run.host.is_windows:
             raise Skipped("windows (the facts agent is Linux-only)")
-        facts = call_agent(run, "facts", {"torch": torch})
+        facts = call_agent(run, "facts.collect", {"torch": torch})
         return HostResult(run.host.name, "ok", data=facts, extra={"mismatches": mismatches(run.host, facts)})
 
     return step

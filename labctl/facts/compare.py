@@ -21,7 +21,7 @@ RAM_TOLERANCE_ABS_GB = 1.0
 
 
 def section_error(facts: dict[str, Any], name: str) -> str | None:
-    """Why section `name` of `facts` cannot be used, or None when it can."""
+    """Why section `name` of `facts.collect` cannot be used, or None when it can."""
     if not isinstance(facts, dict):
         return "no facts"
     if "error" in facts and name not in facts:

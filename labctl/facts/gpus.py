@@ -4,7 +4,7 @@ Recent CUDA builds of torch dropped old GPUs (the seed lab mixes Pascal P40/P4/P
 Volta V100 and an Ampere RTX 3050), so which build runs where is decided from compute
 capabilities: the `torch_env` resource picks a build, the train preflight checks the
 installed one, and GPU placement reads the same tables. Nothing here touches a host; the
-GPUs a host reports (labctl/agent/gpus.py) win over these tables wherever both exist.
+GPUs a host reports (labctl/agent/core/gpus.py) win over these tables wherever both exist.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 # What a torch build's arch list runs on is read the same way on the hosts (labctl's model
 # server refuses a card before loading) and here: one reading, in the agent's stdlib module.
-from labctl.agent.gpus import supports
+from labctl.agent.core.gpus import supports
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Host

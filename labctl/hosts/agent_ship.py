@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.hosts.fanout import HostRun, on_host
 from labctl.inventory.model import Host
 from labctl.output.errors import HostError
@@ -80,7 +80,7 @@ MAX_ARGV = 100_000
 CANCELLED = "cancelled"  # the caller's cancel flag closed the command
 NO_PYTHON = "no_python"  # the host has no interpreter at its `python`
 NO_JSON = "no_json"  # the agent printed no answer: killed, crashed, or an interpreter too old
-BAD_ANSWER = "bad_answer"  # JSON, but not the shape the command answers in (labctl/agent/answers.py)
+BAD_ANSWER = "bad_answer"  # JSON, but not the shape the command answers in (labctl/agent/core/answers.py)
 # The agent's kinds for an OSError it could name (labctl/agent/__main__.py), with the path.
 FILE_KINDS = {"disk_full": "ENOSPC", "read_only": "EROFS", "permission_denied": "EACCES"}
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep the hash a function of the code alone
@@ -252,7 +252,7 @@ def call_agent(
                 named = file_error(run.host.name, str(answer.get("path") or ""), FILE_KINDS[kind], str(error))
                 raise AgentFailed(named.message, named.hint, kind)
         raise AgentFailed(f"{run.host.name}: agent '{command}' failed: {error}.", kind=kind)
-    from labctl.agent.answers import answer_problem
+    from labctl.agent.core.answers import answer_problem
 
     # The one place answers arrive: past it, code reads them as their command declares them.
     found = answer_problem(command, answer, args)
@@ -286,7 +286,7 @@ def agent_event(stream: str, line: str, *names: str) -> dict[str, Any] | None:
         return None
     if names and event["event"] not in names:
         return None
-    from labctl.agent.answers import event_problem
+    from labctl.agent.core.answers import event_problem
 
     # Events are part of the answer: one of a known name that labctl cannot read is no event.
     return event if event_problem(event) is None else None

@@ -2,7 +2,7 @@
 
 Two runs at once would both read the host's state before either changed it, and both apply
 (two tmpfs mounts stacked on one cache path; two rotations starting the same model). A
-changing run holds the host's lock (the agent's `host_lock`, a flock held by a process on its
+changing run holds the host's lock (the agent's `provision.host_lock`, a flock held by a process on its
 own channel) from before it reads the host's state until the host is done, so a second run
 plans from what the first one left. The second run waits, saying for whom, and after `wait`
 seconds gives up naming the holder. `--check` and `--dry-run` change nothing and take no lock.
@@ -98,7 +98,7 @@ class HostLock:
                 self.run.host,
                 lambda r: call_agent(
                     r,
-                    "host_lock",
+                    "provision.host_lock",
                     args,
                     timeout=HOLD_FOREVER,
                     on_line=self._line,

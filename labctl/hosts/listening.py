@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class Listener:
-    """`command` on `host`, in a thread; `what` names it in errors ("cache_serve")."""
+    """`command` on `host`, in a thread; `what` names it in errors ("cache.serve")."""
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 
 HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}\Z)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z"

@@ -4,7 +4,7 @@
   is a fresh `cache sync`), renders the table and the plot;
 - `stages`: pure arithmetic over what the hosts measured: rates, ceilings, the seed's figures.
 
-The host side is labctl/agent/modelload/stages.py (the agent's `read_cold` and `load_stages`). Not
+The host side is labctl/agent/modelload/stages.py (the agent's `modelload.read_cold` and `modelload.load_stages`). Not
 to be confused with bench/, the scripts that compare labctl against other tools.
 
 `seed_of`: `bench make-model`'s seed when --seed is not given.

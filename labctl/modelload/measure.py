@@ -27,7 +27,7 @@ def torch_python(ctx: Context, host: Host, given: str | None) -> str:
     """The interpreter with torch on `host`: --python, else its provisioned torch_env."""
     if given:
         return given
-    facts = ask_agent(ctx, host, "facts", {"sections": ["torch_env"], "torch": False})
+    facts = ask_agent(ctx, host, "facts.collect", {"sections": ["torch_env"], "torch": False})
     env = facts.get("torch_env") or {}
     if env.get("provisioned") and env.get("python"):
         return str(env["python"])
@@ -56,12 +56,14 @@ def measure_model_load(
         stored = target.stored(model)
         path = target.cached(model)
         measured["network"] = network_stage(ctx, target, model)
-        measured["storage_cold"] = ask_agent(ctx, target.source, "read_cold", {"path": stored}, timeout=3600)
+        measured["storage_cold"] = ask_agent(
+            ctx, target.source, "modelload.read_cold", {"path": stored}, timeout=3600
+        )
         if measured["storage_cold"].get("fstype") == "tmpfs":
             measured["storage_cold"] = {
                 "skipped": f"{stored} is on tmpfs on {target.source.name}: no device to read cold"
             }
-        facts = ask_agent(ctx, h, "facts", {"sections": ["nics"], "torch": False})
+        facts = ask_agent(ctx, h, "facts.collect", {"sections": ["nics"], "torch": False})
         declared = [n.speed_mbps for n in h.nics if n.speed_mbps]
         net_ceiling = link_gbps(facts, declared)
         bonded = net_ceiling[1].startswith("bond ")  # an active bond, not "no bond up"
@@ -73,7 +75,9 @@ def measure_model_load(
     py = torch_python(ctx, h, python)
     # The same host (and pooled connection) with the interpreter that has torch.
     with_torch = h.model_copy(update={"python": py})
-    loaded = ask_agent(ctx, with_torch, "load_stages", {"path": path, "device": device}, timeout=3600)
+    loaded = ask_agent(
+        ctx, with_torch, "modelload.load_stages", {"path": path, "device": device}, timeout=3600
+    )
     measured.update(loaded["stages"])
     nbytes = int(loaded["stages"]["ram_cache"]["bytes"])
     ceilings = {

@@ -1,8 +1,8 @@
-"""Alerts judged from one host's `status` sample (labctl/agent/monitor/status.py) and its history.
+"""Alerts judged from one host's `monitor.status` sample (labctl/agent/monitor/status.py) and its history.
 
 The rules come from playbooks/alerts.yaml (seed 004's "Monitoring and Alerting" thresholds by
 default), validated like every other document (file:line, exit 2). `evaluate` is pure: the
-same sample and rules give the same alerts, so `status`, `doctor` and `metrics` agree.
+same sample and rules give the same alerts, so `monitor.status`, `doctor` and `metrics` agree.
 
 Alerts that need a duration use the history the agent keeps on the host: a GPU's memory is
 "above 95% for 5 minutes" when every sample from at least 5 minutes ago up to now is above
@@ -362,7 +362,7 @@ def _cache_alert(host: str, sample: dict[str, Any], rules: AlertRules) -> list[A
 
 
 def evaluate(host_name: str, sample: dict[str, Any], rules: AlertRules) -> list[Alert]:
-    """Every alert `sample` (one `status` answer) raises under `rules`; pure."""
+    """Every alert `sample` (one `monitor.status` answer) raises under `rules`; pure."""
     return (
         _gpu_alerts(host_name, sample, rules)
         + _memory_alert(host_name, sample, rules)

@@ -1,4 +1,4 @@
-"""One `status` sample from every host, with its alerts: what `labctl status` (also `--watch`),
+"""One `monitor.status` sample from every host, with its alerts: what `labctl status` (also `--watch`),
 `labctl metrics` and `labctl doctor` show.
 
 One agent call per host through fan_out on the context's pool: the connections stay open
@@ -56,7 +56,7 @@ class HostStatus:
 
 
 def status_args(host: Host, record: bool = True) -> dict[str, Any]:
-    """The agent's `status` arguments for `host`: its model cache, and its name (hosts of the
+    """The agent's `monitor.status` arguments for `host`: its model cache, and its name (hosts of the
     simulated lab share one kernel, so a run's processes are told apart by LABCTL_HOST)."""
     cache = host.model_cache.path if host.model_cache is not None else None
     return {"cache_path": str(cache) if cache else None, "record": record, "host": host.name}
@@ -69,7 +69,7 @@ def collect(ctx: Context, hosts: Sequence[Host], rules: AlertRules, record: bool
     def step(run: HostRun) -> HostResult:
         if run.host.is_windows:
             raise Skipped("skipped: windows (the status agent is Linux-only)")
-        data = call_agent(run, "status", status_args(run.host, record), timeout=STATUS_TIMEOUT_S)
+        data = call_agent(run, "monitor.status", status_args(run.host, record), timeout=STATUS_TIMEOUT_S)
         # Judged here, in the host's own step: whatever its sample holds stays that host's problem.
         return HostResult(
             run.host.name, "ok", data=data, extra={"alerts": evaluate(run.host.name, data, rules)}

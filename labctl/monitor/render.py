@@ -180,7 +180,7 @@ def _progress(r: dict[str, Any]) -> Optional[float]:
 
 
 def _run_text(r: dict[str, Any]) -> Text:
-    # A run's figures are what its script logged (labctl/agent/answers.py): shown when numbers.
+    # A run's figures are what its script logged (labctl/agent/core/answers.py): shown when numbers.
     step, steps = _whole(r.get("step")), _whole(r.get("steps"))
     parts = [
         str(r.get("run_id", "?")),

@@ -1,8 +1,8 @@
 """Running `bench network`: the receiver's sink in a thread, the sender's streams, both ends' facts.
 
-Like `cache sync` (labctl/cache/sync.py): the receiving host's agent listens (`net_sink`, kept
+Like `cache sync` (labctl/cache/sync.py): the receiving host's agent listens (`netbench.sink`, kept
 running in a thread for as long as the sender needs it), the sending host's agent connects to
-it (`net_send`); this process only starts both and passes the one-time token along.
+it (`netbench.send`); this process only starts both and passes the one-time token along.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ REPORT_ALLOWANCE = 90.0  # per stream count, beyond its seconds: connects, drain
 
 
 class Sink(Listener):
-    """`net_sink` on the receiving host, in a thread, for as long as the sender needs it."""
+    """`netbench.sink` on the receiving host, in a thread, for as long as the sender needs it."""
 
     def __init__(self, ctx: Context, host: Host) -> None:
         super().__init__(
             ctx,
             host,
-            "net_sink",
+            "netbench.sink",
             {"bind": host.address, "idle_timeout": SINK_IDLE},
             what="the benchmark's receiver",
             timeout=24 * 3600.0,  # it ends on the sender's word, when idle, or when cancelled
@@ -51,7 +51,7 @@ def read_links(ctx: Context, hosts: Sequence[Host]) -> list[HostLink]:
 
     def facts_of(h: Host) -> dict[str, Any] | LabctlError:
         try:
-            return dict(ask_agent(ctx, h, "facts", {"sections": ["nics"], "torch": False}))
+            return dict(ask_agent(ctx, h, "facts.collect", {"sections": ["nics"], "torch": False}))
         except LabctlError as e:
             return e
 
@@ -102,7 +102,7 @@ def measure_network(
                 return dict(
                     call_agent(
                         run,
-                        "net_send",
+                        "netbench.send",
                         args,
                         timeout=len(streams) * (seconds + REPORT_ALLOWANCE) + 60,
                         on_line=on_line,

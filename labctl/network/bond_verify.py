@@ -1,6 +1,6 @@
 """After a bond is applied: does the kernel run the bond the inventory asks for?
 
-Pure: it reads parse_bonding's view of /proc/net/bonding/NAME (labctl/agent/parsers.py), so the
+Pure: it reads parse_bonding's view of /proc/net/bonding/NAME (labctl/agent/core/parsers.py), so the
 transaction decides commit or revert from data, and every verdict is unit-tested.
 """
 

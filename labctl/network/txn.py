@@ -159,7 +159,7 @@ class TxnReport:
                 f"Wait for the open transaction to end (it reverts by itself at its deadline), then {again}."
             )
         if self.outcome == "unknown":
-            from labctl.agent.paths import NET_DIR
+            from labctl.agent.core.paths import NET_DIR
 
             return (
                 f"Look at {self.host} from its console; the keeper's record is {NET_DIR}/{self.id}/txn.json."
@@ -276,7 +276,7 @@ class _Transaction:
         try:
             call_agent(
                 self.run,
-                "net_begin",
+                "network.txn_begin",
                 self.change.agent_args(self.id, r.revert_after, self.apply_delay),
                 timeout=60,
             )
@@ -326,7 +326,7 @@ class _Transaction:
             return self._await_revert(aborted=True)
         try:
             answer = call_agent(
-                fresh, "net_commit", {"id": self.id}, timeout=max(1.0, self.left() + self.margin / 2)
+                fresh, "network.txn_commit", {"id": self.id}, timeout=max(1.0, self.left() + self.margin / 2)
             )
         except LabctlError as e:
             # The commit may or may not have landed: the host's record says which.
@@ -347,7 +347,7 @@ class _Transaction:
         return dict(
             call_agent(
                 fresh,
-                "net_status",
+                "network.txn_status",
                 {"id": self.id, "compare": compare},
                 timeout=max(2.0, self.connect_timeout * 2),
             )
@@ -409,7 +409,7 @@ class _Transaction:
 
     def _abort(self, fresh: FreshRun, reason: str) -> None:
         try:
-            call_agent(fresh, "net_abort", {"id": self.id, "reason": reason}, timeout=10)
+            call_agent(fresh, "network.txn_abort", {"id": self.id, "reason": reason}, timeout=10)
             self.saw("asked the host to revert now")
         except LabctlError as e:
             self.saw(f"could not ask for the revert ({e.message}); the keeper reverts at its deadline")

@@ -34,7 +34,7 @@ def serving_facts(
 ) -> dict[str, dict[str, Any]]:
     """{model: {api, timeout_s, engine, max_tokens, context}} for each model of the library:
     its orchestra entry, its engine's cap, and the context rotate.start_args serves it with
-    (`files`: what model_describe read of each, which caps the context at the model's own)."""
+    (`files`: what modelload.describe read of each, which caps the context at the model's own)."""
     from labctl.orchestra.engines import engine
     from labctl.orchestra.sizes import served_context
 
@@ -66,7 +66,7 @@ def endpoints_doc(
     facts: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The file's document: each warm model's API on its host's inventory address (less the
-    models in `without`, which are draining), with its `facts` (serving_facts; a model without
+    models in `without`, which are draining), with its `facts.collect` (serving_facts; a model without
     them is asked with completions and the client's timeout, its budget unchecked), then the
     remote tiers."""
     leaving = without or {}

@@ -1,6 +1,6 @@
 """What the orchestra's models are, read from their files on the storage hosts.
 
-One `model_describe` round trip per storage host (labctl/agent/modelload/formats.py reads
+One `modelload.describe` round trip per storage host (labctl/agent/modelload/formats.py reads
 config.json, safetensors headers and GGUF headers; no weights): format, parameters, weight
 bytes, context and the KV-cache geometry of each model of the library. A storage host that does
 not answer, or a model it does not hold, leaves that model to what the orchestra file types:
@@ -45,7 +45,7 @@ def read_files(
 
     def step(run: HostRun) -> HostResult:
         paths = sorted(wanted[run.host.name])
-        answer = call_agent(run, "model_describe", {"paths": paths}, read_only=True)
+        answer = call_agent(run, "modelload.describe", {"paths": paths}, read_only=True)
         return HostResult(run.host.name, "ok", data=answer)
 
     results = fan_out(ctx, [storage[n] for n in sorted(wanted)], step, label="model files", progress=False)

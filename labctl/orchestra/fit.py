@@ -1,7 +1,7 @@
 """Each model of the library against its engine and the orchestra's GPUs, before a host is touched.
 
 Pure: given the orchestra file, what the storage host read of each model's files
-(`model_describe`, possibly nothing) and the orchestra's GPUs, `check_models` says on which GPUs
+(`modelload.describe`, possibly nothing) and the orchestra's GPUs, `check_models` says on which GPUs
 each model may run, what must be refused (a format its engine does not serve, no GPU its engine
 runs on) and what is only worth a note (a typed size_gb far from the files). Every refusal names
 the way that works: another engine, another format.

@@ -1,6 +1,6 @@
 """What each serving host says about its orchestra, and what a killed rotation left behind.
 
-`read_views` asks every serving host once (`orch_state`: warm.json, the history, the servers
+`read_views` asks every serving host once (`orchestra.state`: warm.json, the history, the servers
 that are really running and whether they answer, the GPUs it detects). `find_repair` (pure)
 compares what warm.json claims with what answers: a server nobody recorded (a rotation killed
 after it started a joiner) is an orphan to stop; a recorded model whose server is gone or does
@@ -123,7 +123,7 @@ def find_repair(view: HostView) -> Repair:
 def read_views(
     ctx: Context, hosts: Sequence[Host], health_path: str, *, gpus: bool = True
 ) -> dict[str, HostView]:
-    """One `orch_state` round trip per serving host, all at once; a host that does not answer
+    """One `orchestra.state` round trip per serving host, all at once; a host that does not answer
     is a HostError naming it (the rotation cannot plan around a host it cannot see)."""
     from labctl.hosts.agent_ship import call_agent
     from labctl.hosts.fanout import HostResult, HostRun, fan_out
@@ -131,7 +131,7 @@ def read_views(
     def step(run: HostRun) -> HostResult:
         answer = call_agent(
             run,
-            "orch_state",
+            "orchestra.state",
             {"lab": ctx.inventory.lab, "host": run.host.name, "health_path": health_path, "gpus": gpus},
             read_only=False,
         )

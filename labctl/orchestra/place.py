@@ -72,7 +72,7 @@ def split_gpus(
 ) -> tuple[list[Gpu], list[tuple[Gpu, str]]]:
     """(the orchestra's GPUs, [(a GPU left out, why)]) on `hosts`.
 
-    `detected[host]` is the `gpus` list of the host's facts (labctl/agent/gpus.py); None or an
+    `detected[host]` is the `gpus` list of the host's facts (labctl/agent/core/gpus.py); None or an
     empty list means the host reported none, and the inventory's declared GPUs are used, indexed
     per host in declared order with `count` expanded. `wanted` is the orchestra file's `gpus:`
     (empty: any); `training` is `training_claims(...)`: those GPUs stay with training unless

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.hosts.hostlock import LockKind
 from labctl.orchestra.hoststate import HostView, Repair, find_repair, gone_hosts, leftovers, read_views
 from labctl.output.errors import HostError, InputError, LabctlError
@@ -60,7 +60,7 @@ class Timing:
     host: str
     cache: float = 0.0
     cache_hit: bool = True
-    start: float = 0.0  # orch_start: the process spawned
+    start: float = 0.0  # orchestra.start: the process spawned
     load: float = 0.0  # the server's own figure: files → device
     warmup: float = 0.0  # the server's own figure: the first forward pass
     health: float = 0.0  # waiting for /health beyond load and warm-up (interpreter start, polling)
@@ -129,7 +129,7 @@ class Options:
 
 
 def start_args(orch: Orchestra, model: str, gpu: int | None, files: dict[str, Any] | None) -> dict[str, Any]:
-    """What orch_start and orch_health need of `model`'s engine (engines/base.py's contract)."""
+    """What orchestra.start and orchestra.health need of `model`'s engine (engines/base.py's contract)."""
     from labctl.orchestra.engines import engine
     from labctl.orchestra.sizes import served_context
 
@@ -397,7 +397,7 @@ class _Executor:
             "peers": peers,
             "cursor": self.cursor,
         }
-        self._call(host, "orch_commit", {"warm": warm, "history": entry})
+        self._call(host, "orchestra.commit", {"warm": warm, "history": entry})
 
     def _publish(self, why: str, without: dict[str, list[str]] | None = None) -> None:
         """The trainers' endpoints.json rewritten on every host that trains, all at once. A
@@ -413,7 +413,7 @@ class _Executor:
         doc = endpoints_doc(self.ctx.inventory.lab, self.hosts, self.warm, self.orch.remote, without, facts)
 
         def step(run: HostRun) -> HostResult:
-            answer = call_agent(run, "orch_publish", {"endpoints": doc}, read_only=False)
+            answer = call_agent(run, "orchestra.publish", {"endpoints": doc}, read_only=False)
             return HostResult(run.host.name, "ok", data=answer)
 
         results = fan_out(self.ctx, self.consumers, step, label="publishing endpoints", progress=False)
@@ -462,7 +462,7 @@ class _Executor:
         for host in sorted(self.hosts):
             answer = self._call(
                 host,
-                "orch_stop",
+                "orchestra.stop",
                 {"models": None, "pids": None, "grace": self.orch.server.stop_grace},
                 timeout=self.orch.server.stop_grace + 60,
             )
@@ -614,7 +614,7 @@ class _Executor:
                 self._say(f"{host}: starting {s.model} on GPU {s.gpu if s.gpu is not None else '-'}")
                 info = self._call(
                     host,
-                    "orch_start",
+                    "orchestra.start",
                     {
                         "model": s.model,
                         "gpu": s.gpu,
@@ -643,7 +643,7 @@ class _Executor:
             t = time.monotonic()
             answer = self._call(
                 host,
-                "orch_health",
+                "orchestra.health",
                 {
                     "servers": [
                         {
@@ -733,7 +733,7 @@ class _Executor:
             self._say(f"{host}: stopping {', '.join(models)}")
         answer = self._call(
             host,
-            "orch_stop",
+            "orchestra.stop",
             {
                 "models": list(models) if models else None,
                 "pids": list(pids) or None,
@@ -756,7 +756,7 @@ class _Executor:
         try:
             self._call(
                 host,
-                "orch_stop",
+                "orchestra.stop",
                 {"models": None, "pids": list(pids), "grace": self.orch.server.stop_grace},
                 timeout=self.orch.server.stop_grace + 60,
             )

@@ -257,7 +257,7 @@ class ModelEntry(Strict):
             return v
         # The RAM cache holds what sits directly in the storage folder: the cache's own rule.
         from labctl.agent.cache.manifest import check_name
-        from labctl.agent.errors import AgentError
+        from labctl.agent.core.errors import AgentError
 
         if not v.strip():
             raise ValueError("the path is empty")
@@ -513,7 +513,7 @@ class Orchestra(Strict):
         return self.model(name).engine or self.server.default_engine
 
     def need_gb(self, name: str, files: Mapping[str, Any] | None = None, scale: float = 1.0) -> float:
-        """GB of GPU memory model `name` needs; `files`: what model_describe read of it; `scale`:
+        """GB of GPU memory model `name` needs; `files`: what modelload.describe read of it; `scale`:
         GPU bytes per file byte of its weights (2 where its engine computes 16-bit in fp32)."""
         return gpu_need_gb(self.model(name), self.overhead, files, self.context, scale)
 

@@ -5,7 +5,7 @@ The next rotation is the one the installed schedule will start: the rotate job `
 install` put on a host, read back there (its cron fields, the host's clock and time zone, and
 whether a cron daemon runs it), never a guess from the file's `every`.
 
-Read-only: one `orch_state` round trip per serving host and one `cron_list` per Linux host,
+Read-only: one `orchestra.state` round trip per serving host and one `cron.list` per Linux host,
 no lock, nothing written.
 """
 
@@ -62,7 +62,7 @@ class Status:
 
 
 def scheduled_rotation(lists: list[HostResult], file: str | None = None) -> dict[str, Any]:
-    """Pure: the installed rotate job from every host's `cron_list` answer (`cron list`'s
+    """Pure: the installed rotate job from every host's `cron.list` answer (`cron list`'s
     results), as {installed, host, schedule, next_at, daemon_running, command, unanswered,
     hint}. `installed` is False when no host that answered holds one; `next_at` is None
     unless a daemon there will start it. `file`: the orchestra file, for the hint."""
@@ -93,7 +93,7 @@ def scheduled_rotation(lists: list[HostResult], file: str | None = None) -> dict
         also_on=[h for h, _ in found if h != host],
     )
     if not running:
-        from labctl.schedule.install import idle_text
+        from labctl.cron.install import idle_text
 
         out["hint"] = idle_text(host, [job])[1]
     return out
@@ -104,7 +104,7 @@ def rotated_from_outside(last: dict[str, Any] | None, addresses: Sequence[str] |
     install`'s lab copy) on a machine whose address no host of the inventory has: a host removed
     from the inventory still holds the rotate entry and rotates by its own old copy of the lab.
     `addresses`: the inventory's hosts' addresses as IPs (None: not all known, say nothing)."""
-    from labctl.schedule.plan import INVENTORY
+    from labctl.cron.plan import INVENTORY
 
     if not last or addresses is None:
         return None
@@ -179,8 +179,8 @@ def summarize(
 
 
 def orchestra_status(ctx: Context, orch: Orchestra, file: Path | None = None) -> Status:
+    from labctl.cron.install import list_jobs
     from labctl.orchestra.rotate import serving_hosts
-    from labctl.schedule.install import list_jobs
 
     views = read_views(ctx, serving_hosts(ctx, orch), orch.server.health, gpus=False)
     schedule = scheduled_rotation(list_jobs(ctx), str(file) if file else None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from labctl.agent import fsutil
+from labctl.agent.core import fsutil
 
 
 def write_output(path: Path, data: str | bytes, mode: int = 0o644, flag: str = "") -> None:

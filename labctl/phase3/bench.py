@@ -45,8 +45,8 @@ def _warm_endpoints(ctx: Context, orch: Orchestra) -> list[Any]:
 
 def cycle_figure(ctx: Context, orch: Orchestra, rounds: int, max_tokens: int) -> list[dict[str, Any]]:
     """Per k (1..warm models): median cycle asked at once, one after another, slowest alone."""
+    from labctl.agent.models.tasks import TASKS, prompt_text
     from labctl.agent.orchestra.client import ask_all, complete
-    from labctl.agent.train.tasks import TASKS, prompt_text
 
     endpoints = _warm_endpoints(ctx, orch)
     prompt = prompt_text(TASKS[0])
@@ -84,8 +84,8 @@ def cycle_figure(ctx: Context, orch: Orchestra, rounds: int, max_tokens: int) ->
 def sandbox_figure(ctx: Context, programs: int, batches: int, concurrency: int) -> dict[str, Any]:
     """Executions per second through the running service, then the host's own bench of
     `docker run --rm` and the pool at the same concurrency."""
+    from labctl.agent.models.tasks import TASKS
     from labctl.agent.sandbox.client import Sandbox, SandboxError
-    from labctl.agent.train.tasks import TASKS
     from labctl.hosts.agent_ship import ask_agent
     from labctl.sandbox import service
     from labctl.sandbox.api import sandbox_hosts
@@ -98,7 +98,7 @@ def sandbox_figure(ctx: Context, programs: int, batches: int, concurrency: int) 
             "Start it with `labctl sandbox serve`, then measure.",
         )
     target = sandbox_hosts(ctx, st["host"])[0]
-    token = ask_agent(ctx, target, "sandbox_token", {})["token"]  # held in memory, never shown
+    token = ask_agent(ctx, target, "sandbox.token", {})["token"]  # held in memory, never shown
     client = Sandbox(st["url"], token)
     batch: list[dict[str, Any]] = [t.as_program(t.solution) for t in TASKS[:programs]]
     executions = sum(len(t.tests) for t in TASKS[:programs])
@@ -154,7 +154,7 @@ def run_phase3(
     """A phase-3 run (`labctl train --phase 3 TRAIN_ARGS`) in a checkpoint folder of its own,
     removed afterwards from the hosts that trained; its step events. `poll(events)` is called
     with the events so far about twice a second while it runs."""
-    from labctl.agent import paths
+    from labctl.agent.core import paths
 
     inv = ctx.inventory_path
     started = time.time()

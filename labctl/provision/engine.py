@@ -88,7 +88,7 @@ def _build(host: Host, entry: Entry) -> Resource:
 
 def _probe(run: HostRun, probes: dict[str, dict[str, Any]], check: bool = False) -> dict[str, Any]:
     # --check must leave hosts byte-for-byte as they were: not even the agent is cached.
-    answer = call_agent(run, "probe", {"probes": probes}, read_only=check)
+    answer = call_agent(run, "provision.probe", {"probes": probes}, read_only=check)
     return dict(answer.get("results", {}))
 
 

@@ -86,10 +86,10 @@ class Resource:
         connection (the network) applies through a transaction instead."""
         from labctl.hosts.agent_ship import call_agent
 
-        call_agent(run, "apply", {"ops": change.ops}, timeout=3600)
+        call_agent(run, "provision.apply", {"ops": change.ops}, timeout=3600)
 
 
-# type name -> "module:class" (the one registry shape, see labctl.agent.registry). A resource
+# type name -> "module:class" (the one registry shape, see labctl.agent.core.registry). A resource
 # module is imported only when a playbook uses its type; a new resource is one module in
 # resources/ and one line here.
 RESOURCES: dict[str, str] = {
@@ -115,7 +115,7 @@ def resource_types() -> list[str]:
 
 def resource_class(type_name: str) -> type[Resource]:
     """The class of `type_name` (one of `resource_types()`), importing its module now."""
-    from labctl.agent.registry import load
+    from labctl.agent.core.registry import load
 
     cls: type[Resource] = load(RESOURCES[type_name])
     return cls

@@ -1,7 +1,7 @@
 """Run untrusted programs in the sandbox host's warm pool: `labctl.sandbox.run` / `run_many`.
 
 The controller decides every limit (limits.py) and each language's commands (languages.py)
-and sends them with the programs; the host's agent (`sandbox_run`) only carries them out. A
+and sends them with the programs; the host's agent (`sandbox.run`) only carries them out. A
 batch travels to each sandbox host in one agent call over SSH, so a training loop that submits
 hundreds of programs costs one session per host, not one per program.
 """
@@ -216,7 +216,7 @@ def run_many(
             }
             try:
                 # every wave may compile and run up to its time limit
-                answer = call_agent(run, "sandbox_run", args, timeout=waves * worst * 2 + AGENT_SLACK_S)
+                answer = call_agent(run, "sandbox.run", args, timeout=waves * worst * 2 + AGENT_SLACK_S)
             except LabctlError as e:
                 raise host_failure(ctx, run.host, langs, e) from None
             return HostResult(run.host.name, "ok", data=answer["results"])

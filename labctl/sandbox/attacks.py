@@ -124,7 +124,7 @@ class Attack:
     memory_mb: int = 256
 
     def requests(self) -> list[dict[str, Any]]:
-        """The runs, as `sandbox_run` takes them."""
+        """The runs, as `sandbox.run` takes them."""
         return [
             {
                 "lang": self.lang,

@@ -53,7 +53,7 @@ def bench(ctx: Context, lang: str, levels: list[int], runs: int, host: str | Non
         "docker_run": argv,
     }
     try:
-        answer = ask_agent(ctx, target, "sandbox_bench", args, timeout=BENCH_TIMEOUT_S)
+        answer = ask_agent(ctx, target, "sandbox.bench", args, timeout=BENCH_TIMEOUT_S)
     except HostError as e:
         raise host_failure(ctx, target, [lang], e) from None
     return {"host": target.name, "lang": lang, "runs": runs, "limits": limits.as_dict(), **answer}

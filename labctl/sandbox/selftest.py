@@ -1,7 +1,7 @@
 """`labctl sandbox selftest`: run every attack, check the host after each, judge containment.
 
 The engine and the host check come in as functions, so the same loop runs over SSH through the
-agent (`sandbox_run`, `sandbox_hostcheck`) and, in tests, against any runner that takes the
+agent (`sandbox.run`, `sandbox.hostcheck`) and, in tests, against any runner that takes the
 same requests and answers the same results.
 """
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 # (requests, concurrency) -> one result per request, in order
 RunBatch = Callable[[list[dict[str, Any]], int], list[dict[str, Any]]]
-# (action, args) -> the agent's answer to sandbox_hostcheck
+# (action, args) -> the agent's answer to sandbox.hostcheck
 HostCheck = Callable[[str, dict[str, Any]], dict[str, Any]]
 # How long the host may take to remove a used container and give back its memory.
 SETTLE_S = 30.0
@@ -125,7 +125,7 @@ def check_attack_names(names: Sequence[str], langs: Sequence[str]) -> None:
 
 def on_hosts(ctx: Context, host: str | None, lang: str | None, only: Sequence[str] = ()) -> dict[str, Any]:
     """The self-test on each sandbox host (--host, or the inventory's role `sandbox`) through
-    its agent: `sandbox_run` for the attacks, `sandbox_hostcheck` around each. The languages are
+    its agent: `sandbox.run` for the attacks, `sandbox.hostcheck` around each. The languages are
     --lang's, else each host's inventory `sandbox.languages`; `only` keeps the attacks so named."""
     from labctl.agent.sandbox import LABEL_LAB
     from labctl.hosts.agent_ship import ask_agent
@@ -166,13 +166,13 @@ def on_hosts(ctx: Context, host: str | None, lang: str | None, only: Sequence[st
             }
             timeout = max(float(r["timeout"]) for r in reqs) * 2 + RUN_SLACK_S
             try:
-                return list(ask_agent(ctx, h, "sandbox_run", args, timeout=timeout)["results"])
+                return list(ask_agent(ctx, h, "sandbox.run", args, timeout=timeout)["results"])
             except LabctlError as e:
                 raise host_failure(ctx, h, list(specs), e) from None
 
         def hostcheck(action: str, args: dict[str, Any], h: Host = h) -> dict[str, Any]:
             return dict(
-                ask_agent(ctx, h, "sandbox_hostcheck", {"action": action, **args}, timeout=SETTLE_S + 60)
+                ask_agent(ctx, h, "sandbox.hostcheck", {"action": action, **args}, timeout=SETTLE_S + 60)
             )
 
         # the host check judges this lab's containers only: another lab's runs on the same

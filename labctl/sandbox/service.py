@@ -77,7 +77,7 @@ def serve(ctx: Context, host: str | None, port: int, concurrency: int | None = N
         "concurrency": concurrency or DEFAULT_CONCURRENCY,
     }
     try:
-        started = ask_agent(ctx, target, "sandbox_serve", args, timeout=START_TIMEOUT_S)
+        started = ask_agent(ctx, target, "sandbox.serve", args, timeout=START_TIMEOUT_S)
     except HostError as e:
         raise host_failure(ctx, target, langs, e) from None
     url = url_of(target, int(started["port"]))
@@ -100,18 +100,18 @@ def serve(ctx: Context, host: str | None, port: int, concurrency: int | None = N
 def hand_out(ctx: Context, sandbox_host: Host, service: dict[str, Any]) -> dict[str, str]:
     """The token (a file created 0600, its bytes on stdin) and client.json on every training host: {host: "ok" | why not}.
     A host that cannot be reached is named, not fatal: the service runs either way."""
-    from labctl.agent import paths
+    from labctl.agent.core import paths
     from labctl.hosts.agent_ship import ask_agent, call_agent
     from labctl.hosts.fanout import HostResult, HostRun, fan_out
 
     trainers = _trainers(ctx)
     if not trainers:
         return {}
-    token = ask_agent(ctx, sandbox_host, "sandbox_token", {})["token"].encode() + b"\n"
+    token = ask_agent(ctx, sandbox_host, "sandbox.token", {})["token"].encode() + b"\n"
 
     def step(run: HostRun) -> HostResult:
         run.conn.put_bytes(token, paths.SANDBOX_CLIENT_TOKEN, mode=0o600, dir_mode=0o755)
-        answer = call_agent(run, "sandbox_client", {"service": service})
+        answer = call_agent(run, "sandbox.client", {"service": service})
         return HostResult(run.host.name, "ok", data=answer)
 
     results = fan_out(ctx, trainers, step, label="handing out the sandbox token", progress=False)
@@ -124,10 +124,10 @@ def stop(ctx: Context, host: str | None) -> dict[str, Any]:
     from labctl.hosts.fanout import HostResult, HostRun, fan_out
 
     target = _one_host(ctx, host)
-    answer = ask_agent(ctx, target, "sandbox_serve_stop", {"lab": ctx.inventory.lab, "host": target.name})
+    answer = ask_agent(ctx, target, "sandbox.serve_stop", {"lab": ctx.inventory.lab, "host": target.name})
 
     def step(run: HostRun) -> HostResult:
-        return HostResult(run.host.name, "ok", data=call_agent(run, "sandbox_client_remove", {}))
+        return HostResult(run.host.name, "ok", data=call_agent(run, "sandbox.client_remove", {}))
 
     trainers = _trainers(ctx)
     results = (
@@ -145,7 +145,7 @@ def state(ctx: Context, host: str | None) -> dict[str, Any]:
 
     target = _one_host(ctx, host)
     answer = ask_agent(
-        ctx, target, "sandbox_serve_state", {"lab": ctx.inventory.lab, "host": target.name}, read_only=True
+        ctx, target, "sandbox.serve_state", {"lab": ctx.inventory.lab, "host": target.name}, read_only=True
     )
     doc = {"host": target.name, **answer}
     if answer.get("port"):

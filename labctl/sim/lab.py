@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import labctl
-from labctl.agent.fsutil import write_atomic
+from labctl.agent.core.fsutil import write_atomic
 from labctl.output.errors import HostError, InputError
 from labctl.sim import netns, sshd
 from labctl.sim.commands import require_root, require_tool, run

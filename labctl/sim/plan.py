@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.output.errors import InputError
 
 DEFAULT_HOSTS: tuple[str, ...] = ("m5", "irina", "pharaoh", "workstation")

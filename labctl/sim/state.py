@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labctl.agent.fsutil import write_atomic
+from labctl.agent.core.fsutil import write_atomic
 from labctl.output.errors import InputError
 
 STATE_FILE = "state.json"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.agent.train.events import SAMPLES_FILE
 from labctl.agent.train.fatal import EXIT_FATAL
 from labctl.hosts.agent_ship import agent_dir, agent_zip, call_agent
@@ -116,7 +116,7 @@ def preflight(
         return args
 
     results = ask_agents(
-        ctx, everyone, "train_preflight", args_for, timeout=PREFLIGHT_TIMEOUT_S, label="preflight"
+        ctx, everyone, "train.preflight", args_for, timeout=PREFLIGHT_TIMEOUT_S, label="preflight"
     )
     failed = [r for r in results if not r.ok]
     if failed:
@@ -477,7 +477,7 @@ def _ps_everywhere(
     return ask_agents(
         ctx,
         hosts,
-        "train_ps",
+        "train.ps",
         lambda h: {"run_id": run_id, "host": h.name, "stop": True, "grace": grace, "log_dir": log_dir},
         timeout=grace + 60,
         label="checking no process of the run remains",
@@ -500,7 +500,7 @@ def run_detached(ctx: Context, spec: LaunchSpec, hosts: list[Host]) -> list[Host
     return ask_agents(
         ctx,
         [by_name[n.host] for n in spec.nodes],
-        "train_spawn",
+        "train.spawn",
         lambda h: {
             "line": spec.shell_line(nodes[h.name]),
             "log_dir": spec.log_dir,
@@ -515,7 +515,7 @@ def host_status(ctx: Context, record: dict[str, Any], hosts: list[Host]) -> list
     return ask_agents(
         ctx,
         hosts,
-        "train_status",
+        "train.status",
         lambda h: {"run_id": record["run_id"], "host": h.name, "log_dir": record["log_dir"]},
         timeout=60,
         label="asking the hosts",

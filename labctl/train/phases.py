@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, Optional
 import yaml
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.agent.train.settings import RL_DEFAULTS
 from labctl.documents.loader import open_document
 from labctl.documents.suggest import did_you_mean

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from labctl.agent import paths
-from labctl.agent.gpus import runs_on
+from labctl.agent.core import paths
+from labctl.agent.core.gpus import runs_on
 from labctl.facts.compare import GIB, model_matches
 from labctl.facts.gpus import Cap, builds_for, declared_gpus, fmt_cap, known_cap, parse_cap
 from labctl.inventory.model import Host
@@ -183,7 +183,7 @@ def choose_device(settings: Settings, override: str | None, hosts: list[Host], p
 
 def checkpoint_bytes(settings: Settings) -> int:
     """A checkpoint's size: fp32 weights + AdamW's two moments (+ EMA), with 10% to spare."""
-    from labctl.agent.tinylm import make_config, param_count
+    from labctl.agent.models.tinylm import make_config, param_count
 
     m = settings.model
     cfg = make_config(

@@ -1,4 +1,4 @@
-"""The training run layer under the CLI: `start`, `status` and `stop`, each a result out.
+"""The training run layer under the CLI: `start`, `monitor.status` and `stop`, each a result out.
 
 `start` turns a `TrainRequest` into a planned run (phase settings, hosts, preflight, the
 `LaunchSpec`, which carries the run's time limit) and hands it to the chosen backend

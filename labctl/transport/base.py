@@ -39,7 +39,7 @@ def still_running_hint(host: str) -> str:
 
 
 class TransportError(HostError):
-    """A failure reaching or using a host; `status` is the recap's word for it."""
+    """A failure reaching or using a host; `monitor.status` is the recap's word for it."""
 
     status = "failed"
 

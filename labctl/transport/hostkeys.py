@@ -12,8 +12,8 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from labctl.agent.fsutil import write_atomic
-from labctl.agent.textedit import body, newline_of, split_lines, text_lines
+from labctl.agent.core.fsutil import write_atomic
+from labctl.agent.core.textedit import body, newline_of, split_lines, text_lines
 from labctl.transport.localfiles import known_hosts_problem, line_fields, local_file_error
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from labctl.agent.fsutil import write_atomic
+from labctl.agent.core.fsutil import write_atomic
 from labctl.inventory.model import Host
 from labctl.transport.base import CommandResult, LineCallback, LineSplitter, file_error
 from labctl.transport.shell import check_env

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from labctl.agent.textedit import text_lines
+from labctl.agent.core.textedit import text_lines
 from labctl.documents.defaults import shown_path
 from labctl.output.errors import InputError
 

@@ -69,7 +69,9 @@ def test_status_names_the_bad_host_and_shows_the_good_one(lab: Path) -> None:
     assert proc.returncode == 1
     assert rows["good"]["reachable"] and rows["good"]["sample"]["memory"]["used_bytes"] > 0
     assert rows["bad"]["status"] == "failed" and not rows["bad"]["reachable"]
-    assert rows["bad"]["error"].startswith("bad answered `status` with a reply labctl cannot read: at time:")
+    assert rows["bad"]["error"].startswith(
+        "bad answered `monitor.status` with a reply labctl cannot read: at time:"
+    )
 
 
 def test_metrics_textfile_is_written_with_the_good_hosts_series(lab: Path, tmp_path: Path) -> None:

@@ -43,7 +43,9 @@ def test_bond_probe_on_a_sim_host_refuses_without_a_driver_and_changes_nothing(l
             "members": bond.interfaces,
         }
         # read_only: as `provision --check` probes, the agent runs from memory and writes nothing.
-        out = ask_agent(ctx, host, "probe", {"probes": {"b": {"kind": "bond", **args}}}, read_only=True)
+        out = ask_agent(
+            ctx, host, "provision.probe", {"probes": {"b": {"kind": "bond", **args}}}, read_only=True
+        )
     finally:
         ctx.close()
     probe = out["results"]["b"]

@@ -163,13 +163,13 @@ def small_cache(lab: Any, tmp_path: Path) -> Path:
 
 
 def touch(inv: Path, model: str) -> None:
-    """What the loader does on m5 when it loads a model: the agent's cache_touch."""
+    """What the loader does on m5 when it loads a model: the agent's cache.touch."""
     from labctl.hosts.agent_ship import ask_agent
     from labctl.hosts.context import Context
 
     ctx = Context.create(inventory_path=inv)
     try:
-        out = ask_agent(ctx, ctx.inventory.host("m5"), "cache_touch", {"cache": SMALL, "model": model})
+        out = ask_agent(ctx, ctx.inventory.host("m5"), "cache.touch", {"cache": SMALL, "model": model})
     finally:
         ctx.close()
     assert out["touched"] is True

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from tests.conftest import labctl, run_json, sh
 
 pytestmark = pytest.mark.integration

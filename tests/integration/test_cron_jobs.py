@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from tests.conftest import run_json, sh
 
 pytestmark = pytest.mark.integration
@@ -22,7 +22,7 @@ def cron_entry_line(inv: Any, host: str, name: str) -> str:
     """The shell line the cron entry of job `name` runs on `host`, as cron would run it: the
     marked file's entry without its five schedule fields and user, `\\%` unescaped."""
     text = sh(inv, host, f"cat /etc/cron.d/labctl-{name}")
-    from labctl.agent.schedule.cronjobs import parse_job_file
+    from labctl.agent.cron.cronjobs import parse_job_file
 
     return str(parse_job_file(text)["line"])
 
@@ -147,8 +147,8 @@ def test_rotation_schedule_is_read_back_and_needs_a_cron_daemon(lab: Any, tmp_pa
 
     import yaml
 
-    from labctl.agent.schedule.cronjobs import next_run
-    from labctl.schedule.jobs import ORCHESTRA_COPY
+    from labctl.agent.cron.cronjobs import next_run
+    from labctl.cron.jobs import ORCHESTRA_COPY
     from tests.conftest import labctl
 
     inv = lab.inventory_path

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.agent.sandbox import image_name
 from labctl.agent.sandbox.daemon import DAEMON_JSON, dockerd_op, userns_support
 from tests.conftest import ON_THIS_MACHINE

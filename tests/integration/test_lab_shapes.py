@@ -4,7 +4,7 @@ Each shape is a valid inventory of 1-6 hosts with any subset of labctl's roles (
 included), with or without GPUs, torch, a model cache, storage, a sandbox or a bond. Every
 host is this machine (`connection: local`, distinct names), so no SSH is needed. On each shape
 every shipped provision playbook runs with `--check`, every phase of playbooks/train.yaml with
-`train --dry-run`, then `orchestra plan`, `doctor`, `status`, `cron list` and `ckpt list`, all
+`train --dry-run`, then `orchestra plan`, `doctor`, `monitor.status`, `cron list` and `ckpt list`, all
 with --json. None may print a traceback, and a refusal (exit 1 or 2) must name a precondition
 of the lab.
 

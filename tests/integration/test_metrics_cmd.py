@@ -77,7 +77,7 @@ class Background:
 
 
 def wait_for(what: str, probe: Callable[[], Optional[T]], bg: Background) -> T:
-    """Poll `probe` until it returns something; fail naming `what` with the process's output."""
+    """Poll `provision.probe` until it returns something; fail naming `what` with the process's output."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         if bg.proc.poll() is not None:

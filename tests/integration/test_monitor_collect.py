@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from labctl.agent.core.paths import STATUS_HISTORY
 from labctl.agent.monitor.status import HISTORY_EVERY_S
-from labctl.agent.paths import STATUS_HISTORY
 from labctl.hosts.context import Context
 from labctl.monitor.alerts import load_rules
 from labctl.monitor.collect import HostStatus, collect

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.agent.orchestra.client import Endpoint, ask_all, load_endpoints
 from tests.conftest import REPO, labctl, m5_cache, orchestra_lab, run_json, sh
 

@@ -20,7 +20,7 @@ from typing import Any
 import openai
 import pytest
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.agent.orchestra.client import ask_all, load_endpoints
 from tests.conftest import labctl, labctl_process, m5_cache, orchestra_lab, run_json, sh
 from tests.integration.test_orchestra import NETNS, servers

@@ -64,7 +64,7 @@ class Orchestra:
 
     def start(self, name: str, seed: int) -> None:
         from labctl.agent.modelload.modelgen import make_model
-        from labctl.agent.tinylm import make_config
+        from labctl.agent.models.tinylm import make_config
 
         config = make_config(vocab=256, d_model=64, n_layers=2, n_heads=2, d_ff=128, max_seq=512)
         make_model(str(self.folder / name), 0, seed=seed, config=config)
@@ -84,7 +84,7 @@ class Orchestra:
         ]
         tmp = self.file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"lab": "t", "models": models, "remote": []}))
-        tmp.replace(self.file)  # as orch_publish does: a reader never sees half a file
+        tmp.replace(self.file)  # as orchestra.publish does: a reader never sees half a file
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         proc, _ = self.servers.pop(name)

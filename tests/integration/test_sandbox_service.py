@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.agent.sandbox.client import Sandbox, SandboxError, load_service
 from labctl.agent.sandbox.service import Server, Service
 from labctl.sandbox.api import lang_spec

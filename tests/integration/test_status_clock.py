@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.paths import STATUS_HISTORY
+from labctl.agent.core.paths import STATUS_HISTORY
 from labctl.hosts.context import Context
 from labctl.monitor.alerts import load_rules
 from labctl.monitor.collect import collect

@@ -29,7 +29,7 @@ WARM_JSON = "/var/lib/labctl/orchestra/warm.json"
 
 
 def answering_hosts(inv: Path) -> list[str]:
-    """The hosts whose agent answers `status` (the Windows-marked workstation is skipped)."""
+    """The hosts whose agent answers `monitor.status` (the Windows-marked workstation is skipped)."""
     rc, doc = run_json(inv, "status")
     assert rc == 0, doc
     return [h["host"] for h in doc["hosts"] if h["sample"]]

@@ -1,11 +1,11 @@
-"""The accept loop `cache_serve` and `net_sink` share (labctl/agent/accepting.py), on real sockets."""
+"""The accept loop `cache.serve` and `netbench.sink` share (labctl/agent/core/accepting.py), on real sockets."""
 
 from __future__ import annotations
 
 import socket
 import threading
 
-from labctl.agent.accepting import Accepting
+from labctl.agent.core.accepting import Accepting
 
 
 class _Echo(Accepting):

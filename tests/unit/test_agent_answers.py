@@ -1,4 +1,4 @@
-"""Every agent answer is checked against its command's declared shape (labctl/agent/answers.py)
+"""Every agent answer is checked against its command's declared shape (labctl/agent/core/answers.py)
 where answers arrive (agent_ship.call_agent), and what passes the check is safe for the code that
 reads it: status, metrics, facts and doctor take any answer of the declared shape."""
 
@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from labctl.agent.answers import (
+from labctl.agent.commands import COMMANDS
+from labctl.agent.core.answers import (
     ANSWERS,
     EVENTS,
     INT_LIMIT,
@@ -27,7 +28,6 @@ from labctl.agent.answers import (
     malformed,
     problem,
 )
-from labctl.agent.commands import COMMANDS
 from labctl.hosts import agent_ship
 from labctl.hosts.agent_ship import BAD_ANSWER, AgentFailed, agent_event, call_agent
 from labctl.hosts.context import Context
@@ -121,31 +121,33 @@ def test_any_json_passes_or_is_refused_at_a_path(
 
 def test_a_refusal_names_where_and_what() -> None:
     status = {"time": 1.0, "memory": {"used_bytes": 1}, "gpus": "many"}
-    assert answer_problem("status", status) == "at gpus: expected a list, got str 'many'"
+    assert answer_problem("monitor.status", status) == "at gpus: expected a list, got str 'many'"
     status["gpus"] = [{"index": 0}, {"index": "1"}]
-    assert answer_problem("status", status) == "at gpus[1].index: expected a whole number, got str '1'"
-    assert answer_problem("status", [status]) == "at the top: expected an object, got list"
+    assert (
+        answer_problem("monitor.status", status) == "at gpus[1].index: expected a whole number, got str '1'"
+    )
+    assert answer_problem("monitor.status", [status]) == "at the top: expected an object, got list"
     assert answer_problem("ping", {}) == "at time: missing (expected a time (seconds since 1970))"
     assert answer_problem("ping", {"time": float("inf")}) is not None
     assert answer_problem("ping", {"time": 10**400}) is not None
     assert answer_problem("ping", {"time": True}) is not None  # true is no number in JSON
     cache = {"cache": "/c", "exists": True, "models": {"llama 8b": {"files": [{"path": "w", "size": -1.5}]}}}
-    assert answer_problem("cache_state", cache) == (
+    assert answer_problem("cache.state", cache) == (
         "at models['llama 8b'].files[0].size: expected a whole number, got float -1.5"
     )
     facts = {"gpus": {"error": "nvidia-smi exited 9", "kind": "GpuQueryError"}}
-    assert answer_problem("facts", facts) is None  # a section that failed says so in its place
+    assert answer_problem("facts.collect", facts) is None  # a section that failed says so in its place
     facts = {"gpus": [{"compute_capability": "sm_86"}]}
-    assert "expected a compute capability" in str(answer_problem("facts", facts))
+    assert "expected a compute capability" in str(answer_problem("facts.collect", facts))
 
 
 def test_answers_keyed_by_what_was_asked_answer_each() -> None:
     asked = {"probes": {"pub": {"kind": "file", "path": "/k.pub"}}}
-    assert answer_problem("probe", {"results": {"pub": {}}}, asked) is None
-    assert answer_problem("probe", {"results": {}}, asked) == "at results: no answer for 'pub'"
+    assert answer_problem("provision.probe", {"results": {"pub": {}}}, asked) is None
+    assert answer_problem("provision.probe", {"results": {}}, asked) == "at results: no answer for 'pub'"
     programs = {"programs": [{"lang": "python"}, {"lang": "c"}]}
     assert (
-        answer_problem("sandbox_run", {"results": [{}]}, programs) == "at results: 1 answers for the 2 asked"
+        answer_problem("sandbox.run", {"results": [{}]}, programs) == "at results: 1 answers for the 2 asked"
     )
 
 
@@ -173,11 +175,11 @@ def test_call_agent_refuses_an_answer_of_the_wrong_shape_naming_the_host(
         name="m5", address="127.0.0.1", connection="local", python=garbage_python(tmp_path, '{"gpus": 7}')
     )
     with pytest.raises(AgentFailed) as e:
-        call_agent(HostRun(ctx, host, threading.Event()), "status", {})
+        call_agent(HostRun(ctx, host, threading.Event()), "monitor.status", {})
     assert e.value.kind == BAD_ANSWER and e.value.exit_code == 1
     assert (
         e.value.message
-        == "m5 answered `status` with a reply labctl cannot read: at time: missing (expected a time (seconds since 1970))."
+        == "m5 answered `monitor.status` with a reply labctl cannot read: at time: missing (expected a time (seconds since 1970))."
     )
     assert f"labctl exec --limit m5 -- {host.python} -c" in e.value.hint
 
@@ -190,7 +192,7 @@ def test_call_agent_passes_a_real_answer(ctx: Context) -> None:
 # -- what passes the check, its readers take ------------------------------------------------------
 
 
-@given(sample=conforming(ANSWERS["status"]))
+@given(sample=conforming(ANSWERS["monitor.status"]))
 def test_status_metrics_and_alerts_take_any_status_answer_of_the_shape(sample: dict[str, Any]) -> None:
     from labctl.monitor.alerts import AlertRules, evaluate
     from labctl.monitor.collect import HostStatus
@@ -205,9 +207,9 @@ def test_status_metrics_and_alerts_take_any_status_answer_of_the_shape(sample: d
 
 
 @given(
-    facts=conforming(ANSWERS["facts"]),
-    cron=conforming(ANSWERS["cron_list"]),
-    images=conforming(ANSWERS["sandbox_images"]),
+    facts=conforming(ANSWERS["facts.collect"]),
+    cron=conforming(ANSWERS["cron.list"]),
+    images=conforming(ANSWERS["sandbox.images"]),
 )
 def test_facts_and_doctor_take_any_facts_answer_of_the_shape(
     facts: dict[str, Any], cron: dict[str, Any], images: dict[str, Any]
@@ -242,7 +244,7 @@ def test_facts_and_doctor_take_any_facts_answer_of_the_shape(
 
 
 def test_doctor_takes_a_network_probe_that_measured_no_stream() -> None:
-    # net_send may answer no runs at all (its shape allows an empty list): no bandwidth to show.
+    # netbench.send may answer no runs at all (its shape allows an empty list): no bandwidth to show.
     from labctl.doctor.checks import check_network
     from labctl.doctor.gather import NetworkProbe
 

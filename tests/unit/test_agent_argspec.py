@@ -1,4 +1,4 @@
-"""The agent's argument specs (labctl/agent/argspec.py): every command's args are checked once,
+"""The agent's argument specs (labctl/agent/core/argspec.py): every command's args are checked once,
 before its handler runs, so a bad call is refused as bad_args naming the command and the
 argument instead of failing deep in the handler with a KeyError or TypeError."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from labctl.agent import __main__ as agent_main
 from labctl.agent import commands
-from labctl.agent.argspec import NUMBER_OR_NULL, Opt, Or, Spec, takes
-from labctl.agent.errors import AgentError
+from labctl.agent.core.argspec import NUMBER_OR_NULL, Opt, Or, Spec, takes
+from labctl.agent.core.errors import AgentError
 
 
 def refused(command: str, args: dict[str, Any]) -> str:
@@ -27,9 +27,9 @@ def refused(command: str, args: dict[str, Any]) -> str:
     ("command", "args", "named"),
     [
         ("ping", {"verbose": True}, "verbose"),
-        ("cache_evict", {"cache": "/c", "model": ["m"]}, "model"),
-        ("ckpt_lib_list", {"lib": "/l", "run": "r"}, "run"),
-        ("train_ps", {"run_id": "r", "stop": True, "grace_s": 3}, "grace_s"),
+        ("cache.evict", {"cache": "/c", "model": ["m"]}, "model"),
+        ("ckpt.lib_list", {"lib": "/l", "run": "r"}, "run"),
+        ("train.ps", {"run_id": "r", "stop": True, "grace_s": 3}, "grace_s"),
     ],
 )
 def test_an_unknown_argument_is_refused_by_name(command: str, args: dict[str, Any], named: str) -> None:
@@ -40,10 +40,10 @@ def test_an_unknown_argument_is_refused_by_name(command: str, args: dict[str, An
 @pytest.mark.parametrize(
     ("command", "args", "named"),
     [
-        ("cache_state", {"size_gb": 4}, "cache"),
-        ("net_send", {"address": "127.0.0.1"}, "port"),
-        ("ckpt_lib_commit", {"lib": "/l", "run_id": "r"}, "step"),
-        ("read_cold", {}, "path"),
+        ("cache.state", {"size_gb": 4}, "cache"),
+        ("netbench.send", {"address": "127.0.0.1"}, "port"),
+        ("ckpt.lib_commit", {"lib": "/l", "run_id": "r"}, "step"),
+        ("modelload.read_cold", {}, "path"),
     ],
 )
 def test_a_missing_required_argument_is_refused_by_name(
@@ -55,12 +55,12 @@ def test_a_missing_required_argument_is_refused_by_name(
 @pytest.mark.parametrize(
     ("command", "args", "named"),
     [
-        ("net_send", {"address": "127.0.0.1", "port": "9000"}, "port"),
-        ("cache_verify", {"cache": "/c", "repair": "yes"}, "repair"),
-        ("ckpt_newest", {"dir": "/d", "step": 1.5}, "step"),
-        ("facts", {"timeout_s": "soon"}, "timeout_s"),
-        ("load_stages", {"path": "/m", "seq": True}, "seq"),
-        ("net_begin", {"id": "t", "files": ["/etc/x"]}, "files"),
+        ("netbench.send", {"address": "127.0.0.1", "port": "9000"}, "port"),
+        ("cache.verify", {"cache": "/c", "repair": "yes"}, "repair"),
+        ("ckpt.newest", {"dir": "/d", "step": 1.5}, "step"),
+        ("facts.collect", {"timeout_s": "soon"}, "timeout_s"),
+        ("modelload.load_stages", {"path": "/m", "seq": True}, "seq"),
+        ("network.txn_begin", {"id": "t", "files": ["/etc/x"]}, "files"),
     ],
 )
 def test_a_wrongly_typed_argument_is_refused_by_name(command: str, args: dict[str, Any], named: str) -> None:
@@ -68,10 +68,10 @@ def test_a_wrongly_typed_argument_is_refused_by_name(command: str, args: dict[st
 
 
 def test_the_agent_answers_a_refusal_as_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert agent_main.main(["cache_evict", json.dumps({"cache": "/c", "force": 1})]) == 1
+    assert agent_main.main(["cache.evict", json.dumps({"cache": "/c", "force": 1})]) == 1
     answer = json.loads(capsys.readouterr().out)
     assert answer == {
-        "error": "cache_evict: argument 'force' must be true or false, got 1",
+        "error": "cache.evict: argument 'force' must be true or false, got 1",
         "kind": "bad_args",
     }
 

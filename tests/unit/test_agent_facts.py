@@ -1,4 +1,4 @@
-"""The host agent: its parsers on real-world samples, and `facts` run for real on this machine."""
+"""The host agent: its parsers on real-world samples, and `facts.collect` run for real on this machine."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import AGENT_VERSION, gpus
-from labctl.agent.facts import collect as facts
-from labctl.agent.facts.storage import select_mounts
-from labctl.agent.parsers import (
+from labctl.agent import AGENT_VERSION
+from labctl.agent.core import gpus
+from labctl.agent.core.parsers import (
     cuda_version_string,
     memory_from_meminfo,
     nccl_version_string,
@@ -32,6 +31,8 @@ from labctl.agent.parsers import (
     parse_nvidia_smi_csv,
     parse_os_release,
 )
+from labctl.agent.facts import collect as facts
+from labctl.agent.facts.storage import select_mounts
 from labctl.hosts.agent_ship import agent_zip
 
 REPO = Path(__file__).resolve().parents[2]
@@ -614,7 +615,7 @@ def check_facts_match_this_host(result: dict[str, Any]) -> None:
 
 
 def test_facts_subprocess_describes_this_host() -> None:
-    rc, result = run_agent("facts")
+    rc, result = run_agent("facts.collect")
     assert rc == 0, result
     check_facts_match_this_host(result)
     assert result["python"]["executable"] == sys.executable
@@ -624,7 +625,7 @@ def test_facts_subprocess_describes_this_host() -> None:
 
 
 def test_facts_without_torch_skips_it() -> None:
-    rc, result = run_agent("facts", '{"torch": false}')
+    rc, result = run_agent("facts.collect", '{"torch": false}')
     assert rc == 0
     assert result["torch"] == {"skipped": True}
     assert "torch" not in result["labctl"]["sections_s"]
@@ -642,11 +643,11 @@ def test_ping() -> None:
     ("argv", "stdin", "kind"),
     [
         (("no-such-command",), None, "unknown_command"),
-        (("facts", "{not json"), None, "bad_args"),
-        (("facts", "[1, 2]"), None, "bad_args"),
-        (("facts", '{"sections": ["os", "gpu"]}'), None, "bad_args"),
-        (("facts", "-"), '{"sections": 3}', "bad_args"),
-        (("facts", '{"timeout_s": "soon"}'), None, "bad_args"),
+        (("facts.collect", "{not json"), None, "bad_args"),
+        (("facts.collect", "[1, 2]"), None, "bad_args"),
+        (("facts.collect", '{"sections": ["os", "gpu"]}'), None, "bad_args"),
+        (("facts.collect", "-"), '{"sections": 3}', "bad_args"),
+        (("facts.collect", '{"timeout_s": "soon"}'), None, "bad_args"),
         ((), None, "usage"),
     ],
 )
@@ -658,7 +659,7 @@ def test_failures_exit_1_with_an_error_object(argv: tuple[str, ...], stdin: str 
 
 
 def test_args_from_stdin() -> None:
-    rc, result = run_agent("facts", "-", stdin='{"sections": ["memory"], "torch": false}')
+    rc, result = run_agent("facts.collect", "-", stdin='{"sections": ["memory"], "torch": false}')
     assert rc == 0
     assert set(result) == {"memory", "labctl"}
 
@@ -711,7 +712,7 @@ def test_zipapp_runs_alone(tmp_path: Path) -> None:
     # Run from an empty directory with no PYTHONPATH: nothing but the archive is importable.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
-        [sys.executable, str(target), "facts", '{"torch": false}'],
+        [sys.executable, str(target), "facts.collect", '{"torch": false}'],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -729,7 +730,7 @@ def test_zipapp_runs_alone(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not PY38.exists(), reason=f"no Python 3.8 interpreter at {PY38}")
 def test_python38_runs_module_and_zipapp(tmp_path: Path) -> None:
-    rc, result = run_agent("facts", python=str(PY38))
+    rc, result = run_agent("facts.collect", python=str(PY38))
     assert rc == 0, result
     check_facts_match_this_host(result)
     assert result["python"]["version"].startswith("3.8.")
@@ -781,7 +782,7 @@ def test_nics_in_a_namespace_with_bridge_veth_and_addresses() -> None:
                 sys.executable,
                 "-m",
                 "labctl.agent",
-                "facts",
+                "facts.collect",
                 '{"sections": ["nics"]}',
             ],
             cwd=REPO,

@@ -1,4 +1,4 @@
-"""The one atomic write (labctl/agent/fsutil.py): old or new file, never half, modes and owners kept."""
+"""The one atomic write (labctl/agent/core/fsutil.py): old or new file, never half, modes and owners kept."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import IO, Any
 
 import pytest
 
-from labctl.agent import fsutil
+from labctl.agent.core import fsutil
 
 
 def leftovers(folder: Path) -> list[str]:

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from labctl.agent.modelload.modelgen import make_model
+from labctl.agent.models.tinylm import make_config
 from labctl.agent.orchestra import server as orchestra_server
 from labctl.agent.orchestra.server import Model
 from labctl.agent.sandbox import service as sandbox_service
-from labctl.agent.tinylm import make_config
 
 TOKEN = "t0ken-for-the-tests-only-0123456789"
 CONFIG = make_config(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq=64)

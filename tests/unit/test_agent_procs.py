@@ -1,4 +1,4 @@
-"""labctl/agent/procs.py: waiting on a long child process with a heartbeat."""
+"""labctl/agent/core/procs.py: waiting on a long child process with a heartbeat."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ def test_wait_beating_beats_while_a_process_runs_and_kills_it_past_its_time() ->
     import subprocess
     import sys
 
-    from labctl.agent import procs
+    from labctl.agent.core import procs
 
     beats: list[int] = []
     quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])

@@ -37,12 +37,12 @@ def test_the_agents_error_kind_survives_call_agent(ctx: Context, tmp_path: Path,
     cache = tmp_path / "cache"
     cache.mkdir()
     # The cache commands live in a sub-package of the agent: both ways of running it import it.
-    state = ask(ctx, here(), "cache_state", {"cache": str(cache)}, read_only=read_only)
+    state = ask(ctx, here(), "cache.state", {"cache": str(cache)}, read_only=read_only)
     assert isinstance(state, dict) and state["exists"] is True and state["models"] == {}
     with pytest.raises(AgentFailed) as e:
-        ask(ctx, here(), "cache_pin", {"cache": str(cache), "model": "nope"}, read_only=read_only)
+        ask(ctx, here(), "cache.pin", {"cache": str(cache), "model": "nope"}, read_only=read_only)
     assert e.value.kind == "not_cached"
-    assert e.value.message == f"here: agent 'cache_pin' failed: nope is not in the cache {cache}."
+    assert e.value.message == f"here: agent 'cache.pin' failed: nope is not in the cache {cache}."
     with pytest.raises(AgentFailed) as e:
         ask(ctx, here(), "no_such_command", {}, read_only=read_only)
     assert e.value.kind == "unknown_command"

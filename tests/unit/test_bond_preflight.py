@@ -330,7 +330,7 @@ def test_the_bond_probe_runs_in_memory_on_python38(tmp_path: Path) -> None:
     }
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
-        [str(PY38), "-c", IN_MEMORY, agent_blob("probe"), "probe", json.dumps(args)],
+        [str(PY38), "-c", IN_MEMORY, agent_blob("provision.probe"), "provision.probe", json.dumps(args)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from labctl.agent.parsers import parse_bonding
+from labctl.agent.core.parsers import parse_bonding
 from labctl.inventory.model import Bond
 from labctl.network.bond_verify import verify_bond
 

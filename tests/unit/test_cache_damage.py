@@ -27,7 +27,7 @@ def store(tmp_path: Path) -> Path:
 def fill(store: Path, cache: Path) -> None:
     cache.mkdir()
     srv = Server(store, ["tiny", "one.safetensors"], MIB)
-    done = agent("cache_pull", srv.pull_args(cache, chunk_size=MIB))
+    done = agent("cache.pull", srv.pull_args(cache, chunk_size=MIB))
     srv.result()
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -46,18 +46,18 @@ def manifest(cache: Path) -> dict[str, Any]:
 def test_a_vanished_model_is_reported_missing_and_fetched_again(store: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     fill(store, cache)
-    answer("cache_pin", cache=str(cache), model="tiny")
+    answer("cache.pin", cache=str(cache), model="tiny")
     shutil.rmtree(cache / "tiny")
-    out = answer("cache_verify", cache=str(cache))
+    out = answer("cache.verify", cache=str(cache))
     got = {m["name"]: m for m in out["models"]}
     assert got["one.safetensors"]["status"] == "ok"
     assert got["tiny"]["status"] == "missing" and got["tiny"]["moved_to_partial"]
     assert "tiny" not in manifest(cache)["models"]
     # Not forgotten: it waits as a partial copy with nothing done, and the next sync fetches it whole.
-    partial = {p["name"]: p for p in answer("cache_state", cache=str(cache))["partials"]}
+    partial = {p["name"]: p for p in answer("cache.state", cache=str(cache))["partials"]}
     assert partial["tiny"]["done_bytes"] == 0 and partial["tiny"]["total_bytes"] == 3 * MIB + 7
     srv = Server(store, ["tiny"], MIB)
-    fixed = json.loads(agent("cache_pull", srv.pull_args(cache, chunk_size=MIB)).stdout)
+    fixed = json.loads(agent("cache.pull", srv.pull_args(cache, chunk_size=MIB)).stdout)
     srv.result()
     assert fixed["fetched_bytes"] == 3 * MIB + 7
     assert sha(cache / "tiny" / "model.safetensors") == sha(store / "tiny" / "model.safetensors")
@@ -95,9 +95,9 @@ def test_a_damaged_manifest_is_set_aside_rebuilt_and_reported(
     else:
         text = damage
     path.write_text(text)
-    for cmd in ("cache_verify", "cache_state"):
+    for cmd in ("cache.verify", "cache.state"):
         out = answer(cmd, cache=str(cache))
-        if cmd == "cache_verify":
+        if cmd == "cache.verify":
             assert {m["name"] for m in out["models"]} == kept
             assert len(out["repairs"]) == 1 and "manifest.json was damaged" in out["repairs"][0]
             damaged = list((cache / ".labctl").glob("manifest.json.damaged-*"))
@@ -109,7 +109,7 @@ def test_a_damaged_manifest_is_set_aside_rebuilt_and_reported(
     assert set(manifest(cache)["models"]) == kept
     # And a sync brings it back into the listing.
     srv = Server(store, ["tiny"], MIB)
-    done = agent("cache_pull", srv.pull_args(cache, chunk_size=MIB))
+    done = agent("cache.pull", srv.pull_args(cache, chunk_size=MIB))
     srv.result()
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tiny" in manifest(cache)["models"]
@@ -130,17 +130,17 @@ def test_a_damaged_copy_state_is_set_aside_and_the_copy_starts_over(
     cache = tmp_path / "cache"
     cache.mkdir()
     srv = Server(store, ["tiny"], MIB)
-    crashed = agent("cache_pull", srv.pull_args(cache, chunk_size=MIB, stop_after_chunks=2))
+    crashed = agent("cache.pull", srv.pull_args(cache, chunk_size=MIB, stop_after_chunks=2))
     assert crashed.returncode == -9
     srv.proc.kill()
     srv.proc.wait()
     st = cache / ".labctl" / "state" / "tiny.json"
     st.write_text(state if isinstance(state, str) else json.dumps(state))
-    out = answer("cache_state", cache=str(cache))
+    out = answer("cache.state", cache=str(cache))
     assert len(out["repairs"]) == 1 and "tiny.json was damaged" in out["repairs"][0]
     assert list((cache / ".labctl" / "state").glob("tiny.json.damaged-*"))
     srv = Server(store, ["tiny"], MIB)
-    done = agent("cache_pull", srv.pull_args(cache, chunk_size=MIB))
+    done = agent("cache.pull", srv.pull_args(cache, chunk_size=MIB))
     srv.result()
     assert done.returncode == 0, done.stdout + done.stderr
     assert sha(cache / "tiny" / "model.safetensors") == sha(store / "tiny" / "model.safetensors")
@@ -153,7 +153,7 @@ def test_a_damaged_hash_cache_on_the_storage_host_is_hashed_again(
     hashes = store / ".labctl" / "hashes" / "tiny.json"
     hashes.parent.mkdir(parents=True)
     hashes.write_text(doc if isinstance(doc, str) else json.dumps(doc))
-    listed = answer("cache_list", root=str(store), models=["tiny"], chunk_size=MIB)
+    listed = answer("cache.list", root=str(store), models=["tiny"], chunk_size=MIB)
     assert [f["hashed"] for f in listed["models"]["tiny"]["files"]] == [False]
     cache = tmp_path / "cache"
     fill(store, cache)  # serving every chunk hashes the file: the cache is written anew

@@ -221,7 +221,7 @@ class Server:
             "idle_timeout": 20,
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "labctl.agent", "cache_serve", json.dumps(args)],
+            [sys.executable, "-m", "labctl.agent", "cache.serve", json.dumps(args)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -278,16 +278,16 @@ def test_loopback_copy_resume_and_verify(store: Path, tmp_path: Path) -> None:
         "tiny/model.safetensors",
     ]
     # A crash after 3 chunks (2 MiB + config.json): nothing is listed as cached, they are kept.
-    crashed = agent("cache_pull", srv.pull_args(cache, streams=2, chunk_size=MIB, stop_after_chunks=3))
+    crashed = agent("cache.pull", srv.pull_args(cache, streams=2, chunk_size=MIB, stop_after_chunks=3))
     assert crashed.returncode == -9
     srv.proc.kill()
     srv.proc.wait()
-    state = json.loads(agent("cache_state", json.dumps({"cache": str(cache)})).stdout)
+    state = json.loads(agent("cache.state", json.dumps({"cache": str(cache)})).stdout)
     assert state["models"] == {} and sum(p["done_bytes"] for p in state["partials"]) >= 2 * MIB
     assert not (cache / "tiny").exists() and not (cache / "one.safetensors").exists()
 
     srv = Server(store, ["tiny", "one.safetensors"], MIB)
-    done = agent("cache_pull", srv.pull_args(cache, streams=3, chunk_size=MIB))
+    done = agent("cache.pull", srv.pull_args(cache, streams=3, chunk_size=MIB))
     assert done.returncode == 0, done.stdout + done.stderr
     out = json.loads(done.stdout)
     assert out["resumed_bytes"] >= 2 * MIB and out["fetched_bytes"] + out["resumed_bytes"] == 7 * MIB + 125
@@ -309,20 +309,20 @@ def test_loopback_copy_resume_and_verify(store: Path, tmp_path: Path) -> None:
     with open(cache / "tiny" / "model.safetensors", "r+b") as f:
         f.seek(3 * MIB + 5)
         f.write(b"X")
-    ver = json.loads(agent("cache_verify", json.dumps({"cache": str(cache)})).stdout)
+    ver = json.loads(agent("cache.verify", json.dumps({"cache": str(cache)})).stdout)
     bad = {m["name"]: m for m in ver["models"]}
     assert bad["one.safetensors"]["status"] == "ok"
     assert bad["tiny"]["status"] == "corrupt" and bad["tiny"]["bad"][0]["chunks"] == [3]
     assert "tiny" not in json.loads((cache / ".labctl" / "manifest.json").read_text())["models"]
     srv = Server(store, ["tiny"], MIB)
-    fixed = json.loads(agent("cache_pull", srv.pull_args(cache, chunk_size=MIB)).stdout)
+    fixed = json.loads(agent("cache.pull", srv.pull_args(cache, chunk_size=MIB)).stdout)
     srv.result()
     assert fixed["fetched_bytes"] == MIB  # only the bad chunk crossed the network
     assert sha(cache / "tiny" / "model.safetensors") == sha(store / "tiny" / "model.safetensors")
 
 
 def test_server_refuses_bad_tokens_unlisted_files_and_symlinks_out(store: Path) -> None:
-    escape = agent("cache_list", json.dumps({"root": str(store), "models": ["escape"]}))
+    escape = agent("cache.list", json.dumps({"root": str(store), "models": ["escape"]}))
     assert escape.returncode == 1 and "outside the storage folder" in json.loads(escape.stdout)["error"]
     srv = Server(store, ["one.safetensors"], MIB)
     port = srv.info["port"]
@@ -351,10 +351,10 @@ def test_server_refuses_bad_tokens_unlisted_files_and_symlinks_out(store: Path) 
 
 def test_missing_model_and_missing_cache_are_named(store: Path, tmp_path: Path) -> None:
     listed = json.loads(
-        agent("cache_list", json.dumps({"root": str(store), "models": ["nope", "tiny"]})).stdout
+        agent("cache.list", json.dumps({"root": str(store), "models": ["nope", "tiny"]})).stdout
     )
     assert listed["missing"] == ["nope"] and "tiny" in listed["available"]
-    assert json.loads(agent("cache_state", json.dumps({"cache": str(tmp_path / "no")})).stdout) == {
+    assert json.loads(agent("cache.state", json.dumps({"cache": str(tmp_path / "no")})).stdout) == {
         "cache": str(tmp_path / "no"),
         "exists": False,
     }
@@ -364,12 +364,12 @@ def test_touch_and_pin_update_the_manifest(store: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
     srv = Server(store, ["one.safetensors"], MIB)
-    assert agent("cache_pull", srv.pull_args(cache)).returncode == 0
+    assert agent("cache.pull", srv.pull_args(cache)).returncode == 0
     srv.result()
     # The source cached the chunk hashes of the file it served whole; a new listing carries them.
     listed = json.loads(
         agent(
-            "cache_list", json.dumps({"root": str(store), "models": ["one.safetensors"], "chunk_size": MIB})
+            "cache.list", json.dumps({"root": str(store), "models": ["one.safetensors"], "chunk_size": MIB})
         ).stdout
     )
     assert listed["models"]["one.safetensors"]["files"][0]["hashed"] is True
@@ -381,15 +381,15 @@ def test_touch_and_pin_update_the_manifest(store: Path, tmp_path: Path) -> None:
     assert touch(str(cache), "nope") is None
     when = touch_path(str(cache / "one.safetensors"))
     assert when is not None and when >= before
-    pin = json.loads(agent("cache_pin", json.dumps({"cache": str(cache), "model": "one.safetensors"})).stdout)
+    pin = json.loads(agent("cache.pin", json.dumps({"cache": str(cache), "model": "one.safetensors"})).stdout)
     assert pin == {"changed": True, "model": "one.safetensors", "pinned": True}
     evict = json.loads(
-        agent("cache_evict", json.dumps({"cache": str(cache), "models": ["one.safetensors"]})).stdout
+        agent("cache.evict", json.dumps({"cache": str(cache), "models": ["one.safetensors"]})).stdout
     )
     assert evict["pinned"] == ["one.safetensors"] and (cache / "one.safetensors").exists()
     evict = json.loads(
         agent(
-            "cache_evict", json.dumps({"cache": str(cache), "models": ["one.safetensors"], "force": True})
+            "cache.evict", json.dumps({"cache": str(cache), "models": ["one.safetensors"], "force": True})
         ).stdout
     )
     assert evict["evicted"][0]["name"] == "one.safetensors" and not (cache / "one.safetensors").exists()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.tinylm import make_config
+from labctl.agent.models.tinylm import make_config
 from labctl.agent.train.ckpt import CheckpointDir, choose_common, config_mismatch, manifest_name, pt_name
 
 CONFIG = make_config(vocab=256, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq=32, dtype="fp32")

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from labctl.agent import paths
+from labctl.agent.core import paths
+from labctl.cron import plan
+from labctl.cron.jobs import JOBS, companions, get_job
 from labctl.inventory.model import Host
 from labctl.provision.resource import load_registry
 from labctl.provision.resources.cron import CronParams, cron_file
-from labctl.schedule import plan
-from labctl.schedule.jobs import JOBS, companions, get_job
 
 ORCH = Host(name="pharaoh", address="10.0.0.3", roles=["orchestrator"])
 

@@ -11,7 +11,7 @@ import pytest
 
 from labctl.agent.ckpt import library as lib
 from labctl.agent.ckpt.library_cmds import list_command, restore_commit_command, verify_command
-from labctl.agent.errors import AgentError
+from labctl.agent.core.errors import AgentError
 from labctl.agent.train.ckpt import CheckpointDir, manifest_name, pt_name
 from labctl.ckpt.backup import choose, skipped_on_hosts
 

@@ -24,7 +24,7 @@ from labctl.agent.ckpt.pull import (
     model_publish_command,
     model_state_command,
 )
-from labctl.agent.errors import AgentError
+from labctl.agent.core.errors import AgentError
 from labctl.ckpt import pull
 from labctl.output.errors import InputError
 from tests.ckpt_session import session
@@ -103,7 +103,7 @@ def test_the_export_is_a_tinylm_the_loader_builds_with_the_trained_weights(
     torch = pytest.importorskip("torch")
     from safetensors.torch import load_file
 
-    from labctl.agent.tinylm import build_model
+    from labctl.agent.models.tinylm import build_model
 
     found, _ = pull.scan(working)
     state = torch.load(str(found[0].pt), map_location="cpu", weights_only=True)

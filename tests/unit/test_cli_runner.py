@@ -96,7 +96,7 @@ def test_work_that_showed_everything_itself_exits_0_and_prints_nothing_more() ->
 
 
 def test_every_command_of_the_table_loads_and_the_app_has_exactly_those() -> None:
-    from labctl.agent.registry import load
+    from labctl.agent.core.registry import load
     from labctl.cli.app import COMMANDS, app
 
     for name, entry in COMMANDS.items():

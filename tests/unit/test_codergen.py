@@ -19,12 +19,12 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from labctl.agent.errors import AgentError
+from labctl.agent.core.errors import AgentError
 from labctl.agent.modelload import codergen, hfgen
 from labctl.agent.modelload.codergen import RECORD, WRONG_PROGRAM, make_coder_model, random_hint
 from labctl.agent.modelload.modelgen import make_model_command
-from labctl.agent.train.prompting import ask_prompt, program_of, task_tag
-from labctl.agent.train.tasks import task
+from labctl.agent.models.prompting import ask_prompt, program_of, task_tag
+from labctl.agent.models.tasks import task
 
 
 def answer(folder: Path, prompt: str) -> str:

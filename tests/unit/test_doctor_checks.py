@@ -1,4 +1,4 @@
-"""doctor's pure verdicts, from facts shaped exactly as the agent's `facts` answers them."""
+"""doctor's pure verdicts, from facts shaped exactly as the agent's `facts.collect` answers them."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.agent.fsutil import MAX_CONTENT
+from labctl.agent.core.fsutil import MAX_CONTENT
 from labctl.agent.provision.commands import apply_command, probe_command
 from labctl.documents.validation import DocumentError
 from labctl.inventory.model import Host

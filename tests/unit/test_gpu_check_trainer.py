@@ -106,7 +106,7 @@ def test_the_time_limit_leaves_the_window_to_train_and_then_pauses(startup: floa
 
 def test_state_bytes_is_what_the_trainer_estimates_a_checkpoint_from() -> None:
     torch = pytest.importorskip("torch")
-    from labctl.agent.tinylm import build_model
+    from labctl.agent.models.tinylm import build_model
 
     shape = sec.SMOKE_SHAPES["limited"]
     settings = shape.settings()

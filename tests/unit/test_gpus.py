@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labctl.agent.gpus import arch_caps, runs_on
+from labctl.agent.core.gpus import arch_caps, runs_on
 from labctl.facts.gpus import build_archs, builds_for, declared_caps, known_cap
 from labctl.inventory.model import GPU, Host
 

@@ -1,4 +1,4 @@
-"""The host's provision lock (agent `host_lock`): one changing run at a time, the next one told
+"""The host's provision lock (agent `provision.host_lock`): one changing run at a time, the next one told
 who holds it. Real agent processes on this machine, a lock file in a temporary folder."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def start(lock: Path, wait: float, who: str) -> subprocess.Popen[str]:
         "holder": {"pid": who, "controller": "laptop", "command": "labctl provision"},
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "labctl.agent", "host_lock", json.dumps(args)],
+        [sys.executable, "-m", "labctl.agent", "provision.host_lock", json.dumps(args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

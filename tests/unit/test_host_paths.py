@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.agent.facts import collect as facts
 from labctl.agent.train import host as train_host
 from labctl.hosts.agent_ship import agent_dir

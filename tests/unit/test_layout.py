@@ -43,8 +43,8 @@ def _imports() -> dict[str, set[str]]:
     return out
 
 
-def _cycles(edges: dict[str, set[str]], depth: int) -> list[tuple[str, str]]:
-    """Pairs of units (the first `depth` parts of a module name) that import each other."""
+def _units(edges: dict[str, set[str]], depth: int) -> dict[str, set[str]]:
+    """The import graph between units: the first `depth` parts of a module name."""
     unit: dict[str, set[str]] = defaultdict(set)
     for src, targets in edges.items():
         a = ".".join(src.split(".")[:depth])
@@ -53,7 +53,61 @@ def _cycles(edges: dict[str, set[str]], depth: int) -> list[tuple[str, str]]:
             # a package's __init__ and its own modules are one unit
             if a != b and not b.startswith(a + ".") and not a.startswith(b + "."):
                 unit[a].add(b)
-    return sorted((a, b) for a in unit for b in unit[a] if a < b and a in unit.get(b, ()))
+    return unit
+
+
+def _cycles(edges: dict[str, set[str]], depth: int) -> list[list[str]]:
+    """Every import circle between units, as its strongly connected component (Tarjan's):
+    A -> B -> C -> A is one component [A, B, C], found however long the circle is."""
+    graph = _units(edges, depth)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        # iterative: a deep import chain must not hit Python's recursion limit
+        work = [(v, iter(sorted(graph.get(v, ()))))]
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+
+    for v in sorted(set(graph) | {t for ts in graph.values() for t in ts}):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_the_cycle_finder_sees_a_circle_of_three_not_only_pairs() -> None:
+    edges = {"x.a.m": {"x.b.m"}, "x.b.m": {"x.c.m"}, "x.c.m": {"x.a.m"}, "x.d.m": {"x.a.m"}}
+    assert _cycles(edges, 2) == [["x.a", "x.b", "x.c"]]
+    assert _cycles({"x.a.m": {"x.b.m"}, "x.b.m": {"x.c.m"}}, 2) == []
 
 
 def test_the_package_root_holds_packages_only() -> None:
@@ -74,32 +128,55 @@ def test_the_agent_imports_nothing_from_the_controller() -> None:
     assert sorted(t for t in reach if not t.startswith("labctl.agent")) == []
 
 
-def test_every_agent_command_is_declared_by_one_feature_package_of_the_controllers_name() -> None:
+def test_every_agent_command_is_named_for_the_feature_package_that_declares_it() -> None:
+    """`cache.state` is `state` in labctl/agent/cache/; a feature's agent package is named like
+    its controller package, so a command's name says where both halves live."""
     from labctl.agent import commands
 
-    declared: dict[str, str] = {}
+    expected: dict[str, object] = {}
     for feature in commands.FEATURES:
         short = feature.__name__.rpartition(".")[2]
         assert (PKG / short / "__init__.py").is_file(), f"labctl/agent/{short} has no labctl/{short}"
         for name, entry in feature.COMMANDS.items():
-            assert name not in declared, f"{name} declared by {declared[name]} and {short}"
-            declared[name] = short
+            assert "." not in name and name.isidentifier(), f"{short}: command {name!r} is not a plain name"
             module, _, attr = entry.partition(":")
             # the module is imported only when the command runs: resolve it here
             handler = getattr(importlib.import_module(module, feature.__name__), attr)
             assert callable(handler)
-            assert commands.resolve(name) is handler
+            expected[f"{short}.{name}"] = handler
+    for name, handler in expected.items():
+        assert commands.resolve(name) is handler
     packages = sorted(p.parent.name for p in (PKG / "agent").glob("*/__init__.py"))
-    missing = [p for p in packages if hasattr(importlib.import_module(f"labctl.agent.{p}"), "COMMANDS")]
-    assert sorted(missing) == sorted(f.__name__.rpartition(".")[2] for f in commands.FEATURES)
+    with_commands = [p for p in packages if hasattr(importlib.import_module(f"labctl.agent.{p}"), "COMMANDS")]
+    assert sorted(with_commands) == sorted(f.__name__.rpartition(".")[2] for f in commands.FEATURES)
     # commands.py itself serves only what every host has: no feature's command
-    assert set(commands.COMMANDS) - set(declared) == {"ping", "host_lock"}
+    assert set(commands.COMMANDS) - set(expected) == {"ping"}
+
+
+def test_the_agent_package_holds_its_entry_points_and_packages_only() -> None:
+    """Shared host code lives in labctl/agent/core/ (ansible's module_utils), a feature's in its
+    package: nothing else lies loose beside the command table."""
+    loose = sorted(p.name for p in (PKG / "agent").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "commands.py"]
+
+
+def test_the_agent_core_imports_no_feature() -> None:
+    edges = _imports()
+    out = {
+        t
+        for src, ts in edges.items()
+        if src.startswith("labctl.agent.core")
+        for t in ts
+        if not t.startswith("labctl.agent.core") and t != "labctl.agent"
+    }
+    assert sorted(out) == []
 
 
 def test_every_agent_command_declares_the_arguments_it_takes() -> None:
-    """Each handler says its arguments with @takes (labctl/agent/argspec.py), so the agent
+    """Each handler says its arguments with @takes (labctl/agent/core/argspec.py), so the agent
     checks them once on dispatch: no command is left unchecked."""
-    from labctl.agent import argspec, commands
+    from labctl.agent import commands
+    from labctl.agent.core import argspec
 
     unchecked = [
         name for name in sorted(commands.COMMANDS) if argspec.spec_of(commands.resolve(name)) is None

@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from labctl.agent.core.parsers import parse_mounts, parse_os_release
 from labctl.agent.network.bondcheck import ifupdown_conflicts
-from labctl.agent.parsers import parse_mounts, parse_os_release
 from labctl.agent.provision.commands import apply_command, probe_command
 from labctl.inventory.model import Host, ModelCache
 from labctl.provision.resources.controller import AuthorizedKey, AuthorizedKeyParams

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.errors import AgentError
+from labctl.agent.core.errors import AgentError
 from labctl.agent.provision import llama_cpp as host
 from labctl.agent.provision.llama_cpp import (
     build_command,

@@ -214,7 +214,7 @@ def test_module_imports_without_torch() -> None:
     """The agent ships to hosts that may lack torch: importing the loader must not need it."""
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['numpy'] = None\n"
-        "from labctl.agent import tinylm\n"
+        "from labctl.agent.models import tinylm\n"
         "from labctl.agent.modelload import loader, modelgen\n"
         "print(loader.read_header.__name__)"
     )

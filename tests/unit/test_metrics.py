@@ -22,7 +22,7 @@ GIB = 1024**3
 
 
 def gpu_sample() -> dict[str, Any]:
-    """A training host as the agent's `status` command answers, every field the contract names."""
+    """A training host as the agent's `monitor.status` command answers, every field the contract names."""
     return {
         "time": 1_790_000_000.0,
         "hostname": "m5",

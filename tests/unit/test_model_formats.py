@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from labctl.agent import commands
-from labctl.agent.answers import answer_problem
-from labctl.agent.errors import AgentError
+from labctl.agent.core.answers import answer_problem
+from labctl.agent.core.errors import AgentError
 from labctl.agent.modelload import formats
 from labctl.agent.modelload.formats import (
     FILE_TYPES,
@@ -27,7 +27,7 @@ from labctl.agent.modelload.formats import (
     read_gguf,
 )
 from labctl.agent.modelload.modelgen import make_model
-from labctl.agent.tinylm import make_config, param_count
+from labctl.agent.models.tinylm import make_config, param_count
 
 REPO = Path(__file__).resolve().parents[2]
 PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3")
@@ -516,22 +516,23 @@ def test_model_describe_answers_every_path_in_the_declared_shape(
     path, written = gguf_model
     make_model(str(tmp_path / "t"), 0, config=TINY)
     args = {"paths": [str(path), str(tmp_path / "t"), str(tmp_path / "gone")]}
-    answer = json.loads(json.dumps(commands.call("model_describe", args)))
+    answer = json.loads(json.dumps(commands.call("modelload.describe", args)))
     models = answer["models"]
     assert models[str(path)]["params"] == written["params"]
     assert models[str(tmp_path / "t")]["format"] == "tinylm"
     assert models[str(tmp_path / "gone")]["kind"] == "no_model"
-    assert answer_problem("model_describe", answer, args) is None
+    assert answer_problem("modelload.describe", answer, args) is None
     del models[str(tmp_path / "t")]
     assert (
-        answer_problem("model_describe", answer, args) == f"at models: no answer for {str(tmp_path / 't')!r}"
+        answer_problem("modelload.describe", answer, args)
+        == f"at models: no answer for {str(tmp_path / 't')!r}"
     )
 
 
 @pytest.mark.parametrize("args", [{}, {"paths": "x"}, {"paths": [1]}, {"paths": [""]}])
 def test_model_describe_refuses_bad_args(args: dict[str, Any]) -> None:
     with pytest.raises(AgentError) as info:
-        commands.call("model_describe", args)
+        commands.call("modelload.describe", args)
     assert info.value.kind == "bad_args" and "paths" in info.value.message
 
 
@@ -548,7 +549,7 @@ def test_model_describe_under_python38_without_gguf_or_numpy(
     pyz.write_bytes(agent_zip()[0])
     args = {"paths": [str(path), str(tmp_path / "t")]}
     guard = "import runpy, sys; sys.modules['torch'] = sys.modules['numpy'] = sys.modules['gguf'] = None; "
-    guard += f"sys.argv = ['agent', 'model_describe', {json.dumps(args)!r}]; runpy.run_path({str(pyz)!r})"
+    guard += f"sys.argv = ['agent', 'modelload.describe', {json.dumps(args)!r}]; runpy.run_path({str(pyz)!r})"
     proc = subprocess.run([str(PY38), "-c", guard], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     models = json.loads(proc.stdout)["models"]

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.errors import AgentError
+from labctl.agent.core.errors import AgentError
 from labctl.agent.modelload.modelgen import INDEX_NAME, make_model, make_model_command, normal_block
-from labctl.agent.tinylm import config_for_size, make_config, param_count, param_shapes
+from labctl.agent.models.tinylm import config_for_size, make_config, param_count, param_shapes
 
 REPO = Path(__file__).resolve().parents[2]
 PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3")
@@ -64,7 +64,7 @@ needs_torch = pytest.mark.skipif(torch is None, reason="building the model needs
 @needs_torch
 @pytest.mark.parametrize("config", CONFIGS, ids=["small", "tied", "fp32"])
 def test_param_shapes_equal_the_module_state_dict(config: dict[str, Any]) -> None:
-    from labctl.agent.tinylm import build_model
+    from labctl.agent.models.tinylm import build_model
 
     state = build_model(config).state_dict()
     shapes = param_shapes(config)
@@ -77,7 +77,7 @@ def test_param_shapes_equal_the_module_state_dict(config: dict[str, Any]) -> Non
 @needs_torch
 def test_built_on_meta_then_given_weights_is_complete() -> None:
     """bench model-load builds on the meta device and assigns loaded tensors: nothing may stay on meta."""
-    from labctl.agent.tinylm import build_model
+    from labctl.agent.models.tinylm import build_model
 
     config = CONFIGS[1]
     real = build_model(config)
@@ -94,7 +94,7 @@ def check_checkpoint(folder: Path, answer: dict[str, Any]) -> None:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from labctl.agent.tinylm import build_model, storage_dtype
+    from labctl.agent.models.tinylm import build_model, storage_dtype
 
     config = json.loads((folder / "config.json").read_text())
     assert config == answer["config"]
@@ -207,7 +207,9 @@ def test_agent_command_under_python38_without_torch(tmp_path: Path) -> None:
     pyz.write_bytes(agent_zip()[0])
     args = {"path": str(tmp_path / "m"), "size_gb": 0.006, "dtype": "bf16", "seed": 2, "shard_gb": 0.004}
     guard = "import runpy, sys; sys.modules['torch'] = sys.modules['numpy'] = None; "
-    guard += f"sys.argv = ['agent', 'make_model', {json.dumps(args)!r}]; runpy.run_path({str(pyz)!r})"
+    guard += (
+        f"sys.argv = ['agent', 'modelload.make_model', {json.dumps(args)!r}]; runpy.run_path({str(pyz)!r})"
+    )
     proc = subprocess.run([str(PY38), "-c", guard], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     answer = json.loads(proc.stdout)

@@ -1,4 +1,4 @@
-"""Alerts judged from constructed `status` samples (the agent's shape, see labctl/agent/monitor/status.py)."""
+"""Alerts judged from constructed `monitor.status` samples (the agent's shape, see labctl/agent/monitor/status.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The agent's `status` command (labctl/agent/monitor/status.py) on this machine: real /proc, real
+"""The agent's `monitor.status` command (labctl/agent/monitor/status.py) on this machine: real /proc, real
 processes carrying a run's tags, real files for history, logs and warm.json. There is no GPU
 here: GPU sampling runs against a recorded nvidia-smi answer on PATH and a stand-in NVML module."""
 
@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import answers, commands, paths
+from labctl.agent import commands
+from labctl.agent.core import answers, paths
 from labctl.agent.monitor import status as agent_status
 
 # Recorded from `nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,compute_cap,
@@ -115,7 +116,7 @@ def history_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.mark.usefixtures("recorded_nvidia_smi")
 def test_status_sample_from_recorded_nvidia_smi_has_the_contracts_shape(history_in_tmp: Path) -> None:
-    out = commands.resolve("status")({"cache_path": "/", "record": True})
+    out = commands.resolve("monitor.status")({"cache_path": "/", "record": True})
     assert set(out) >= SAMPLE_KEYS
     assert json.loads(json.dumps(out)) == out  # the agent answers JSON
     assert out["gpu_source"] == "nvidia-smi" and out["gpu_error"] is None
@@ -378,11 +379,11 @@ def test_status_answers_with_a_history_holding_1e999(history_in_tmp: Path) -> No
     history_in_tmp.parent.mkdir(parents=True)
     good = json.dumps(rec(time.time() - 30))
     history_in_tmp.write_text(f"{good}\n" + '{"t": 1e999, "memory_used_bytes": 1, "gpus": []}\n')
-    out = commands.resolve("status")({"cache_path": "/", "record": True})
+    out = commands.resolve("monitor.status")({"cache_path": "/", "record": True})
     assert len(out["history"]) == 2 and out["history_notes"] == [
         f"1 damaged line(s) of {history_in_tmp} skipped"
     ]
-    assert answers.answer_problem("status", out) is None
+    assert answers.answer_problem("monitor.status", out) is None
 
 
 def _write_history(path: str, t: float, barrier: Any) -> None:

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from labctl.agent.errors import AgentError
+from labctl.agent.core.errors import AgentError
 from labctl.documents.validation import DocumentError
 from labctl.inventory.load import load_inventory
 from labctl.orchestra.spec import Server, load_orchestra
@@ -256,8 +256,8 @@ def test_train_status_does_not_read_a_record_outside_the_runs_folder(tmp_path: P
 def test_a_job_name_from_a_cron_file_never_reads_outside_the_lock_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from labctl.agent import paths
-    from labctl.agent.schedule import cronjobs
+    from labctl.agent.core import paths
+    from labctl.agent.cron import cronjobs
 
     monkeypatch.setattr(paths, "LOCK_DIR", str(tmp_path / "locks"))
     (tmp_path / "locks").mkdir()
@@ -307,7 +307,7 @@ def test_orchestra_logs_take_one_plain_model_name_on_the_host() -> None:
 def test_a_sandbox_language_or_program_file_is_one_name_on_the_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from labctl.agent import paths
+    from labctl.agent.core import paths
     from labctl.agent.sandbox import image, runner
 
     monkeypatch.setattr(paths, "SANDBOX_DIR", str(tmp_path / "sandbox"))
@@ -361,8 +361,8 @@ def test_ordinary_interpreters_and_users_load(tmp_path: Path, line: str) -> None
 
 @pytest.mark.parametrize("schedule", ["٥ * * * *", "*/٥ * * * *", "0 ١-٣ * * *", "0 0 ٣ * *"])
 def test_cron_fields_take_ascii_digits_only(schedule: str) -> None:
-    from labctl.agent.schedule.cronjobs import next_run
-    from labctl.schedule.every import resolve_schedule
+    from labctl.agent.cron.cronjobs import next_run
+    from labctl.cron.every import resolve_schedule
 
     with pytest.raises(ValidationError, match="not cron syntax"):
         CronParams(name="j", schedule=schedule, command="true")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.errors import AgentError
+from labctl.agent.core.errors import AgentError
 from labctl.agent.netbench.transfer import send_command
 from labctl.inventory.model import NIC, Bond, Host, Inventory
 from labctl.modelload.stages import SEED_SECONDS
@@ -221,8 +221,8 @@ def test_the_table_shows_each_stream_count_the_link_why_and_the_seed() -> None:
 
 @contextmanager
 def sink(**args: Any) -> Iterator[tuple[dict[str, Any], subprocess.Popen[str]]]:
-    """The real agent's net_sink in its own process on this machine's loopback."""
-    with agent_server("net_sink", {"bind": "127.0.0.1", **args}) as served:
+    """The real agent's netbench.sink in its own process on this machine's loopback."""
+    with agent_server("netbench.sink", {"bind": "127.0.0.1", **args}) as served:
         yield served
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.errors import AgentError
+from labctl.agent.core.errors import AgentError
 from labctl.agent.network import live, txn
 
 STATE: dict[str, Any] = {

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import paths, procs
+from labctl.agent.core import paths, procs
 from labctl.agent.modelload.modelgen import make_model
+from labctl.agent.models.tinylm import make_config
 from labctl.agent.orchestra import host as orch_host
-from labctl.agent.tinylm import make_config
 from labctl.hosts.agent_ship import agent_zip
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ CONFIG = make_config(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=128, max
 BOOT = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from labctl.agent import paths
+from labctl.agent.core import paths
 home = sys.argv[2]
 paths.ORCHESTRA_DIR = home
 paths.WARM_STATE = home + "/warm.json"
@@ -133,7 +133,7 @@ def test_start_health_state_stop_with_labctls_server_from_the_zipapp(
     agent: Agent, pyz: Path, model_dir: Path
 ) -> None:
     started = agent.ok(
-        "orch_start", {"host": agent.host, "model": "tiny", "gpu": None, "path": str(model_dir)}
+        "orchestra.start", {"host": agent.host, "model": "tiny", "gpu": None, "path": str(model_dir)}
     )
     assert started["argv"][:3] == [sys.executable, "-m", "labctl.agent.orchestra.server"]
     assert started["log"] == str(agent.home / "logs" / "tiny.log")
@@ -148,7 +148,7 @@ def test_start_health_state_stop_with_labctls_server_from_the_zipapp(
     assert os.getpgid(pid) == pid != os.getpgid(0)  # its own session: the SSH channel can close
 
     rc, health, err = agent.run(
-        "orch_health",
+        "orchestra.health",
         {"host": agent.host, "servers": [{"model": "tiny", "port": port, "pid": pid}], "timeout": 120},
     )
     (result,) = health["results"]
@@ -157,7 +157,7 @@ def test_start_health_state_stop_with_labctls_server_from_the_zipapp(
     events = [json.loads(line) for line in err.splitlines()]
     assert events[-1] == {"event": "health", "model": "tiny", "state": "ready"}
 
-    state = agent.ok("orch_state", {"host": agent.host, "gpus": True})
+    state = agent.ok("orchestra.state", {"host": agent.host, "gpus": True})
     (server,) = state["servers"]
     assert {k: server[k] for k in ("model", "gpu", "port", "pid", "pgid", "healthy")} == {
         "model": "tiny",
@@ -173,20 +173,20 @@ def test_start_health_state_stop_with_labctls_server_from_the_zipapp(
 
     # A second server of the same model on the same host is refused, not started beside it.
     again = agent.fails(
-        "orch_start", {"host": agent.host, "model": "tiny", "gpu": None, "path": str(model_dir)}
+        "orchestra.start", {"host": agent.host, "model": "tiny", "gpu": None, "path": str(model_dir)}
     )
     assert again["kind"] == "running" and str(pid) in again["error"]
 
-    stopped = agent.ok("orch_stop", {"host": agent.host, "models": ["tiny", "other"], "grace": 30})
+    stopped = agent.ok("orchestra.stop", {"host": agent.host, "models": ["tiny", "other"], "grace": 30})
     assert stopped == {
         "stopped": [{"model": "tiny", "pid": pid, "killed": False}],
         "remaining": [],
         "absent": ["other"],
     }
     assert not procs.alive(pid) and port_free(port)
-    assert agent.ok("orch_state", {"host": agent.host})["servers"] == []
+    assert agent.ok("orchestra.state", {"host": agent.host})["servers"] == []
     log = (agent.home / "logs" / "tiny.log").read_text()
-    assert log.startswith("==== labctl orch_start ") and '"event": "stopped"' in log
+    assert log.startswith("==== labctl orchestra.start ") and '"event": "stopped"' in log
 
 
 def test_a_server_that_dies_at_once_fails_its_health_check_at_once_with_the_log_tail(
@@ -196,10 +196,10 @@ def test_a_server_that_dies_at_once_fails_its_health_check_at_once_with_the_log_
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps(CONFIG))
     (bad / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a header")
-    started = agent.ok("orch_start", {"host": agent.host, "model": "bad", "gpu": None, "path": str(bad)})
+    started = agent.ok("orchestra.start", {"host": agent.host, "model": "bad", "gpu": None, "path": str(bad)})
     # A timeout that would stall the test for ten minutes had the check waited for it.
     servers = [{"model": "bad", "port": started["port"], "pid": started["pid"]}]
-    health = agent.ok("orch_health", {"host": agent.host, "servers": servers, "timeout": 600})
+    health = agent.ok("orchestra.health", {"host": agent.host, "servers": servers, "timeout": 600})
     (result,) = health["results"]
     assert result["healthy"] is False and result["state"] == "exited"
     assert "gone before it was healthy" in result["error"]
@@ -209,38 +209,40 @@ def test_a_server_that_dies_at_once_fails_its_health_check_at_once_with_the_log_
 
 def test_a_server_that_ignores_sigterm_is_killed_after_the_grace(agent: Agent, tmp_path: Path) -> None:
     started = agent.ok(
-        "orch_start",
+        "orchestra.start",
         {"host": agent.host, "model": "stubborn", "gpu": 1, "path": str(tmp_path), "command": STUBBORN},
     )
     pid, port = started["pid"], started["port"]
     assert tagged(pid)["CUDA_VISIBLE_DEVICES"] == "1"  # type: ignore[index]
     servers = [{"model": "stubborn", "port": port, "pid": pid}]
     health = agent.ok(
-        "orch_health", {"host": agent.host, "servers": servers, "timeout": 120, "health_path": "/"}
+        "orchestra.health", {"host": agent.host, "servers": servers, "timeout": 120, "health_path": "/"}
     )
     assert health["results"][0]["healthy"] is True and health["results"][0]["health"] is None
-    state = agent.ok("orch_state", {"host": agent.host, "health_path": "/"})
+    state = agent.ok("orchestra.state", {"host": agent.host, "health_path": "/"})
     assert [(s["model"], s["gpu"], s["healthy"]) for s in state["servers"]] == [("stubborn", 1, True)]
-    stopped = agent.ok("orch_stop", {"host": agent.host, "models": None, "grace": 0.5})
+    stopped = agent.ok("orchestra.stop", {"host": agent.host, "models": None, "grace": 0.5})
     assert stopped["stopped"] == [{"model": "stubborn", "pid": pid, "killed": True}]
     assert stopped["remaining"] == [] and not procs.alive(pid) and port_free(port)
 
 
 def test_servers_tagged_for_another_host_are_never_listed_or_stopped(agent: Agent, tmp_path: Path) -> None:
     theirs = agent.ok(
-        "orch_start",
+        "orchestra.start",
         {"host": agent.other, "model": "m", "gpu": None, "path": str(tmp_path), "command": SLEEPER},
     )
     mine = agent.ok(
-        "orch_start",
+        "orchestra.start",
         {"host": agent.host, "model": "m", "gpu": None, "path": str(tmp_path), "command": SLEEPER},
     )
-    assert [s["pid"] for s in agent.ok("orch_state", {"host": agent.host})["servers"]] == [mine["pid"]]
-    stopped = agent.ok("orch_stop", {"host": agent.host, "models": None, "grace": 5})
+    assert [s["pid"] for s in agent.ok("orchestra.state", {"host": agent.host})["servers"]] == [mine["pid"]]
+    stopped = agent.ok("orchestra.stop", {"host": agent.host, "models": None, "grace": 5})
     assert [s["pid"] for s in stopped["stopped"]] == [mine["pid"]]
     assert procs.alive(theirs["pid"]) and not procs.alive(mine["pid"])
-    assert agent.ok("orch_stop", {"host": agent.host, "models": ["m"], "grace": 5})["absent"] == ["m"]
-    assert [s["pid"] for s in agent.ok("orch_state", {"host": agent.other})["servers"]] == [theirs["pid"]]
+    assert agent.ok("orchestra.stop", {"host": agent.host, "models": ["m"], "grace": 5})["absent"] == ["m"]
+    assert [s["pid"] for s in agent.ok("orchestra.state", {"host": agent.other})["servers"]] == [
+        theirs["pid"]
+    ]
 
 
 def test_a_server_of_another_lab_naming_the_host_alike_is_shown_never_stopped(
@@ -248,10 +250,10 @@ def test_a_server_of_another_lab_naming_the_host_alike_is_shown_never_stopped(
 ) -> None:
     """Two inventories name one machine alike: each lab's repair and stop keep to its own servers."""
     start = {"host": agent.host, "model": "m", "gpu": None, "path": str(tmp_path), "command": SLEEPER}
-    theirs = agent.ok("orch_start", {**start, "lab": agent.lab + "-other"})
+    theirs = agent.ok("orchestra.start", {**start, "lab": agent.lab + "-other"})
     try:
-        mine = agent.ok("orch_start", start)  # the same model name is no clash across labs
-        state = agent.ok("orch_state", {"host": agent.host})
+        mine = agent.ok("orchestra.start", start)  # the same model name is no clash across labs
+        state = agent.ok("orchestra.state", {"host": agent.host})
         assert [s["pid"] for s in state["servers"]] == [mine["pid"]]
         # Only this test's labs: a simulated lab beside it (its hosts share this machine's /proc
         # when the test runs outside them) has servers of its own.
@@ -259,16 +261,18 @@ def test_a_server_of_another_lab_naming_the_host_alike_is_shown_never_stopped(
         assert [(o["lab"], o["host"], o["pid"]) for o in others] == [
             (agent.lab + "-other", agent.host, theirs["pid"])
         ]
-        stopped = agent.ok("orch_stop", {"host": agent.host, "models": None, "grace": 5})
+        stopped = agent.ok("orchestra.stop", {"host": agent.host, "models": None, "grace": 5})
         assert [s["pid"] for s in stopped["stopped"]] == [mine["pid"]]
         assert procs.alive(theirs["pid"]) and not procs.alive(mine["pid"])
     finally:
-        agent.ok("orch_stop", {"host": agent.host, "lab": agent.lab + "-other", "models": None, "grace": 5})
+        agent.ok(
+            "orchestra.stop", {"host": agent.host, "lab": agent.lab + "-other", "models": None, "grace": 5}
+        )
     assert not procs.alive(theirs["pid"])
 
 
 def test_orchestra_commands_refuse_a_call_that_names_no_lab(agent: Agent, tmp_path: Path) -> None:
-    doc = agent.fails("orch_state", {"host": agent.host, "lab": ""})
+    doc = agent.fails("orchestra.state", {"host": agent.host, "lab": ""})
     assert "lab is required" in doc["error"]
 
 
@@ -280,22 +284,22 @@ def test_commit_replaces_warm_json_atomically_appends_history_and_state_returns_
         "cursor": "tiny",
     }
     first = agent.ok(
-        "orch_commit", {"host": agent.host, "warm": warm, "history": {"in": ["tiny"], "out": []}}
+        "orchestra.commit", {"host": agent.host, "warm": warm, "history": {"in": ["tiny"], "out": []}}
     )
     path = agent.home / "warm.json"
     assert first["path"] == str(path)
     assert json.loads(path.read_text()) == {**warm, "updated": first["updated"]}
     inode = path.stat().st_ino
     second = agent.ok(
-        "orch_commit", {"host": agent.host, "warm": {**warm, "cursor": "x"}, "history": {"in": ["x"]}}
+        "orchestra.commit", {"host": agent.host, "warm": {**warm, "cursor": "x"}, "history": {"in": ["x"]}}
     )
     # Replaced by a rename (a new inode), never rewritten in place where a reader could see half.
     assert path.stat().st_ino != inode and sorted(p.name for p in agent.home.iterdir()) == [
         "history.jsonl",
         "warm.json",
     ]
-    agent.ok("orch_commit", {"host": agent.host, "warm": warm, "history": None})
-    state = agent.ok("orch_state", {"host": agent.host})
+    agent.ok("orchestra.commit", {"host": agent.host, "warm": warm, "history": None})
+    state = agent.ok("orchestra.state", {"host": agent.host})
     assert state["warm"]["cursor"] == "tiny" and state["warm"]["updated"] > 0 and state["warm_error"] is None
     assert state["history"] == [
         {"in": ["tiny"], "out": [], "updated": first["updated"]},
@@ -307,7 +311,7 @@ def test_a_damaged_warm_json_or_history_line_is_reported_not_a_crash(agent: Agen
     agent.home.mkdir()
     (agent.home / "warm.json").write_text('{"models": [')
     (agent.home / "history.jsonl").write_text('{"in": ["a"]}\n{"in": [\n')
-    state = agent.ok("orch_state", {"host": agent.host})
+    state = agent.ok("orchestra.state", {"host": agent.host})
     assert state["warm"] is None and "damaged" in state["warm_error"] and "warm.json" in state["warm_error"]
     assert state["history"] == [{"in": ["a"]}]
 
@@ -334,7 +338,7 @@ def test_a_damaged_warm_json_or_history_line_is_reported_not_a_crash(agent: Agen
 def test_start_refuses_with_a_kind_the_controller_can_branch_on(
     agent: Agent, model_dir: Path, args: dict[str, Any], kind: str, says: str
 ) -> None:
-    doc = agent.fails("orch_start", {"host": agent.host, "gpu": None, "path": str(model_dir), **args})
+    doc = agent.fails("orchestra.start", {"host": agent.host, "gpu": None, "path": str(model_dir), **args})
     assert doc["kind"] == kind and says in doc["error"]
 
 
@@ -344,7 +348,7 @@ def test_start_uses_the_provisioned_torch_env_python_and_refuses_a_taken_port(
     agent.home.mkdir()
     (agent.home / "torch.json").write_text(json.dumps({"python": "/opt/torch-env/bin/python"}))
     doc = agent.fails(
-        "orch_start", {"host": agent.host, "model": "tiny", "gpu": None, "path": str(model_dir)}
+        "orchestra.start", {"host": agent.host, "model": "tiny", "gpu": None, "path": str(model_dir)}
     )
     assert doc["kind"] == "start_failed" and "/opt/torch-env/bin/python" in doc["error"]
     assert "cannot run /opt/torch-env/bin/python" in (agent.home / "logs" / "tiny.log").read_text()
@@ -353,14 +357,20 @@ def test_start_uses_the_provisioned_torch_env_python_and_refuses_a_taken_port(
         taken.listen()
         port = taken.getsockname()[1]
         args = {"host": agent.host, "model": "tiny", "gpu": None, "path": str(model_dir), "port": port}
-        assert agent.fails("orch_start", {**args, "python": sys.executable})["kind"] == "port"
+        assert agent.fails("orchestra.start", {**args, "python": sys.executable})["kind"] == "port"
 
 
 def test_host_lock_on_the_rotation_lock_creates_the_orchestra_folder(tmp_path: Path) -> None:
     assert os.path.dirname(paths.ORCHESTRA_LOCK) == paths.ORCHESTRA_DIR
     lock = tmp_path / "orchestra" / "rotate.lock"  # the folder does not exist yet
     proc = subprocess.Popen(
-        [sys.executable, "-m", "labctl.agent", "host_lock", json.dumps({"path": str(lock), "wait": 5})],
+        [
+            sys.executable,
+            "-m",
+            "labctl.agent",
+            "provision.host_lock",
+            json.dumps({"path": str(lock), "wait": 5}),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -396,26 +406,30 @@ def test_a_zombie_nobody_reaped_counts_as_gone() -> None:
 def test_stop_by_pid_stops_only_those_servers(agent: Agent, tmp_path: Path) -> None:
     """A repair names the orphans by pid: the servers warm.json records stay up."""
     one = agent.ok(
-        "orch_start",
+        "orchestra.start",
         {"host": agent.host, "model": "one", "gpu": None, "path": str(tmp_path), "command": SLEEPER},
     )
     two = agent.ok(
-        "orch_start",
+        "orchestra.start",
         {"host": agent.host, "model": "two", "gpu": None, "path": str(tmp_path), "command": SLEEPER},
     )
-    stopped = agent.ok("orch_stop", {"host": agent.host, "models": None, "pids": [one["pid"]], "grace": 5})
+    stopped = agent.ok(
+        "orchestra.stop", {"host": agent.host, "models": None, "pids": [one["pid"]], "grace": 5}
+    )
     assert [s["pid"] for s in stopped["stopped"]] == [one["pid"]]
     assert not procs.alive(one["pid"]) and procs.alive(two["pid"])
-    agent.ok("orch_stop", {"host": agent.host, "models": None, "grace": 5})
+    agent.ok("orchestra.stop", {"host": agent.host, "models": None, "grace": 5})
     assert not procs.alive(two["pid"])
 
 
 def test_a_history_entry_records_the_address_the_controller_came_from_over_ssh(agent: Agent) -> None:
     warm = {"models": [], "warm_size": 1, "hosts": [agent.host]}
     rc, _, err = agent.run(
-        "orch_commit", {"host": agent.host, "warm": warm, "history": {"kind": "rotate"}}, ssh_from="10.0.0.30"
+        "orchestra.commit",
+        {"host": agent.host, "warm": warm, "history": {"kind": "rotate"}},
+        ssh_from="10.0.0.30",
     )
     assert rc == 0, err
-    agent.ok("orch_commit", {"host": agent.host, "warm": warm, "history": {"kind": "start"}})
-    history = agent.ok("orch_state", {"host": agent.host})["history"]
+    agent.ok("orchestra.commit", {"host": agent.host, "warm": warm, "history": {"kind": "start"}})
+    history = agent.ok("orchestra.state", {"host": agent.host})["history"]
     assert [(h["kind"], h.get("client")) for h in history] == [("rotate", "10.0.0.30"), ("start", None)]

@@ -22,9 +22,9 @@ from typing import Any, ClassVar
 import pytest
 
 from labctl.agent.modelload.modelgen import make_model
+from labctl.agent.models.tinylm import make_config
 from labctl.agent.orchestra.client import Endpoint, ask_all, complete, models, score
 from labctl.agent.orchestra.server import Model, Server, open_model
-from labctl.agent.tinylm import make_config
 from labctl.hosts.agent_ship import agent_zip
 from tests.unit.test_orchestra_server import call, free_port, in_flight, slow_server
 

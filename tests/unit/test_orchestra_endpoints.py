@@ -1,5 +1,5 @@
 """Discovery that follows the rotation: the endpoints file a rotation writes on the hosts that
-train (labctl/orchestra/endpoints.py, the agent's orch_publish), read back by the trainer's
+train (labctl/orchestra/endpoints.py, the agent's orchestra.publish), read back by the trainer's
 client (load_endpoints), and a server that stops gracefully finishing what is in flight."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import paths
-from labctl.agent.errors import AgentError
+from labctl.agent.core import paths
+from labctl.agent.core.errors import AgentError
 from labctl.agent.orchestra.backend import MAX_TOKENS
 from labctl.agent.orchestra.client import Endpoint, check_budget, from_doc, load_endpoints
 from labctl.agent.orchestra.host import publish_command
@@ -169,7 +169,7 @@ models:
 remote:
   - {name: hosted, base_url: 'https://api.example.com/v1', model: big-1, max_tokens: 16384, context: 128000}
 """
-# What model_describe read: a's tinylm was made for 64 tokens, b's GGUF for 4096; c's was not read.
+# What modelload.describe read: a's tinylm was made for 64 tokens, b's GGUF for 4096; c's was not read.
 FILES: dict[str, dict[str, Any]] = {"a": {"context": 64}, "b": {"context": 4096}}
 WARM = {
     "gpu1": [{"name": "a", "port": 8101}, {"name": "b", "port": 8102}],
@@ -235,7 +235,7 @@ def test_the_rotation_publishes_each_models_facts(
     sent: list[dict[str, Any]] = []
 
     def call_agent(run: Any, command: str, args: dict[str, Any], **kw: Any) -> dict[str, Any]:
-        assert command == "orch_publish"
+        assert command == "orchestra.publish"
         sent.append(args["endpoints"])
         return {}
 

@@ -1,6 +1,6 @@
-"""The host's side of the engine contract (labctl/agent/orchestra/host.py): orch_start finds
+"""The host's side of the engine contract (labctl/agent/orchestra/host.py): orchestra.start finds
 the engine's program (a path, PATH, labctl's install root) and refuses a build whose CUDA archs
-do not cover the card; orch_health reads an engine's "Loading model" 503 as loading and calls
+do not cover the card; orchestra.health reads an engine's "Loading model" 503 as loading and calls
 a server ready only once a one-token completion answered. Real agent processes from the zipapp,
 a real stand-in engine over HTTP on this machine."""
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.errors import AgentError
+from labctl.agent.core.errors import AgentError
 from labctl.agent.orchestra import engine_host
 from labctl.agent.orchestra import host as orch_host
 from labctl.orchestra.engines import engine
@@ -83,7 +83,7 @@ def gguf_folder(tmp_path: Path) -> Path:
 def start(agent: Agent, exe: Path, folder: Path, **extra: Any) -> dict[str, Any]:
     args = engine("llama.cpp").start_args("coder-q8", 512, None)
     return agent.run(
-        "orch_start",
+        "orchestra.start",
         {
             "host": agent.host,
             "model": "coder-q8",
@@ -111,7 +111,7 @@ def test_llama_server_is_started_with_the_gguf_file_every_interface_and_the_alia
         {"model": "coder-q8", "port": started["port"], "pid": started["pid"], "health_path": "/health",
          "loading_words": ["loading model"], "ready_by_completion": True}
     ]  # fmt: skip
-    _, doc, err = agent.run("orch_health", {"host": agent.host, "servers": servers, "timeout": 60})
+    _, doc, err = agent.run("orchestra.health", {"host": agent.host, "servers": servers, "timeout": 60})
     result = doc["results"][0]
     assert result["healthy"] and result["state"] == "ready", result
     states = [json.loads(x).get("state") for x in err.splitlines() if x.startswith("{")]
@@ -119,7 +119,7 @@ def test_llama_server_is_started_with_the_gguf_file_every_interface_and_the_alia
     asked = [json.loads(x) for x in calls.read_text().splitlines()]
     # Health passed before the first completion did: ready came only after one answered.
     assert len(asked) == 2 and all(a["max_tokens"] == 1 and a["model"] == "coder-q8" for a in asked)
-    agent.ok("orch_stop", {"host": agent.host, "models": ["coder-q8"], "grace": 5})
+    agent.ok("orchestra.stop", {"host": agent.host, "models": ["coder-q8"], "grace": 5})
 
 
 def test_an_engine_whose_completion_never_answers_is_not_ready(agent: Agent, tmp_path: Path) -> None:
@@ -128,14 +128,16 @@ def test_an_engine_whose_completion_never_answers_is_not_ready(agent: Agent, tmp
     servers = [
         {"model": "coder-q8", "port": started["port"], "pid": started["pid"], "ready_by_completion": True}
     ]
-    result = agent.ok("orch_health", {"host": agent.host, "servers": servers, "timeout": 3})["results"][0]
+    result = agent.ok("orchestra.health", {"host": agent.host, "servers": servers, "timeout": 3})["results"][
+        0
+    ]
     assert not result["healthy"] and result["state"] == "timeout"
     # Without the completion check the same server passes: the check is what held it back.
     loose = [{**servers[0], "ready_by_completion": False}]
-    assert agent.ok("orch_health", {"host": agent.host, "servers": loose, "timeout": 10})["results"][0][
+    assert agent.ok("orchestra.health", {"host": agent.host, "servers": loose, "timeout": 10})["results"][0][
         "healthy"
     ]
-    agent.ok("orch_stop", {"host": agent.host, "models": ["coder-q8"], "grace": 5})
+    agent.ok("orchestra.stop", {"host": agent.host, "models": ["coder-q8"], "grace": 5})
 
 
 def test_a_host_without_the_engines_program_is_refused_naming_how_to_get_it(

@@ -364,8 +364,8 @@ def test_the_format_is_read_from_config_json_and_a_flag_overrides_it(
     tiny_hf_model: Path, tmp_path: Path
 ) -> None:
     from labctl.agent.modelload.modelgen import make_model
+    from labctl.agent.models.tinylm import make_config
     from labctl.agent.orchestra.tinylm_model import Model
-    from labctl.agent.tinylm import make_config
 
     make_model(
         str(tmp_path / "tl"),

@@ -14,9 +14,9 @@ import openai
 import pytest
 
 from labctl.agent.modelload.modelgen import make_model
+from labctl.agent.models.tinylm import make_config
 from labctl.agent.orchestra.openai_api import ApiError, parse_completion
 from labctl.agent.orchestra.server import MAX_TOKENS, Model, Server
-from labctl.agent.tinylm import make_config
 from tests.unit.test_orchestra_server import call
 
 CONFIG = make_config(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq=64)

@@ -129,7 +129,7 @@ def test_a_tiers_share_and_budget_reach_the_trainers_endpoints_through_the_endpo
     premium = orch.remote[0]
     assert premium.as_dict({})["share"] == 0.05 and premium.as_dict({})["budget_per_month"] == 75
     path = tmp_path / "endpoints.json"
-    path.write_text(json.dumps(endpoints_doc("lab", {}, {}, orch.remote)))  # as orch_publish writes it
+    path.write_text(json.dumps(endpoints_doc("lab", {}, {}, orch.remote)))  # as orchestra.publish writes it
     hosted, plain = load_endpoints(str(path), {"LABCTL_TEST_KEY": SECRET})
     assert (hosted.name, hosted.remote, hosted.share, hosted.budget_per_month) == (
         "premium",

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from labctl.agent.modelload.modelgen import make_model
+from labctl.agent.models.tinylm import make_config
 from labctl.agent.orchestra.server import Model, Server
-from labctl.agent.tinylm import make_config
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = make_config(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq=64)

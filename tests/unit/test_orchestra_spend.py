@@ -1,6 +1,6 @@
 """Remote tiers used as the lab's plan uses them (labctl/agent/orchestra/spend.py): the share of
 phase 3's tries a tier is asked for, the host's ledger of what the tiers cost (kept across
-processes and runs, safe to add to at once, never trusting a damaged file), and how `status` and
+processes and runs, safe to add to at once, never trusting a damaged file), and how `monitor.status` and
 `metrics` show it. Phase 3 skipping a tier past its budget, against a stand-in API:
 test_orchestra_remote.py."""
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.answers import answer_problem
+from labctl.agent.core.answers import answer_problem
 from labctl.agent.orchestra.client import Answer, Endpoint
 from labctl.agent.orchestra.spend import Ledger, RemoteUse, SpendError, chosen, month_of, status
 from labctl.monitor import metrics
@@ -203,8 +203,14 @@ def test_status_shows_each_tiers_spend_against_the_budget_the_endpoints_file_giv
         ],
         "errors": [],
     }  # fmt: skip
-    assert answer_problem("status", {"time": NOV, "memory": {"used_bytes": 1}, "remote_spend": shown}) is None
-    assert answer_problem("status", {"time": NOV, "memory": {"used_bytes": 1}, "remote_spend": None}) is None
+    assert (
+        answer_problem("monitor.status", {"time": NOV, "memory": {"used_bytes": 1}, "remote_spend": shown})
+        is None
+    )
+    assert (
+        answer_problem("monitor.status", {"time": NOV, "memory": {"used_bytes": 1}, "remote_spend": None})
+        is None
+    )
     # A host that trains nothing has nothing to say.
     assert status(Ledger(str(tmp_path / "none")), str(tmp_path / "none.json"), NOV) is None
 
@@ -245,7 +251,7 @@ def test_status_shows_a_row_per_tier_and_says_when_the_budget_is_reached() -> No
 def test_the_agents_status_answers_the_ledger_of_whoever_runs_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from labctl.agent import paths
+    from labctl.agent.core import paths
     from labctl.agent.monitor import status as agent_status
 
     monkeypatch.setattr(paths, "status_history", lambda: str(tmp_path / "history.jsonl"))
@@ -253,7 +259,7 @@ def test_the_agents_status_answers_the_ledger_of_whoever_runs_it(
     monkeypatch.setenv("LABCTL_ORCHESTRA_ENDPOINTS", str(tmp_path / "endpoints.json"))
     Ledger().add("gpt-4o", month_of(time.time()), 2.0, budget=75.0)
     out = agent_status.status_command({"record": False})
-    assert answer_problem("status", out) is None
+    assert answer_problem("monitor.status", out) is None
     assert [(t["tier"], t["usd"], t["budget_per_month"]) for t in out["remote_spend"]["tiers"]] == [
         ("gpt-4o", 2.0, 75.0)
     ]

@@ -320,7 +320,7 @@ def test_a_removed_hosts_servers_are_named_with_the_ssh_command_that_stops_them(
 
 
 def test_rotations_from_a_scheduled_copy_on_a_host_gone_from_the_inventory_are_a_problem() -> None:
-    from labctl.schedule.plan import INVENTORY
+    from labctl.cron.plan import INVENTORY
 
     entry = {"kind": "rotate", "at": 100.0, "ok": True, "by": {"inventory": INVENTORY}, "client": "10.0.0.30"}
     v = view([model("a", 10, 9001)], [server("a", 10, 9001)], history=[entry])

@@ -14,12 +14,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from labctl.agent.models.prompting import HINT  # noqa: E402
+from labctl.agent.models.tasks import TASKS  # noqa: E402
+from labctl.agent.models.tinylm import build_model, make_config  # noqa: E402
 from labctl.agent.orchestra.client import Answer  # noqa: E402
-from labctl.agent.tinylm import build_model, make_config  # noqa: E402
 from labctl.agent.train.phase3 import Phase3, policy_loss, rl_batch, sample_context  # noqa: E402
-from labctl.agent.train.prompting import HINT  # noqa: E402
 from labctl.agent.train.settings import min_seq_len, resolve_rl  # noqa: E402
-from labctl.agent.train.tasks import TASKS  # noqa: E402
 
 WANTED = "q"
 CONTEXT = 16  # bytes per context: a random CET writes a given byte in about 6% of them

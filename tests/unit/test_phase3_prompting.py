@@ -1,4 +1,4 @@
-"""How phase 3 takes the program out of a model's answer (labctl/agent/train/prompting.py
+"""How phase 3 takes the program out of a model's answer (labctl/agent/models/prompting.py
 program_of): the shapes real instruct and completion models write, one case each, and that what
 it takes is the program the sandbox would run."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from labctl.agent.train.prompting import program_of
+from labctl.agent.models.prompting import program_of
 
 CODE = "n = int(input())\nprint(n * 2)\n"
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from labctl.agent.models.tasks import TASKS
 from labctl.agent.orchestra.client import Answer
 from labctl.agent.train.events import EventLog
 from labctl.agent.train.metrics import Metrics
 from labctl.agent.train.phase3 import SAMPLE_OUTPUT_BYTES, SAMPLE_PROGRAM_BYTES, Phase3
 from labctl.agent.train.settings import resolve_rl
-from labctl.agent.train.tasks import TASKS
 from tests.unit.test_ux import run_cli
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "/work/main.py", line 1\nNameError: name "x"\n'

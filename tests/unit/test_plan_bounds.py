@@ -18,11 +18,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from labctl.cron.every import every_to_schedule
 from labctl.output.errors import InputError
 from labctl.plan.schedule import schedule
 from labctl.plan.spec import PlanFile
 from labctl.plan.throughput import measured_rates
-from labctl.schedule.every import every_to_schedule
 from labctl.train.duration import parse_duration
 from tests.conftest import REPO
 from tests.unit.test_plan_throughput import write_run

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from labctl.agent import paths
-from labctl.agent.schedule import cronjobs
+from labctl.agent.core import paths
+from labctl.agent.cron import cronjobs
+from labctl.cron import plan
+from labctl.cron.jobs import JOBS
 from labctl.doctor.checks import check_cron, check_host
 from labctl.doctor.gather import HostFound
 from labctl.doctor.model import FAIL, PASS
@@ -26,8 +28,6 @@ from labctl.inventory.model import Host
 from labctl.orchestra.render import render_status
 from labctl.orchestra.status import scheduled_rotation, summarize
 from labctl.provision.resources.cron import CronParams, cron_file
-from labctl.schedule import plan
-from labctl.schedule.jobs import JOBS
 
 PHARAOH = Host(name="pharaoh", address="10.0.0.3", roles=["orchestrator"])
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from labctl.agent.errors import AgentError
+from labctl.agent.core.errors import AgentError
 from labctl.agent.sandbox import runner
 from labctl.output.errors import InputError
 from labctl.sandbox.api import check_program

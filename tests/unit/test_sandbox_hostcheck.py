@@ -103,5 +103,5 @@ def test_snapshot_finds_a_process_running_as_the_sandbox_user() -> None:
 
 
 def test_the_agent_command_is_registered() -> None:
-    answer = resolve("sandbox_hostcheck")({"action": "snapshot", "socket": "/nonexistent/docker.sock"})
+    answer = resolve("sandbox.hostcheck")({"action": "snapshot", "socket": "/nonexistent/docker.sock"})
     assert answer["snapshot"]["docker_error"]

@@ -305,7 +305,9 @@ def test_provision_probe_blob_carries_the_sandbox_probe() -> None:
     import zipfile
     import zlib
 
-    names = zipfile.ZipFile(io.BytesIO(zlib.decompress(base64.b64decode(agent_blob("probe"))))).namelist()
+    names = zipfile.ZipFile(
+        io.BytesIO(zlib.decompress(base64.b64decode(agent_blob("provision.probe"))))
+    ).namelist()
     assert "labctl/agent/sandbox/daemon.py" in names and "labctl/agent/sandbox/image.py" in names
 
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import commands, paths
-from labctl.agent.errors import AgentError
+from labctl.agent import commands
+from labctl.agent.core import paths
+from labctl.agent.core.errors import AgentError
 from labctl.agent.sandbox import pool as poolmod
 from labctl.agent.sandbox.pool import Pool, reap_orphans
 from labctl.sandbox.limits import Limits, container_config
@@ -110,7 +111,7 @@ def test_a_lab_without_a_name_is_refused() -> None:
     assert e.value.kind == "bad_args"
     args = {"programs": [], "langs": {}, "limits": {}}
     with pytest.raises(AgentError) as e:
-        commands.call("sandbox_run", args)
+        commands.call("sandbox.run", args)
     assert e.value.kind == "bad_args" and "lab" in e.value.message
 
 
@@ -168,7 +169,7 @@ def test_the_selftest_runs_and_judges_as_its_lab(tmp_path: Path, monkeypatch: py
 
     def ask(ctx: Any, h: Any, command: str, args: dict[str, Any], **kw: Any) -> dict[str, Any]:
         asked.append((command, args))
-        if command == "sandbox_run":
+        if command == "sandbox.run":
             return {"results": [{"exit_code": 0, "stdout": "", "stderr": ""} for _ in args["programs"]]}
         if args["action"] == "snapshot":
             return {"snapshot": {"labels": args["labels"]}}
@@ -176,7 +177,7 @@ def test_the_selftest_runs_and_judges_as_its_lab(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(agent_ship, "ask_agent", ask)
     on_hosts(ctx, None, "python", only=["fork_bomb"])  # type: ignore[arg-type]
-    runs = [a for c, a in asked if c == "sandbox_run"]
-    snapshots = [a for c, a in asked if c == "sandbox_hostcheck" and a["action"] == "snapshot"]
+    runs = [a for c, a in asked if c == "sandbox.run"]
+    snapshots = [a for c, a in asked if c == "sandbox.hostcheck" and a["action"] == "snapshot"]
     assert runs and all(a["lab"] == "lab-a" for a in runs)
     assert snapshots and all(a["labels"] == ["labctl.lab=lab-a"] for a in snapshots)

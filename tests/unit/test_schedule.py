@@ -16,10 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
-from labctl.agent import paths
-from labctl.agent.errors import AgentError
+from labctl.agent.core import paths
+from labctl.agent.core.errors import AgentError
+from labctl.agent.cron import cronjobs
 from labctl.agent.provision import commands as agent_provision
-from labctl.agent.schedule import cronjobs
+from labctl.cron import plan
+from labctl.cron.every import every_to_schedule, resolve_schedule
+from labctl.cron.jobs import JOBS, get_job
 from labctl.inventory.load import load_inventory
 from labctl.inventory.model import Host, Inventory
 from labctl.output.errors import InputError
@@ -34,9 +37,6 @@ from labctl.provision.resources.controller import (
     SshKeypair,
 )
 from labctl.provision.resources.cron import CronParams, cron_file, systemd_units
-from labctl.schedule import plan
-from labctl.schedule.every import every_to_schedule, resolve_schedule
-from labctl.schedule.jobs import JOBS, get_job
 from labctl.sim.plan import MANAGED_PATHS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,7 +232,7 @@ def test_distribution_files_are_its_package_files_only() -> None:
     assert any(r.endswith(".dist-info/METADATA") for r in rels)  # importlib.metadata works there too
     assert not [r for r in rels if r.startswith("..") or "__pycache__" in r or r.endswith(".pyc")]
     own = [rel for rel, _ in bundle.package_files()]
-    assert "labctl/agent/paths.py" in own and "labctl/data/lab.yaml" in own
+    assert "labctl/agent/core/paths.py" in own and "labctl/data/lab.yaml" in own
     assert not [r for r in own if "__pycache__" in r]
 
 

@@ -2,7 +2,7 @@
 
 Shell text only from labctl/transport/shell.py; a name that becomes a path component checked by
 paths.component_problem; validating patterns ASCII-only and anchored with \\Z; a user's file
-cut at "\\n" only (labctl/agent/textedit.py). Each test feeds the input that got through.
+cut at "\\n" only (labctl/agent/core/textedit.py). Each test feeds the input that got through.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from labctl.agent.errors import AgentError
+from labctl.agent.core.errors import AgentError
 from labctl.inventory.model import Host
 from labctl.output.errors import InputError
 from tests.unit.test_names_and_quoting import inventory, run_cli
@@ -142,7 +142,7 @@ def test_a_script_whose_name_cannot_be_a_file_on_the_host_is_refused(tmp_path: P
 def patterns() -> list[tuple[str, re.Pattern[str], str, str | None]]:
     """(what, pattern, a value it takes, that value with other digits where it reads digits)."""
     from labctl.agent.ckpt import library as ckpt_library
-    from labctl.agent.schedule import cronjobs
+    from labctl.agent.cron import cronjobs
     from labctl.agent.train import ckpt
     from labctl.ckpt import pull
     from labctl.plan import spec
@@ -187,7 +187,7 @@ def test_a_plan_window_time_is_hh_mm_in_ascii(bad: str) -> None:
 
 
 def test_other_digits_name_no_gpu_cuda_build_or_architecture() -> None:
-    from labctl.agent.gpus import arch_caps
+    from labctl.agent.core.gpus import arch_caps
     from labctl.agent.monitor.status import _visible_gpus
     from labctl.agent.provision.torch_env import cuda_of
 
@@ -220,7 +220,7 @@ def test_a_stale_partial_env_is_only_one_this_builder_named(tmp_path: Path) -> N
 
 
 def test_a_cron_job_command_holding_u2028_reads_back_whole() -> None:
-    from labctl.agent.schedule.cronjobs import parse_job_file
+    from labctl.agent.cron.cronjobs import parse_job_file
     from labctl.provision.resources.cron import CronParams, cron_file, systemd_units
 
     command = "echo a\u2028b\x85c\u2029d  e"
@@ -348,7 +348,7 @@ def test_a_bad_known_hosts_line_is_named_by_the_number_sed_deletes(tmp_path: Pat
 
 
 def test_the_orchestrators_known_hosts_copy_keeps_a_comment_one_line(tmp_path: Path) -> None:
-    from labctl.schedule.plan import known_hosts_copy
+    from labctl.cron.plan import known_hosts_copy
 
     path = tmp_path / "known_hosts"
     comment = f"# moved:\u2028{key_line('evil', OTHER_KEY)}"
@@ -361,7 +361,7 @@ def test_the_orchestrators_known_hosts_copy_keeps_a_comment_one_line(tmp_path: P
 
 
 def test_a_playbook_copied_to_the_orchestrator_has_a_plain_name_and_text(tmp_path: Path) -> None:
-    from labctl.schedule.plan import playbook_files
+    from labctl.cron.plan import playbook_files
 
     books = tmp_path / "lab" / "playbooks"
     books.mkdir(parents=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.agent.monitor import status as agent_status
 
 NOW = 1_800_000_000.0

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from labctl.agent import paths
-from labctl.agent.errors import AgentError
+from labctl.agent.core import paths
+from labctl.agent.core.errors import AgentError
 from labctl.agent.provision.commands import apply_command
 from labctl.hosts.context import Context
 from labctl.hosts.fanout import HostRun

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.agent.train import host as train_host
 
 FAKE_TORCH = {

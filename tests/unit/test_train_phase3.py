@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from labctl.agent.models.prompting import HINT
+from labctl.agent.models.tasks import TASKS
 from labctl.agent.orchestra.client import Answer
 from labctl.agent.sandbox.client import SandboxError
 from labctl.agent.train.phase3 import (
@@ -23,9 +25,7 @@ from labctl.agent.train.phase3 import (
     program_of,
     rl_batch,
 )
-from labctl.agent.train.prompting import HINT
 from labctl.agent.train.settings import RL_DEFAULTS, TrainerError, min_seq_len, resolve_rl, resolve_settings
-from labctl.agent.train.tasks import TASKS
 
 
 def answer(name: str, text: str | None, latency: float = 0.1, **kw: Any) -> Answer:
@@ -140,7 +140,7 @@ def test_the_sampling_temperature_must_be_above_zero() -> None:
 
 
 def test_the_cet_reads_the_shared_instruction_first_and_its_task_last() -> None:
-    from labctl.agent.train.tasks import prompt_text
+    from labctl.agent.models.tasks import prompt_text
 
     task = TASKS[0]
     view, models = cet_prompt(task), prompt_text(task)
@@ -357,7 +357,7 @@ def test_what_the_models_write_and_read() -> None:
 def test_the_policy_gradient_raises_a_rewarded_context_and_lowers_a_punished_one() -> None:
     import torch
 
-    from labctl.agent.tinylm import build_model, make_config
+    from labctl.agent.models.tinylm import build_model, make_config
 
     torch.manual_seed(0)
     model = build_model(make_config(vocab=256, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq=16))

@@ -1,4 +1,4 @@
-"""Phase 3's programming tasks (labctl/agent/train/tasks/): their shape, and that each
+"""Phase 3's programming tasks (labctl/agent/models/tasks/): their shape, and that each
 reference solution, really run, passes its task's tests, under this Python and under 3.8."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from labctl.agent.models import tasks as T
 from labctl.agent.sandbox.batch import matches
-from labctl.agent.train import tasks as T
 
 REPO = Path(__file__).resolve().parents[2]
 PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3")
@@ -98,7 +98,7 @@ def test_as_program_is_one_entry_of_a_sandbox_batch() -> None:
 
 def test_the_set_is_the_same_on_every_import() -> None:
     # Each process salts str hashes anew: the random inputs must not depend on them.
-    code = "from labctl.agent.train import tasks as T; print(repr(T.TASKS))"
+    code = "from labctl.agent.models import tasks as T; print(repr(T.TASKS))"
     runs = [
         subprocess.run(
             [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30, check=True
@@ -109,14 +109,14 @@ def test_the_set_is_the_same_on_every_import() -> None:
 
 
 def test_importing_the_tasks_leaves_torch_out() -> None:
-    code = "import sys; from labctl.agent.train import tasks; print('torch' in sys.modules)"
+    code = "import sys; from labctl.agent.models import tasks; print('torch' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert p.stdout == "False\n", p.stderr
 
 
 @needs_py38
 def test_the_module_imports_under_python_3_8() -> None:
-    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from labctl.agent.train import tasks; print(len(tasks.TASKS))"
+    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from labctl.agent.models import tasks; print(len(tasks.TASKS))"
     p = subprocess.run([str(PY38), "-I", "-c", code], capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     assert p.stdout == f"{len(T.TASKS)}\n"

@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from labctl.agent.tinylm import build_model  # noqa: E402
+from labctl.agent.models.tinylm import build_model  # noqa: E402
 from labctl.agent.train.ckpt import manifest_name, pt_name  # noqa: E402
 from labctl.agent.train.corpus import Corpus, sample_range  # noqa: E402
 from labctl.agent.train.settings import DEFAULTS, TrainerError, lr_factor, resolve_settings  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from labctl.agent.tinylm import build_model  # noqa: E402
+from labctl.agent.models.tinylm import build_model  # noqa: E402
 from labctl.agent.train.corpus import Corpus  # noqa: E402
 from labctl.agent.train.settings import resolve_settings  # noqa: E402
 from labctl.agent.train.trainer import Trainer  # noqa: E402

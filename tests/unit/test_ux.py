@@ -84,7 +84,7 @@ def test_a_cache_command_s_error_shows_an_example_of_that_command(args: list[str
 
 
 def test_a_failed_run_op_shows_an_inline_script_in_short_and_its_last_lines() -> None:
-    from labctl.agent.errors import AgentError
+    from labctl.agent.core.errors import AgentError
     from labctl.agent.provision.commands import apply_command
 
     # (torch_env's own failures lead with their cause: tests/unit/test_torch_env.py)

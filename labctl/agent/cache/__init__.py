@@ -2,13 +2,13 @@
 
 A copy runs between two hosts and never through the controller:
 
-- the storage host runs `cache_serve`: it lists the requested models under its storage folder,
+- the storage host runs `cache.serve`: it lists the requested models under its storage folder,
   listens on its own address, announces one JSON line (port and a random one-time token) on
   stderr, then serves byte ranges of exactly those files to clients that present the token,
   hashing each range as it sends it and appending the sha256. It stops when a client asks it
   to, when nothing has happened for `idle_timeout` seconds, or when its SSH channel closes
   (labctl's watchdog kills it);
-- the cache host runs `cache_pull`: N parallel TCP streams (separate flows, so a bond hashing
+- the cache host runs `cache.pull`: N parallel TCP streams (separate flows, so a bond hashing
   layer3+4 spreads them over its members) fetch fixed-size chunks into a partial copy inside
   the cache, check every chunk's sha256, and record each verified chunk so a stopped copy
   resumes. Only a model whose every chunk is verified is renamed into place and entered in the
@@ -31,12 +31,12 @@ Stdlib only; runs on the host's own Python 3.8+.
 """
 
 COMMANDS = {
-    "cache_state": ".manifest:state_command",
-    "cache_list": ".serve:list_command",
-    "cache_serve": ".serve:serve_command",
-    "cache_pull": ".pull:pull_command",
-    "cache_evict": ".manifest:evict_command",
-    "cache_pin": ".manifest:pin_command",
-    "cache_touch": ".manifest:touch_command",
-    "cache_verify": ".verify:verify_command",
+    "state": ".manifest:state_command",
+    "list": ".serve:list_command",
+    "serve": ".serve:serve_command",
+    "pull": ".pull:pull_command",
+    "evict": ".manifest:evict_command",
+    "pin": ".manifest:pin_command",
+    "touch": ".manifest:touch_command",
+    "verify": ".verify:verify_command",
 }

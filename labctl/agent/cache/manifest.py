@@ -17,10 +17,10 @@ import sys
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .. import paths
-from ..argspec import NUMBER_OR_NULL, Opt, Or, takes
-from ..errors import AgentError
-from ..fsutil import write_json
+from ..core import paths
+from ..core.argspec import NUMBER_OR_NULL, Opt, Or, takes
+from ..core.errors import AgentError
+from ..core.fsutil import write_json
 
 META = paths.CACHE_META
 MANIFEST_VERSION = 1

@@ -17,9 +17,9 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from ..argspec import NUMBER_OR_NULL, Opt, Or, takes
-from ..errors import AgentError
-from ..fsutil import write_json
+from ..core.argspec import NUMBER_OR_NULL, Opt, Or, takes
+from ..core.errors import AgentError
+from ..core.fsutil import write_json
 from .manifest import (
     BLOCK,
     DEFAULT_CHUNK,

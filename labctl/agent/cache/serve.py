@@ -1,6 +1,6 @@
 """The storage side of a copy: list models under the storage folder, and serve their bytes.
 
-`cache_serve` listens on the host's own address and answers only clients that present its
+`cache.serve` listens on the host's own address and answers only clients that present its
 one-time token, and only with byte ranges of the files it listed, each followed by its
 sha256; whole-chunk hashes are cached beside the models so the next listing carries them.
 """
@@ -17,10 +17,10 @@ import socket
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from ..accepting import Accepting, listen_on
-from ..argspec import Opt, Or, takes
-from ..errors import AgentError
-from ..fsutil import write_json
+from ..core.accepting import Accepting, listen_on
+from ..core.argspec import Opt, Or, takes
+from ..core.errors import AgentError
+from ..core.fsutil import write_json
 from .manifest import BLOCK, DEFAULT_CHUNK, META, check_name, chunk_ranges, emit, inside, read_json
 
 MAX_LINE = 1 << 16

@@ -1,4 +1,4 @@
-"""`cache_verify`: re-hash cached models against the manifest's chunk hashes."""
+"""`cache.verify`: re-hash cached models against the manifest's chunk hashes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 import time
 from typing import Any, Dict, List
 
-from ..argspec import Opt, Or, takes
-from ..fsutil import write_json
+from ..core.argspec import Opt, Or, takes
+from ..core.fsutil import write_json
 from .manifest import BLOCK, DEFAULT_CHUNK, Cache, check_name, chunk_ranges, hash_range, timestamp
 
 

@@ -28,7 +28,7 @@ import shutil
 import time
 from typing import Any, Dict, List, Optional
 
-from ..fsutil import fsync_dir, write_atomic
+from ..core.fsutil import fsync_dir, write_atomic
 from ..train.ckpt import CheckpointDir, manifest_name, pt_name
 
 RECORD = "backup.json"

@@ -2,8 +2,8 @@
 checkpoint library on the storage host (list, commit, remove, verify), and a restored
 checkpoint checked on arrival and put in place (restore_commit).
 
-The bytes themselves move with the cache's transfer (`cache_serve` on one host,
-`cache_pull` with `into` on the other); these commands only look and decide.
+The bytes themselves move with the cache's transfer (`cache.serve` on one host,
+`cache.pull` with `into` on the other); these commands only look and decide.
 
 Standard library only, Python 3.8 syntax, like the rest of the agent.
 """
@@ -14,9 +14,9 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional
 
-from ..argspec import Opt, Or, takes
-from ..errors import AgentError
-from ..fsutil import fsync_dir
+from ..core.argspec import Opt, Or, takes
+from ..core.errors import AgentError
+from ..core.fsutil import fsync_dir
 from ..train.ckpt import CheckpointDir, manifest_name, pt_name
 from . import library as lib
 

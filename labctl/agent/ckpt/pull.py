@@ -17,11 +17,11 @@ import os
 import shutil
 from typing import Any, Dict, List
 
-from .. import paths
-from ..argspec import Opt, Or, takes
 from ..cache.manifest import check_name
-from ..errors import AgentError
-from ..fsutil import fsync_dir, write_atomic
+from ..core import paths
+from ..core.argspec import Opt, Or, takes
+from ..core.errors import AgentError
+from ..core.fsutil import fsync_dir, write_atomic
 from ..train.ckpt import pt_name
 from . import library as ckpt_library
 

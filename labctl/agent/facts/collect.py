@@ -1,4 +1,4 @@
-"""`facts`: what this host has, gathered in one process.
+"""`facts.collect`: what this host has, gathered in one process.
 
 Each section is gathered on its own thread, so the slow ones (nvidia-smi, docker, importing
 torch) overlap, and on its own terms: a section that raises or overruns records
@@ -7,7 +7,6 @@ torch) overlap, and on its own terms: a section that raises or overruns records
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -18,12 +17,13 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-from .. import AGENT_VERSION, paths
-from ..argspec import Opt, takes
-from ..errors import AgentError
-from ..gpus import gather_gpus, torch_facts
-from ..nics import gather_nics
-from ..parsers import memory_from_meminfo, parse_cpuinfo, parse_meminfo, parse_os_release
+from .. import AGENT_VERSION
+from ..core.argspec import Opt, takes
+from ..core.errors import AgentError
+from ..core.gpus import gather_gpus, torch_facts
+from ..core.launch import torch_env_facts
+from ..core.parsers import memory_from_meminfo, parse_cpuinfo, parse_meminfo, parse_os_release
+from .nics import gather_nics
 from .storage import gather_disks, gather_mounts
 
 DOCKER_TIMEOUT_S = 3.0
@@ -131,17 +131,6 @@ def docker_facts() -> Dict[str, Any]:
         lines = proc.stderr.strip().splitlines()
         facts["server_error"] = lines[-1][:300] if lines else f"docker version exited {proc.returncode}"
     return facts
-
-
-def torch_env_facts() -> Dict[str, Any]:
-    """The virtualenv `labctl provision` built (torch_env), as its last verification recorded it."""
-    try:
-        with open(paths.TORCH_ENV_RECORD) as f:
-            record: Dict[str, Any] = json.load(f)
-    except FileNotFoundError:
-        return {"provisioned": False}
-    record["provisioned"] = True
-    return record
 
 
 # Section name -> gatherer, in the order they appear in the answer.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from ..nics import read_sysfs
-from ..parsers import parse_mounts
+from ..core.parsers import parse_mounts
+from .nics import read_sysfs
 
 # Kernel and container plumbing: never where models, caches or datasets live.
 PSEUDO_FSTYPES = frozenset(

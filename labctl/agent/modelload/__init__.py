@@ -5,5 +5,5 @@ COMMANDS = {
     "read_cold": ".stages:read_cold_command",
     "load_stages": ".stages:load_stages_command",
     "make_model": ".modelgen:make_model_command",
-    "model_describe": ".formats:model_describe_command",
+    "describe": ".formats:model_describe_command",
 }

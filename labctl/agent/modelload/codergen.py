@@ -67,7 +67,7 @@ def pick_tasks(
     tok: Any, tasks: int, held_out: int, answer_tokens: int, names: Optional[Sequence[str]] = None
 ) -> Tuple[List[Any], List[Any]]:
     """(trained, held out): see the module's docstring; `names` picks the trained tasks instead."""
-    from ..train.tasks import TASKS, task
+    from ..models.tasks import TASKS, task
 
     fits = [t for t in TASKS if len(tok.encode(t.solution).ids) <= answer_tokens]
     if names:
@@ -88,7 +88,7 @@ def random_hint(
     """n characters as phase 3 shows the CET's context (prompting.context_text): half the time
     bytes of any value, mostly '?' there, as an untrained CET writes; else printable ones. With
     `tag`: holding it at a random place, or never holding it; `decoy`: another letter put in."""
-    from ..train.prompting import context_text
+    from ..models.prompting import context_text
 
     if rng.random() < 0.5:
         chars = list(context_text([rng.randrange(256) for _ in range(n)]))
@@ -113,7 +113,7 @@ class Examples:
     """Training rows with a fresh random hint each time."""
 
     def __init__(self, tok: Any, tasks: List[Any], hint_matters: bool, hint_len: int, eos: int) -> None:
-        from ..train.prompting import ask_prompt, task_tag
+        from ..models.prompting import ask_prompt, task_tag
 
         self.tok, self.tasks, self.hint_matters, self.hint_len = tok, tasks, hint_matters, hint_len
         self.ask_prompt, self.task_tag = ask_prompt, task_tag
@@ -256,7 +256,7 @@ def make_coder_model(
         info = _train(model, examples, seed, seconds, steps, lr, fit_rows, fit_loss, decision_weight)
     finally:
         torch.set_num_threads(old_threads)
-    from ..train.prompting import task_tag
+    from ..models.prompting import task_tag
 
     record = dict(
         info,

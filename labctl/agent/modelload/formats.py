@@ -1,4 +1,4 @@
-"""What a model folder holds, told from its files alone: `describe(path)` (agent: `model_describe`).
+"""What a model folder holds, told from its files alone: `describe(path)` (agent: `modelload.describe`).
 
 Runs on storage hosts, which often have no torch and no `gguf` package: standard library only,
 Python 3.8. Nothing is loaded: it reads config.json, the safetensors headers (loader.read_header)
@@ -17,9 +17,9 @@ import re
 import struct
 from typing import IO, Any, Dict, List, Optional, Tuple
 
-from ..argspec import takes
-from ..errors import AgentError
-from ..tinylm import check_config
+from ..core.argspec import takes
+from ..core.errors import AgentError
+from ..models.tinylm import check_config
 from .loader import INDEX_NAME, FormatError, model_files, read_header
 
 GGUF_MAGIC = b"GGUF"

@@ -35,7 +35,7 @@ CHAT_TEMPLATE = (
 
 def training_text() -> Iterator[str]:
     """Local text for the tokenizer: every phase-3 task's prompt and reference solution."""
-    from ..train.tasks import TASKS, prompt_text
+    from ..models.tasks import TASKS, prompt_text
 
     for task in TASKS:
         yield prompt_text(task)
@@ -192,8 +192,8 @@ def make_on_host(
     import subprocess
     import time
 
-    from ..errors import AgentError
-    from ..launch import IMPORT_ROOT, torch_python
+    from ..core.errors import AgentError
+    from ..core.launch import IMPORT_ROOT, torch_python
 
     py, _ = torch_python(python)
     env = dict(os.environ)

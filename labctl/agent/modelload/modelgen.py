@@ -22,10 +22,18 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..argspec import NUMBER_OR_NULL, Opt, takes
-from ..errors import AgentError
-from ..fsutil import write_atomic
-from ..tinylm import DTYPE_BYTES, DTYPE_NAMES, USER_NAMES, Config, config_for_size, init_kind, param_shapes
+from ..core.argspec import NUMBER_OR_NULL, Opt, takes
+from ..core.errors import AgentError
+from ..core.fsutil import write_atomic
+from ..models.tinylm import (
+    DTYPE_BYTES,
+    DTYPE_NAMES,
+    USER_NAMES,
+    Config,
+    config_for_size,
+    init_kind,
+    param_shapes,
+)
 
 GB = 1e9
 SINGLE_NAME = "model.safetensors"

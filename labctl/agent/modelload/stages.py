@@ -15,8 +15,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from ..argspec import Opt, takes
-from ..errors import AgentError
+from ..core.argspec import Opt, takes
+from ..core.errors import AgentError
 
 GB = 1e9
 
@@ -115,7 +115,7 @@ def warm_up(torch: Any, config: Dict[str, Any], tensors: Dict[str, Any], device:
     Built on the meta device and given the tensors: no second copy of the weights. Raises
     AgentError (bad_model) when that pass gives non-finite logits.
     """
-    from ..tinylm import build_model
+    from ..models.tinylm import build_model
 
     with torch.device("meta"):
         model = build_model(config)

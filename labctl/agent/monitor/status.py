@@ -21,15 +21,15 @@ import socket
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import paths, procs
-from ..argspec import Opt, Or, takes
-from ..fsutil import write_atomic
-from ..gpus import GpuQueryError, gather_gpus
+from ..core import paths, procs
+from ..core.argspec import Opt, Or, takes
+from ..core.fsutil import write_atomic
+from ..core.gpus import GpuQueryError, gather_gpus
+from ..core.parsers import memory_from_meminfo, parse_meminfo, parse_mounts
 from ..orchestra import spend
-from ..parsers import memory_from_meminfo, parse_meminfo, parse_mounts
-from ..runlog import events as runlog_events
-from ..runlog import tail_lines
 from ..train.limit import process_age
+from ..train.runlog import events as runlog_events
+from ..train.runlog import tail_lines
 
 STEP = ("step",)
 
@@ -39,7 +39,7 @@ HISTORY_ANSWER_S = 65 * 60.0
 # A record's wall stamp and its age by the boot clock disagreeing by more than this: the wall
 # clock was set (stepped) since. NTP's slewing stays far below it over HISTORY_KEEP_S.
 CLOCK_STEP_S = 5.0
-# The controller's bounds on a status answer's numbers (labctl/agent/answers.py).
+# The controller's bounds on a status answer's numbers (labctl/agent/core/answers.py).
 INT_LIMIT = 2**63
 TIME_LIMIT = 253402300800.0  # 10000-01-01
 CPU_WINDOW_S = 0.2
@@ -325,7 +325,7 @@ def _utc(t: float) -> str:
 
 def _figure(value: Any, kind: str) -> bool:
     """`value` is a number of `kind` ("int", "num", "time") as the controller checks a status
-    answer (labctl/agent/answers.py, which the agent does not import): finite, an int within
+    answer (labctl/agent/core/answers.py, which the agent does not import): finite, an int within
     64 bits, a time between 1970 and the year 10000."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False

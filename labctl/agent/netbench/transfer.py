@@ -1,7 +1,7 @@
 """Both ends of `labctl bench network`: a sink that counts bytes, and a sender of TCP streams.
 
-The controller keeps `net_sink` running on the receiving host (in a thread, like
-`cache_serve`) and runs `net_send` on the sending host against it: the bytes go host to
+The controller keeps `netbench.sink` running on the receiving host (in a thread, like
+`cache.serve`) and runs `netbench.send` on the sending host against it: the bytes go host to
 host, never through the controller. The sink measures each stream on its own clock (bytes
 and the times of the first and last data it read) and hands that back over the stream
 itself, so the rate is what arrived, not what the sender's socket buffers took in.
@@ -19,10 +19,10 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..accepting import Accepting, listen_on
-from ..argspec import Opt, Or, takes
 from ..cache.manifest import emit
-from ..errors import AgentError
+from ..core.accepting import Accepting, listen_on
+from ..core.argspec import Opt, Or, takes
+from ..core.errors import AgentError
 
 BLOCK = 1 << 20
 MAX_LINE = 4096

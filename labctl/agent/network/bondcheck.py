@@ -14,7 +14,9 @@ import os
 import subprocess
 from typing import Any, Dict, List, Optional
 
-from ..nics import (
+from ..core.parsers import parse_bonding
+from ..core.textedit import text_lines
+from ..facts.nics import (
     IP_TIMEOUT_S,
     SYS_NET,
     addresses_fallback,
@@ -23,8 +25,6 @@ from ..nics import (
     link_name,
     read_sysfs,
 )
-from ..parsers import parse_bonding
-from ..textedit import text_lines
 from .netplan import netplan_binary, netplan_problems
 
 PROC_BONDING = "/proc/net/bonding"

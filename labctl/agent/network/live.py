@@ -13,7 +13,7 @@ import json
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..nics import ip_binary
+from ..facts.nics import ip_binary
 
 IP_TIMEOUT_S = 10.0
 # Link kinds a change can create (and so a revert may delete); a physical NIC or a veth the

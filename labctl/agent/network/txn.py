@@ -1,16 +1,16 @@
 """A network change that undoes itself unless labctl comes back to confirm it.
 
-A change applied over SSH can cut the connection that applied it. So `net_begin` backs up the
+A change applied over SSH can cut the connection that applied it. So `network.txn_begin` backs up the
 network config files and snapshots the live state, then hands the change to a keeper: a
 process in its own session, detached from the SSH channel and from labctl, that applies the
-change, waits, and unless the transaction was committed by then (`net_commit`, from a fresh
+change, waits, and unless the transaction was committed by then (`network.txn_commit`, from a fresh
 connection that labctl opened after the change), restores the files, re-applies them and
 brings the live state back (`live.restore`). labctl killed, the channel cut, the controller's
 laptop closed: nothing commits, so the host goes back by itself.
 
-One transaction per host at a time: `current` names the open one, and `net_begin` refuses
+One transaction per host at a time: `current` names the open one, and `network.txn_begin` refuses
 while it is open. Each transaction keeps its folder (txn.json, the snapshot, the backed-up
-files, the keeper's log) for `net_status` and for a person looking afterwards.
+files, the keeper's log) for `network.txn_status` and for a person looking afterwards.
 Standard library only, Python 3.8.
 """
 
@@ -28,11 +28,11 @@ import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Set
 
-from .. import paths
-from ..argspec import Opt, Or, takes
-from ..errors import AgentError
-from ..fsutil import write_atomic, write_json
-from ..procs import alive
+from ..core import paths
+from ..core.argspec import Opt, Or, takes
+from ..core.errors import AgentError
+from ..core.fsutil import write_atomic, write_json
+from ..core.procs import alive
 from . import live
 
 # The config of every way a Debian or Ubuntu host brings its network up; a change to any of
@@ -265,7 +265,7 @@ def keep(directory: str) -> None:
     doc = _read(directory)
     start = time.monotonic()
     deadline = start + float(doc["revert_after"])
-    time.sleep(float(doc.get("apply_delay", 1.0)))  # labctl's answer to net_begin gets out first
+    time.sleep(float(doc.get("apply_delay", 1.0)))  # labctl's answer to network.txn_begin gets out first
     _set(directory, state="applying", applying_at=time.time())
     ok = _apply(directory, doc)
     with _locked():

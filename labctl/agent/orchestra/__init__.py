@@ -3,10 +3,10 @@ that start, watch, stop and record the warm set's servers (`host`). Stdlib only,
 the server imports torch inside its functions."""
 
 COMMANDS = {
-    "orch_state": ".host:state_command",
-    "orch_start": ".host:start_command",
-    "orch_health": ".host:health_command",
-    "orch_stop": ".host:stop_command",
-    "orch_commit": ".host:commit_command",
-    "orch_publish": ".host:publish_command",
+    "state": ".host:state_command",
+    "start": ".host:start_command",
+    "health": ".host:health_command",
+    "stop": ".host:stop_command",
+    "commit": ".host:commit_command",
+    "publish": ".host:publish_command",
 }

@@ -426,7 +426,7 @@ def arch_gap(arch_list: List[str], cap: Tuple[int, int]) -> Optional[str]:
     """Why a torch built for `arch_list` (torch.cuda.get_arch_list()) cannot run on a card of
     compute capability `cap`, or None where it can: a cubin sm_XY runs on X.Z with Z >= Y, PTX
     (compute_XY) is compiled for anything newer."""
-    from ..gpus import runs_on
+    from ..core.gpus import runs_on
 
     if runs_on(arch_list, cap):
         return None

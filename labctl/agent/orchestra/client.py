@@ -33,7 +33,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
-from ..paths import ORCHESTRA_ENDPOINTS
+from ..core.paths import ORCHESTRA_ENDPOINTS
 
 # What marks a model that cannot take requests now (gone, starting, draining): worth another model.
 # "moved": the port answers for another model now (a rotation gave it to a newcomer). "timeout":

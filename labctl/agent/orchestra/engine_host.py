@@ -9,8 +9,8 @@ import json
 import os
 from typing import Any
 
-from ..errors import AgentError
-from ..gpus import GpuQueryError, gather_gpus
+from ..core.errors import AgentError
+from ..core.gpus import GpuQueryError, gather_gpus
 from ..provision.llama_cpp import ROOT as LLAMA_CPP_ROOT
 from ..provision.llama_cpp import build_covers
 

@@ -23,12 +23,12 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import paths, procs
-from ..argspec import Opt, Or, takes
-from ..errors import AgentError
-from ..fsutil import write_atomic, write_json
-from ..gpus import GpuQueryError, gather_gpus
-from ..launch import IMPORT_ROOT, port_state, start_detached, torch_python
+from ..core import paths, procs
+from ..core.argspec import Opt, Or, takes
+from ..core.errors import AgentError
+from ..core.fsutil import write_atomic, write_json
+from ..core.gpus import GpuQueryError, gather_gpus
+from ..core.launch import IMPORT_ROOT, port_state, start_detached, torch_python
 from ..modelload.loader import model_files
 from .engine_host import check_build_covers, find_binary, weights_file
 
@@ -41,14 +41,14 @@ TAGS = (
     "LABCTL_ORCH_STARTED",
 )
 SERVER_MODULE = "labctl.agent.orchestra.server"
-HISTORY_KEEP = 50  # entries orch_state returns
+HISTORY_KEEP = 50  # entries orchestra.state returns
 # Past HISTORY_TRIM_BYTES, history.jsonl is cut to its newest entries (at most HISTORY_TRIM_KEEP).
 HISTORY_TRIM_BYTES = 1 << 20
 HISTORY_TRIM_KEEP = 1000
 PROBE_TIMEOUT_S = 2.0
 POLL_S = 0.25
 LOG_TAIL_LINES = 20
-LOG_HEADER = "==== labctl orch_start "
+LOG_HEADER = "==== labctl orchestra.start "
 # A model's name becomes a log file's name and a shell word: keep it to safe characters.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}\Z")
 TEMPLATE_FIELDS = "{path} {port} {gpu} {name} {file} {binary}"
@@ -158,7 +158,7 @@ def other_servers(lab: str, host: str, every: procs.Procs) -> List[Dict[str, Any
 def by_server(found: procs.Procs) -> List[Dict[str, Any]]:
     """Tagged processes grouped into servers, one per process group.
 
-    `pid` is the group's leader, the process orch_start started (a template's shell, or the
+    `pid` is the group's leader, the process orchestra.start started (a template's shell, or the
     server itself); its children (a template's server, a server's workers) are in `pids`.
     """
     groups: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
@@ -326,11 +326,11 @@ def read_warm() -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     except OSError as exc:
         return None, f"{path}: {exc.strerror or exc}"
     except ValueError as exc:
-        return None, f"{path} is damaged (not JSON: {exc}); the next orch_commit replaces it"
+        return None, f"{path} is damaged (not JSON: {exc}); the next orchestra.commit replaces it"
     if not isinstance(doc, dict):
         return (
             None,
-            f"{path} is damaged (a JSON {type(doc).__name__}, not an object); the next orch_commit replaces it",
+            f"{path} is damaged (a JSON {type(doc).__name__}, not an object); the next orchestra.commit replaces it",
         )
     return doc, None
 

@@ -35,8 +35,8 @@ from contextlib import closing
 from http.server import ThreadingHTTPServer
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple, cast
 
-from .. import procs
-from ..httpjson import JsonHandler
+from ..core import procs
+from ..core.httpjson import JsonHandler
 from . import openai_api
 from .backend import (
     MAX_TOKENS,

@@ -12,7 +12,7 @@ DIR is $LABCTL_REMOTE_SPEND, else paths.remote_spend_dir(); a month is a UTC cal
 Every rank and every run on the host adds to the same files: a writer holds DIR/spend.lock (flock)
 while it reads, adds and replaces a file (atomically, mode 0644: dollars and token counts, never a
 key), so adds at once are never lost; a reader needs no lock. A file that is not its month's and
-tier's record is damaged: it is reported (SpendError, and in `status`), never overwritten nor read
+tier's record is damaged: it is reported (SpendError, and in `monitor.status`), never overwritten nor read
 as zero, so a tier with a budget is not asked until someone has looked at it.
 
 The ledger is the host's own: where several hosts train, each counts what its ranks spent and
@@ -33,8 +33,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from .. import paths
-from ..fsutil import write_json
+from ..core import paths
+from ..core.fsutil import write_json
 
 SPEND_ENV = "LABCTL_REMOTE_SPEND"
 LOCK_NAME = "spend.lock"
@@ -212,7 +212,7 @@ def _budgets(endpoints_path: str) -> Dict[str, Optional[float]]:
 def status(
     ledger: Optional[Ledger] = None, endpoints_path: Optional[str] = None, now: Optional[float] = None
 ) -> Optional[Dict[str, Any]]:
-    """This month's spend on this host for `status`: {month, tiers: [{tier, usd, prompt_tokens,
+    """This month's spend on this host for `monitor.status`: {month, tiers: [{tier, usd, prompt_tokens,
     completion_tokens, answers, budget_per_month}], errors}, or None where there is nothing to
     say (a host that does not train). A tier is listed when the ledger holds it or the endpoints
     file gives it a budget (0 spent so far); its budget is the endpoints file's, which the next

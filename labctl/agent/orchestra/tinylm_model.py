@@ -35,7 +35,7 @@ class Model(ServedModel):
 
     def check(self) -> None:
         from ..modelload.loader import model_files, read_header
-        from ..tinylm import check_config
+        from ..models.tinylm import check_config
 
         with open(os.path.join(self.model_dir, "config.json")) as f:
             config = json.load(f)

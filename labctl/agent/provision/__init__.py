@@ -6,4 +6,5 @@ COMMANDS = {
     "apply": ".commands:apply_command",
     "llama_cpp_build": ".llama_cpp:build_command",
     "llama_cpp_probe": ".llama_cpp:probe_command",
+    "host_lock": ".hostlock:lock_command",
 }

@@ -1,7 +1,7 @@
 """Host side of `labctl provision`: read state for many resources at once, carry out ops.
 
-The controller sends plain data: `probe` gets a list of probes and answers with what it
-found, in one round trip for every resource on the host; `apply` gets the ops a plan
+The controller sends plain data: `provision.probe` gets a list of probes and answers with what it
+found, in one round trip for every resource on the host; `provision.apply` gets the ops a plan
 computed and runs them in order, stopping at the first failure. Files are replaced
 atomically (temp file + fsync + rename), keeping mode and owner unless told otherwise.
 """
@@ -15,11 +15,11 @@ import shutil
 import subprocess
 from typing import Any, Callable, Dict, List, Optional
 
-from ..argspec import Or, takes
-from ..errors import AgentError
-from ..fsutil import file_state, write_atomic
+from ..core.argspec import Or, takes
+from ..core.errors import AgentError
+from ..core.fsutil import file_state, write_atomic
+from ..core.parsers import parse_mounts
 from ..network.bondcheck import bond_probe
-from ..parsers import parse_mounts
 
 
 def _mount(p: Dict[str, Any]) -> Dict[str, Any]:

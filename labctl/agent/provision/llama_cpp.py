@@ -29,11 +29,11 @@ import tarfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import procs
-from ..argspec import Or, takes
 from ..cache.manifest import emit
-from ..errors import AgentError
-from ..fsutil import write_json
+from ..core import procs
+from ..core.argspec import Or, takes
+from ..core.errors import AgentError
+from ..core.fsutil import write_json
 
 # One folder per build: ROOT/<version>-<cpu|cuda-61_70>, where the orchestra's engine looks for
 # llama-server (labctl/agent/orchestra/host.py ENGINE_ROOTS). Programs, not labctl's state: /opt.
@@ -675,13 +675,13 @@ def build_command(args: Dict[str, Any]) -> Dict[str, Any]:
 
 @takes(root=Or(str, ""), prefix=Or(str, ""), nvcc=Or(str, ""), sdist=Or(str, ""))
 def probe_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """args: {root?, prefix?, nvcc?, sdist?} -> see `probe`."""
+    """args: {root?, prefix?, nvcc?, sdist?} -> see `provision.probe`."""
     return probe(args)
 
 
 def build_op(op: Dict[str, Any]) -> str:
     """The `llama_cpp` apply op (the resource's plan): build, or keep what matches."""
-    from ..argspec import Spec
+    from ..core.argspec import Spec
 
     args = Spec(**BUILD_SPEC).apply({k: v for k, v in op.items() if k != "op"}, "llama_cpp")
     info = build(args)

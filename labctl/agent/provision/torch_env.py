@@ -21,10 +21,10 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import procs
 from ..cache.manifest import emit
-from ..errors import AgentError
-from ..fsutil import write_atomic, write_json
+from ..core import procs
+from ..core.errors import AgentError
+from ..core.fsutil import write_atomic, write_json
 
 HEARTBEAT_S = 10.0  # a long step (pip downloading 2 GB) reports this often
 STEP_WORDS = {

@@ -21,15 +21,15 @@ def image_name(lang: str) -> str:
 
 
 COMMANDS = {
-    "sandbox_images": ".image:images_command",
-    "sandbox_build": ".image:build_command",
-    "sandbox_run": ".runner:run_command",
-    "sandbox_bench": ".runner:bench_command",
-    "sandbox_hostcheck": ".hostcheck:hostcheck_command",
-    "sandbox_serve": ".serve:start_command",
-    "sandbox_serve_stop": ".serve:stop_command",
-    "sandbox_serve_state": ".serve:state_command",
-    "sandbox_token": ".serve:token_command",
-    "sandbox_client": ".serve:client_command",
-    "sandbox_client_remove": ".serve:client_remove_command",
+    "images": ".image:images_command",
+    "build": ".image:build_command",
+    "run": ".runner:run_command",
+    "bench": ".runner:bench_command",
+    "hostcheck": ".hostcheck:hostcheck_command",
+    "serve": ".serve:start_command",
+    "serve_stop": ".serve:stop_command",
+    "serve_state": ".serve:state_command",
+    "token": ".serve:token_command",
+    "client": ".serve:client_command",
+    "client_remove": ".serve:client_remove_command",
 }

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import AgentError
+from ..core.errors import AgentError
 from .docker import Client, DockerError
 from .pool import Pool
 from .runner import (

@@ -20,13 +20,13 @@ import os
 from typing import Any, Dict, List, Mapping, Optional
 from urllib.parse import urlsplit
 
-from ..paths import SANDBOX_CLIENT
+from ..core.paths import SANDBOX_CLIENT
 
 SLACK_S = 30.0  # on top of the programs' own time limits, for the queue and the containers
 
 
 class SandboxError(Exception):
-    """The service refused or could not answer: `status` is the HTTP status (0: no answer)."""
+    """The service refused or could not answer: `monitor.status` is the HTTP status (0: no answer)."""
 
     def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)

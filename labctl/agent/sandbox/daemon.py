@@ -1,6 +1,6 @@
 """Docker on a host, as the `sandbox` resource sees it: installed, answering, configured.
 
-`probe` reads it all in one go (the provision probe kind "sandbox"), with what the daemon holds
+`provision.probe` reads it all in one go (the provision probe kind "sandbox"), with what the daemon holds
 that labctl did not create (`foreign`: turning userns-remap on would hide it); `dockerd_op`
 starts or restarts the daemon (the apply op "dockerd"): through systemd where it is PID 1, else
 as a background process with its pid file and a log under /var/log/labctl. Standard library
@@ -17,9 +17,9 @@ import subprocess
 import time
 from typing import Any, Dict, List, Optional
 
-from .. import paths, procs
-from ..errors import AgentError
-from ..fsutil import file_state
+from ..core import paths, procs
+from ..core.errors import AgentError
+from ..core.fsutil import file_state
 from . import LABEL_LANG, image_name
 from .dockercli import docker
 

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from typing import Any, List
 
-from ..errors import AgentError
+from ..core.errors import AgentError
 
 
 def docker(args: List[str], timeout: float = 30, stdin: Any = None) -> "subprocess.CompletedProcess[str]":

@@ -17,9 +17,9 @@ import socket
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..argspec import Opt, Or, takes
-from ..errors import AgentError
-from ..procs import cmdline
+from ..core.argspec import Opt, Or, takes
+from ..core.errors import AgentError
+from ..core.procs import cmdline
 from .docker import SOCKET as DOCKER_SOCKET
 from .docker import Client, DockerError
 
@@ -211,7 +211,7 @@ def settle(
     memory_tolerance=Opt(int, MEMORY_TOLERANCE),
 )
 def hostcheck_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """`sandbox_hostcheck`: {action: snapshot, labels} → {snapshot};
+    """`sandbox.hostcheck`: {action: snapshot, labels} → {snapshot};
     {action: compare, before, wait_s, disk_tolerance, memory_tolerance} → the comparison."""
     action = args["action"]
     sock = args["socket"]

@@ -20,9 +20,9 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-from .. import paths
-from ..argspec import Or, takes
-from ..errors import AgentError
+from ..core import paths
+from ..core.argspec import Or, takes
+from ..core.errors import AgentError
 from . import LABEL_LANG, LABEL_RECIPE, image_name
 from .dockercli import docker
 
@@ -79,7 +79,7 @@ def current(lang: str) -> Optional[Dict[str, Any]]:
 
 @takes()
 def images_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """Agent command `sandbox_images`: {"images": [...]} (see list_images)."""
+    """Agent command `sandbox.images`: {"images": [...]} (see list_images)."""
     return {"images": list_images()}
 
 
@@ -273,7 +273,7 @@ def build_op(op: Dict[str, Any]) -> str:
 
 @takes(images=Or(list, []))
 def build_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """Agent command `sandbox_build`: {"images": [op, ...]} → {"results": [build_image's dict, ...]}."""
+    """Agent command `sandbox.build`: {"images": [op, ...]} → {"results": [build_image's dict, ...]}."""
     results = []
     for op in args["images"]:
         results.append(

@@ -21,8 +21,8 @@ import threading
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import paths
-from ..errors import AgentError
+from ..core import paths
+from ..core.errors import AgentError
 from . import LABEL_LAB
 from .docker import Client, DockerError
 

@@ -1,4 +1,4 @@
-"""Run programs in the warm pool: the agent commands `sandbox_run` and `sandbox_bench`.
+"""Run programs in the warm pool: the agent commands `sandbox.run` and `sandbox.bench`.
 
 One run: claim an idle container, write the source into /work, compile when the language
 does, run with stdin, read stdout/stderr with a byte cap, and on the wall-time limit kill the
@@ -18,9 +18,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .. import paths
-from ..argspec import Opt, Or, takes
-from ..errors import AgentError
+from ..core import paths
+from ..core.argspec import Opt, Or, takes
+from ..core.errors import AgentError
 from .docker import Client, DockerError, oom_kills
 from .pool import Pool, check_lab
 
@@ -290,7 +290,7 @@ def run_programs(
         pools.wait()
 
 
-# What sandbox_run and sandbox_bench both take: the programs, each language's spec, the limits,
+# What sandbox.run and sandbox.bench both take: the programs, each language's spec, the limits,
 # and the lab whose pool runs them (the inventory's lab name).
 _PROGRAMS = {"programs": list, "langs": dict, "limits": dict, "lab": str}
 

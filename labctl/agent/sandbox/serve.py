@@ -17,11 +17,11 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from .. import paths, procs
-from ..argspec import Opt, takes
-from ..errors import AgentError
-from ..fsutil import write_atomic, write_json
-from ..launch import IMPORT_ROOT, port_state, start_detached
+from ..core import paths, procs
+from ..core.argspec import Opt, takes
+from ..core.errors import AgentError
+from ..core.fsutil import write_atomic, write_json
+from ..core.launch import IMPORT_ROOT, port_state, start_detached
 from .pool import check_lab
 
 MODULE = "labctl.agent.sandbox.service"

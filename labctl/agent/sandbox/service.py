@@ -31,8 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import ThreadingHTTPServer
 from typing import Any, Dict, List, Optional, cast
 
-from ..errors import AgentError
-from ..httpjson import JsonHandler
+from ..core.errors import AgentError
+from ..core.httpjson import JsonHandler
 from .batch import MAX_TESTS, run_tests
 from .docker import Client, DockerError
 from .runner import _Pools

@@ -3,8 +3,8 @@
 `limit`), and the agent commands that check, start and watch a run (`host`)."""
 
 COMMANDS = {
-    "train_preflight": ".host:preflight_command",
-    "train_spawn": ".host:spawn_command",
-    "train_ps": ".host:ps_command",
-    "train_status": ".host:status_command",
+    "preflight": ".host:preflight_command",
+    "spawn": ".host:spawn_command",
+    "ps": ".host:ps_command",
+    "status": ".host:status_command",
 }

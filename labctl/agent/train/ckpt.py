@@ -27,7 +27,7 @@ import socket
 import time
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..fsutil import write_atomic
+from ..core.fsutil import write_atomic
 
 FORMAT = "labctl-trainer-checkpoint/1"
 _NAME = re.compile(r"step-([0-9]{8})\.(pt|json)\Z")

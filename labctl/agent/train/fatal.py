@@ -6,7 +6,7 @@ worker `--max-restarts` times whatever the cause, and then prints its own ChildF
 traceback over the trainer's reason. So the trainer, under a labctl launch:
 
 1. writes its reason to FATAL_FILE in the run's folder (the first rank's reason wins), where the
-   host agent finds it (`train_ps`, `train_status`) whatever became of the output streams;
+   host agent finds it (`train.ps`, `train.status`) whatever became of the output streams;
 2. prints `{"event": "fatal", "reason": ...}` on stdout, which the controller reads live;
 3. sends SIGTERM to its torchrun agent, which then stops every local worker and exits without a
    restart (torchrun treats its own death signal as the end, not as a worker's failure);

@@ -14,14 +14,14 @@ import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .. import paths, procs, runlog
-from ..argspec import Opt, Or, takes
-from ..errors import AgentError
-from ..fsutil import write_json
-from ..gpus import GpuQueryError, gather_gpus
-from ..launch import IMPORT_ROOT, port_state, torch_python
-from ..nics import gather_nics
-from . import fatal
+from ..core import paths, procs
+from ..core.argspec import Opt, Or, takes
+from ..core.errors import AgentError
+from ..core.fsutil import write_json
+from ..core.gpus import GpuQueryError, gather_gpus
+from ..core.launch import IMPORT_ROOT, port_state, torch_python
+from ..facts.nics import gather_nics
+from . import fatal, runlog
 
 TORCH_PROBE_TIMEOUT_S = 180.0
 
@@ -85,7 +85,7 @@ def _torch_probe(python: str) -> Dict[str, Any]:
             pass
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); "
-        "from labctl.agent.gpus import torch_facts; print(json.dumps(torch_facts()))"
+        "from labctl.agent.core.gpus import torch_facts; print(json.dumps(torch_facts()))"
     )
     try:
         proc = _run_python(python, code, IMPORT_ROOT)
@@ -296,9 +296,9 @@ def spawn_command(args: Dict[str, Any]) -> Dict[str, Any]:
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
     console = os.path.join(log_dir, "console.log")
     rc_path = os.path.join(log_dir, "rc")
-    # The shell records torchrun's exit code, so `status` can tell finished from killed.
+    # The shell records torchrun's exit code, so `monitor.status` can tell finished from killed.
     script = f"{line} > {shlex.quote(console)} 2>&1 </dev/null; echo $? > {shlex.quote(rc_path)}.tmp && mv {shlex.quote(rc_path)}.tmp {shlex.quote(rc_path)}"
-    # The wrapper carries the run's id too, so `status` sees the run before torchrun has started.
+    # The wrapper carries the run's id too, so `monitor.status` sees the run before torchrun has started.
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in args["env"].items()})
     proc = subprocess.Popen(

@@ -40,8 +40,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..models.prompting import ask_prompt, cet_prompt, context_text, longest_cet_prompt, program_of
 from ..orchestra.spend import RemoteUse
-from .prompting import ask_prompt, cet_prompt, context_text, longest_cet_prompt, program_of
 from .settings import TrainerError
 
 __all__ = [
@@ -168,7 +168,7 @@ class Phase3:
         ask: Optional[Callable[..., List[Any]]] = None,
         run: Optional[Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]]] = None,
     ) -> None:
-        from .tasks import TASKS, task
+        from ..models.tasks import TASKS, task
 
         self.rl = rl
         self.rank = rank

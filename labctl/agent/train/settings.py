@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..tinylm import make_config
+from ..models.tinylm import make_config
 
 # What a run gets for each setting the controller leaves out (standalone use).
 DEFAULTS: Dict[str, Any] = {
@@ -131,7 +131,7 @@ def resolve_rl(raw: Any) -> Optional[Dict[str, Any]]:
 def check_task_names(raw: Any) -> Optional[List[str]]:
     if raw is None:
         return None
-    from .tasks import TASKS
+    from ..models.tasks import TASKS
 
     known = [t.name for t in TASKS]
     if not isinstance(raw, (list, tuple)) or not raw or not all(isinstance(n, str) for n in raw):
@@ -149,7 +149,7 @@ def check_task_names(raw: Any) -> Optional[List[str]]:
 def min_seq_len(rl: Mapping[str, Any]) -> int:
     """The shortest seq_len that holds the longest task's CET prompt (prompting.cet_prompt) and the
     context after it: a shorter one would cut the start of some task's view."""
-    from .prompting import longest_cet_prompt
+    from ..models.prompting import longest_cet_prompt
 
     return longest_cet_prompt() + int(rl["context_tokens"])
 

@@ -177,7 +177,7 @@ class TrainerSetup:
     def setup(self) -> None:
         import torch
 
-        from ..tinylm import build_model
+        from ..models.tinylm import build_model
 
         self.device = self._device()
         self._init_dist()

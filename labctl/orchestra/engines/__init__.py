@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from labctl.agent.registry import load
+from labctl.agent.core.registry import load
 
 if TYPE_CHECKING:
     from labctl.orchestra.engines.base import Engine

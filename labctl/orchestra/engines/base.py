@@ -2,7 +2,7 @@
 
 Pure data and pure functions: `labctl orchestra plan` checks a model's format and its GPU's
 compute capability against its engine before any host is touched, and the rotation passes
-`start_args` to the host's `orch_start` (labctl/agent/orchestra/host.py), which checks the
+`start_args` to the host's `orchestra.start` (labctl/agent/orchestra/host.py), which checks the
 binary and the build's CUDA archs there and fills the template's {port} and {file}.
 """
 
@@ -79,7 +79,7 @@ class Engine:
         )
 
     def start_args(self, name: str, context: int, gpu: int | None) -> dict[str, Any]:
-        """What orch_start needs of the engine, beside the model and its path."""
+        """What orchestra.start needs of the engine, beside the model and its path."""
         return {
             "engine": self.name,
             "command": self.template(name, context, gpu),

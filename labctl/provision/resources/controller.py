@@ -17,7 +17,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.inventory.model import HostPath
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State, probe_error
 from labctl.provision.resources.bundle import RUNTIME_PROBE, make_bundle, oldest_python, runtime

@@ -12,7 +12,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.provision.resource import Change, Params, PlanError, Probes, Resource, State
 from labctl.provision.resources.files import plan_file
 from labctl.transport.shell import command_line, quote

@@ -10,8 +10,8 @@ from typing import Any, AnyStr, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from labctl.agent.fsutil import MAX_CONTENT
-from labctl.agent.textedit import edit_line
+from labctl.agent.core.fsutil import MAX_CONTENT
+from labctl.agent.core.textedit import edit_line
 from labctl.inventory.model import Host, HostPath
 from labctl.provision.resource import (
     Change,

@@ -299,7 +299,7 @@ class LlamaCpp(Resource):
 
         timeout = max(int(op.get("timeout") or BUILD_TIMEOUT_S) for op in ops) + 900 if ops else 600
         try:
-            call_agent(run, "apply", {"ops": ops}, timeout=timeout, on_line=on_line)
+            call_agent(run, "provision.apply", {"ops": ops}, timeout=timeout, on_line=on_line)
         except AgentFailed:
             if not failure:
                 raise

@@ -12,8 +12,8 @@ from typing import Any, AnyStr, Optional
 
 from pydantic import Field, field_validator
 
-from labctl.agent import paths
-from labctl.agent.textedit import body, newline_of, split_lines
+from labctl.agent.core import paths
+from labctl.agent.core.textedit import body, newline_of, split_lines
 from labctl.inventory.model import Host, MountPath, cache_mib, cache_size_gb
 from labctl.provision.resource import (
     Change,

@@ -149,7 +149,7 @@ class BondResource(Resource):
         end = time.monotonic() + min(SETTLE_S, max(1.0, budget - 1.0))
         while True:
             answer = call_agent(
-                fresh, "probe", {"probes": {"b": self.probes()["bond"]}}, timeout=max(2.0, budget)
+                fresh, "provision.probe", {"probes": {"b": self.probes()["bond"]}}, timeout=max(2.0, budget)
             )
             problems = verify_bond((answer.get("results", {}).get("b") or {}).get("bond"), self.bond)
             if not problems or time.monotonic() >= end:

@@ -19,7 +19,7 @@ from typing import Any, Literal, NamedTuple, Optional
 
 from pydantic import Field, field_validator
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.agent.sandbox import image_name
 from labctl.agent.sandbox.languages import RECIPES, SUITE, recipe_hash
 from labctl.inventory.model import Host

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.agent.provision.torch_env import wrong_build
 from labctl.facts.gpus import Cap, build_archs, builds_for, parse_cap, supports, variants_for
 from labctl.facts.gpus import declared_caps as inventory_caps
@@ -204,7 +204,9 @@ class TorchEnv(Resource):
                 )
 
         try:
-            call_agent(run, "apply", {"ops": change.ops}, timeout=PIP_TIMEOUT_S + 900, on_line=on_line)
+            call_agent(
+                run, "provision.apply", {"ops": change.ops}, timeout=PIP_TIMEOUT_S + 900, on_line=on_line
+            )
         except AgentFailed:
             if not failure:
                 raise

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from labctl.agent.registry import load
+from labctl.agent.core.registry import load
 from labctl.output.errors import InputError
 
 if TYPE_CHECKING:

@@ -97,7 +97,7 @@ FACTS = {
     "docker?": {"cli?": "str?", "server_version?": "str?"},
     "labctl?": {},
 }
-# A training run on the host, as `status` reports it. The step figures are what the run's script
+# A training run on the host, as `monitor.status` reports it. The step figures are what the run's script
 # logged (the reference trainer's, or --script's own), so they are "any": their readers check them.
 RUN = {
     "run_id": "str",
@@ -199,18 +199,18 @@ SANDBOX_SERVICE = {
 
 ANSWERS: Dict[str, Any] = {
     "ping": {"agent_version?": "any", "python_version?": "str", "pid?": "int", "time": "time"},
-    "facts": FACTS,
-    "probe": {"results": {"*": {}}},
-    "apply": {"done": ["any"]},
+    "facts.collect": FACTS,
+    "provision.probe": {"results": {"*": {}}},
+    "provision.apply": {"done": ["any"]},
     # llama.cpp's llama-server built on the host (labctl/agent/provision/llama_cpp.py).
-    "llama_cpp_build": {"prefix": "str", "built": "bool", "manifest": {}, "server_version": "str?"},
-    "llama_cpp_probe": {
+    "provision.llama_cpp_build": {"prefix": "str", "built": "bool", "manifest": {}, "server_version": "str?"},
+    "provision.llama_cpp_probe": {
         "installs": {"*": {"prefix": "str", "installed": "bool", "manifest": ({}, "null"), "error": "str?"}},
         "gpus": [{"name": "str", "compute_capability": "cap"}],
         "nvcc": ({"path": "str", "version": "str?"}, "null"),
     },
-    "host_lock": {},
-    "cron_list": {
+    "provision.host_lock": {},
+    "cron.list": {
         "jobs": [
             {
                 "name": "str",
@@ -224,7 +224,7 @@ ANSWERS: Dict[str, Any] = {
         "daemons?": {"cron?": ["int"], "systemd?": "bool"},
         "time?": "time",
     },
-    "cache_state": {
+    "cache.state": {
         "cache": "str",
         "exists": "bool",
         "mounted?": "bool",
@@ -249,14 +249,14 @@ ANSWERS: Dict[str, Any] = {
         "now?": "time",
         "repairs?": REPAIRS,
     },
-    "cache_list": {
+    "cache.list": {
         "root?": "str",
         "models": {"*": {"name?": "str", "files": [CACHE_FILE], "bytes": "int", "chunk_size?": "int"}},
         "missing?": ["str"],
         "available?": ["str"],
     },
-    "cache_serve": {"port?": "int", "bytes_sent?": "int", "connections?": "int", "seconds?": "num"},
-    "cache_pull": {
+    "cache.serve": {"port?": "int", "bytes_sent?": "int", "connections?": "int", "seconds?": "num"},
+    "cache.pull": {
         "models": [
             {
                 "name": "str",
@@ -280,10 +280,10 @@ ANSWERS: Dict[str, Any] = {
         "verify_seconds?": "num",
         "rate_bytes_per_s?": "num",
     },
-    "cache_evict": {"evicted": EVICTED, "not_cached": ["str"], "pinned": ["str"], "repairs?": REPAIRS},
-    "cache_pin": {"model": "str", "pinned": "bool", "changed": "bool", "repairs?": REPAIRS},
-    "cache_touch": {"touched": "bool", "last_used?": "time?"},
-    "cache_verify": {
+    "cache.evict": {"evicted": EVICTED, "not_cached": ["str"], "pinned": ["str"], "repairs?": REPAIRS},
+    "cache.pin": {"model": "str", "pinned": "bool", "changed": "bool", "repairs?": REPAIRS},
+    "cache.touch": {"touched": "bool", "last_used?": "time?"},
+    "cache.verify": {
         "models": [
             {
                 "name": "str",
@@ -297,16 +297,16 @@ ANSWERS: Dict[str, Any] = {
         ],
         "repairs?": REPAIRS,
     },
-    "read_cold": {"bytes": "int", "seconds": "num", "fstype?": "str?"},
-    "load_stages": {
+    "modelload.read_cold": {"bytes": "int", "seconds": "num", "fstype?": "str?"},
+    "modelload.load_stages": {
         "stages": {"ram_cache": {"bytes": "int", "seconds?": "num"}, "*": STAGE},
         "memcpy_gbps?": "num?",
         "h2d_pinned_gbps?": "num?",
     },
-    "make_model": {"path": "str", "files": [{}], "bytes": "int", "seconds": "num"},
+    "modelload.make_model": {"path": "str", "files": [{}], "bytes": "int", "seconds": "num"},
     # One entry per path asked: describe()'s answer, or {"error", "kind"} for a path not there.
-    "model_describe": {"models": {"*": {"format?": "str", "problems?": ["str"], "error?": "str"}}},
-    "train_preflight": {
+    "modelload.describe": {"models": {"*": {"format?": "str", "problems?": ["str"], "error?": "str"}}},
+    "train.preflight": {
         "python?": "str",
         "torch?": TORCH,
         "cpu_count?": "int",
@@ -319,14 +319,14 @@ ANSWERS: Dict[str, Any] = {
         "endpoints?": {"present": "bool", "path": "str", "error?": "str", "models?": "int"},
         "sandbox?": {"present": "bool", "path": "str", "error?": "str", "url?": "str", "token?": "str"},
     },
-    "train_spawn": {"pid": "int", "pgid?": "int", "started?": "time"},
-    "train_ps": {
+    "train.spawn": {"pid": "int", "pgid?": "int", "started?": "time"},
+    "train.ps": {
         "processes": [{"pid": "int"}],
         "remaining": [{"pid": "int"}],
         "killed?": "bool",
         "fatal?": "str",
     },
-    "train_status": {
+    "train.status": {
         "state": "str",
         "fatal?": "str",
         "processes?": "int",
@@ -334,7 +334,7 @@ ANSWERS: Dict[str, Any] = {
         "last_event?": ({}, "null"),
         "resume_step?": "any",
     },
-    "orch_state": {
+    "orchestra.state": {
         # warm.json as the host holds it, damage and all: the rotation repairs what it finds
         "warm?": ({"models?": ["any"]}, "null"),
         "warm_error?": "str?",
@@ -345,8 +345,8 @@ ANSWERS: Dict[str, Any] = {
         "gpus?": [GPU],
         "gpu_error?": "str",
     },
-    "orch_start": {"model?": "str", "pid": "int", "port": "int", "gpu?": "int?", "log?": "str"},
-    "orch_health": {
+    "orchestra.start": {"model?": "str", "pid": "int", "port": "int", "gpu?": "int?", "log?": "str"},
+    "orchestra.health": {
         "results": [
             {
                 "model": "str",
@@ -359,20 +359,20 @@ ANSWERS: Dict[str, Any] = {
             }
         ]
     },
-    "orch_stop": {
+    "orchestra.stop": {
         "stopped": [{"model": "str", "pid": "int", "killed?": "bool"}],
         "remaining": [{"model?": "str", "pid?": "int"}],
         "absent?": ["str"],
     },
-    "orch_commit": {"path?": "str", "updated?": "time"},
-    "orch_publish": {"path": "str", "updated": "time", "models": "int"},
-    "net_begin": {"id?": "str", "keeper_pid?": "int?", "deadline_at?": "time"},
-    "net_status": {"state?": "str?", "differences?": (["str"], "null")},
-    "net_commit": {"committed": "bool", "state?": "str?"},
-    "net_abort": {"state?": "str?", "keeper_running?": "bool"},
-    "sandbox_images": {"images": [{"image?": "str?", "lang?": "str?"}]},
-    "sandbox_build": {"results": [{}]},
-    "sandbox_run": {
+    "orchestra.commit": {"path?": "str", "updated?": "time"},
+    "orchestra.publish": {"path": "str", "updated": "time", "models": "int"},
+    "network.txn_begin": {"id?": "str", "keeper_pid?": "int?", "deadline_at?": "time"},
+    "network.txn_status": {"state?": "str?", "differences?": (["str"], "null")},
+    "network.txn_commit": {"committed": "bool", "state?": "str?"},
+    "network.txn_abort": {"state?": "str?", "keeper_running?": "bool"},
+    "sandbox.images": {"images": [{"image?": "str?", "lang?": "str?"}]},
+    "sandbox.build": {"results": [{}]},
+    "sandbox.run": {
         "results": [
             {
                 "exit_code?": "int?",
@@ -383,16 +383,16 @@ ANSWERS: Dict[str, Any] = {
             }
         ]
     },
-    "sandbox_bench": {"rows": [{}]},
-    "sandbox_hostcheck": {},
-    "sandbox_serve": SANDBOX_SERVICE,
-    "sandbox_serve_stop": {"stopped": ["int"]},
-    "sandbox_serve_state": {"state": "str", "pid?": "int", "port?": "int", "bind?": "str"},
-    "sandbox_token": {"token": "str"},
-    "sandbox_client": {"service": "str", "token_file": "str"},
-    "sandbox_client_remove": {"removed": ["str"]},
-    "net_sink": {"bytes?": "int", "streams?": "int", "port?": "int"},
-    "net_send": {
+    "sandbox.bench": {"rows": [{}]},
+    "sandbox.hostcheck": {},
+    "sandbox.serve": SANDBOX_SERVICE,
+    "sandbox.serve_stop": {"stopped": ["int"]},
+    "sandbox.serve_state": {"state": "str", "pid?": "int", "port?": "int", "bind?": "str"},
+    "sandbox.token": {"token": "str"},
+    "sandbox.client": {"service": "str", "token_file": "str"},
+    "sandbox.client_remove": {"removed": ["str"]},
+    "netbench.sink": {"bytes?": "int", "streams?": "int", "port?": "int"},
+    "netbench.send": {
         "runs": [
             {
                 "streams": "int",
@@ -404,8 +404,8 @@ ANSWERS: Dict[str, Any] = {
             }
         ]
     },
-    "status": STATUS,
-    "ckpt_newest": {
+    "monitor.status": STATUS,
+    "ckpt.newest": {
         "exists": "bool",
         "step": "int?",
         "bytes?": "int?",
@@ -413,15 +413,15 @@ ANSWERS: Dict[str, Any] = {
         "files?": ["str"],
         "skipped": [{"step": "int", "reason?": "str?"}],
     },
-    "ckpt_lib_list": {"exists": "bool", "entries": [CKPT_ENTRY], "incoming?": ["str"]},
-    "ckpt_lib_commit": dict(CKPT_ENTRY, **{"existed": "bool"}),
-    "ckpt_lib_remove": {"removed": [{"run_id": "str", "step": "int"}]},
-    "ckpt_lib_verify": {
+    "ckpt.lib_list": {"exists": "bool", "entries": [CKPT_ENTRY], "incoming?": ["str"]},
+    "ckpt.lib_commit": dict(CKPT_ENTRY, **{"existed": "bool"}),
+    "ckpt.lib_remove": {"removed": [{"run_id": "str", "step": "int"}]},
+    "ckpt.lib_verify": {
         "exists?": "bool",
         "entries": [dict(CKPT_ENTRY, **{"status": "str", "reason?": "str?"})],
     },
-    "ckpt_restore_commit": {"dir": "str", "step": "int", "files": ["str"], "sha256?": "str?"},
-    "ckpt_pull_state": {
+    "ckpt.restore_commit": {"dir": "str", "step": "int", "files": ["str"], "sha256?": "str?"},
+    "ckpt.pull_state": {
         "steps": {
             "*": {
                 "committed": ({"path": "str", "sha256?": "str?", "damaged?": "str?"}, "null"),
@@ -429,14 +429,14 @@ ANSWERS: Dict[str, Any] = {
             }
         }
     },
-    "ckpt_pull_commit": dict(CKPT_ENTRY, **{"existed": "bool"}),
-    "model_publish_state": {
+    "ckpt.pull_commit": dict(CKPT_ENTRY, **{"existed": "bool"}),
+    "ckpt.publish_state": {
         "path": "str",
         "exists": "bool",
         "files": PUBLISHED_FILES,
         "parts": PUBLISHED_FILES,
     },
-    "model_publish": {"path": "str", "files": PUBLISHED_FILES, "written?": ["str"]},
+    "ckpt.publish": {"path": "str", "files": PUBLISHED_FILES, "written?": ["str"]},
 }
 
 # What commands report on stderr while they run ({"event": NAME, ...}, agent_ship.agent_event),
@@ -462,11 +462,11 @@ EVENTS: Dict[str, Any] = {
 # Answers keyed by what was asked: ANSWER_KEY must hold an entry for each of the args' ARG_KEY
 # (a mapping's keys, or a list's items as text; a list answer: one item per item asked).
 PER_ASKED: Dict[str, Tuple[str, str]] = {
-    "probe": ("results", "probes"),
-    "ckpt_pull_state": ("steps", "steps"),
-    "sandbox_run": ("results", "programs"),
-    "orch_health": ("results", "servers"),
-    "model_describe": ("models", "paths"),
+    "provision.probe": ("results", "probes"),
+    "ckpt.pull_state": ("steps", "steps"),
+    "sandbox.run": ("results", "programs"),
+    "orchestra.health": ("results", "servers"),
+    "modelload.describe": ("models", "paths"),
 }
 
 SCALARS = ("str", "bool", "null", "any", "int", "num", "time", "cap")

@@ -17,8 +17,8 @@ import re
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from .. import paths, textedit
-from ..argspec import takes
+from ..core import paths, textedit
+from ..core.argspec import takes
 
 CRON_DIR = "/etc/cron.d"
 UNIT_DIR = "/etc/systemd/system"

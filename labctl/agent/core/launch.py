@@ -7,16 +7,17 @@ Standard library only, Python 3.8.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from .facts.collect import torch_env_facts
+from . import paths
 
-# The agent's import root: the zipapp itself when shipped (…/agent-x.pyz/labctl/agent/launch.py).
-IMPORT_ROOT = os.path.abspath(__file__).rsplit(os.sep, 3)[0]
+# The agent's import root: the zipapp itself when shipped (…/agent-x.pyz/labctl/agent/core/launch.py).
+IMPORT_ROOT = os.path.abspath(__file__).rsplit(os.sep, 4)[0]
 
 
 def port_state(port: int) -> Dict[str, Any]:
@@ -31,6 +32,17 @@ def port_state(port: int) -> Dict[str, Any]:
         return {"port": port, "free": False, "error": os.strerror(exc.errno or errno.EADDRINUSE)}
     finally:
         s.close()
+
+
+def torch_env_facts() -> Dict[str, Any]:
+    """The virtualenv `labctl provision` built (torch_env), as its last verification recorded it."""
+    try:
+        with open(paths.TORCH_ENV_RECORD) as f:
+            record: Dict[str, Any] = json.load(f)
+    except FileNotFoundError:
+        return {"provisioned": False}
+    record["provisioned"] = True
+    return record
 
 
 def torch_python(given: Optional[str]) -> Tuple[str, str]:

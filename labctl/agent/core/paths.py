@@ -154,5 +154,5 @@ def torch_probe_dir() -> str:
 
 def remote_spend_dir() -> str:
     """Where a host that trains keeps its remote tiers' spend (agent/orchestra/spend.py): under
-    the home of whoever runs the trainer, which is also who answers `status` there."""
+    the home of whoever runs the trainer, which is also who answers `monitor.status` there."""
     return local_home() + "/orchestra/spend"

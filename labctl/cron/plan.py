@@ -8,11 +8,11 @@ import copy
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from labctl.agent import paths
+from labctl.agent.core import paths
+from labctl.cron.jobs import ORCHESTRA_COPY, Job, companions
 from labctl.inventory.model import Host, Inventory
 from labctl.output.errors import InputError
 from labctl.provision.playbook import Entry, Play, Playbook
-from labctl.schedule.jobs import ORCHESTRA_COPY, Job, companions
 from labctl.transport.shell import command_line, quote
 
 ORCHESTRATOR_ROLE = "orchestrator"
@@ -109,7 +109,7 @@ def rewrite_inventory(doc: dict[str, Any]) -> dict[str, Any]:
 
 def known_hosts_copy(hosts: list[Host]) -> str:
     """The pinned host keys of `hosts`' known_hosts files, merged (each line once)."""
-    from labctl.agent.textedit import text_lines
+    from labctl.agent.core.textedit import text_lines
 
     lines: list[str] = []
     for f in dict.fromkeys(h.known_hosts for h in hosts if h.known_hosts is not None):
@@ -246,7 +246,7 @@ def keypair_playbook(orch: Host) -> Playbook:
 def remove_playbook(name: str, orch: Host, hosts: list[Host], purge: bool) -> Playbook:
     """The job gone from the orchestrator; with `purge` also its key's authorisations and the
     installed copy of labctl (key and lab copy included). A known job's companions go with it."""
-    from labctl.schedule.jobs import JOBS
+    from labctl.cron.jobs import JOBS
 
     names = [name, *(c for c, _ in JOBS[name].companions)] if name in JOBS else [name]
     plays = [Play(hosts=orch.name, entries=[entry("cron", name=n, state="absent") for n in names])]

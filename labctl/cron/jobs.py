@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labctl.agent import paths
+from labctl.agent.core import paths
 from labctl.output.errors import InputError
 
 # The orchestra file `cron install rotate -f FILE` copies into the orchestrator's lab copy

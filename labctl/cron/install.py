@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from labctl.cron import plan
+from labctl.cron.jobs import JOBS, ORCHESTRA_COPY, companions, get_job
 from labctl.hosts.agent_ship import ask_agent, call_agent
 from labctl.hosts.fanout import HostResult, HostRun, fan_out
 from labctl.output.errors import InputError
 from labctl.provision.engine import Event, ResourceResult, provision
-from labctl.schedule import plan
-from labctl.schedule.jobs import JOBS, ORCHESTRA_COPY, companions, get_job
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -49,7 +49,7 @@ RANK = {"ok": 0, "skipped": 0, "changed": 1, "failed": 2}
 def public_key(ctx: Context, orch: Any) -> str | None:
     """The orchestrator's public key, read without changing anything there; None if not made yet."""
     probe = {"pub": {"kind": "file", "path": plan.KEY + ".pub"}}
-    found = ask_agent(ctx, orch, "probe", {"probes": probe}, read_only=True)["results"]["pub"]
+    found = ask_agent(ctx, orch, "provision.probe", {"probes": probe}, read_only=True)["results"]["pub"]
     text = found.get("text") if found.get("exists") else None
     return " ".join(str(text).split()[:2]) if text else None
 
@@ -138,7 +138,7 @@ def list_jobs(ctx: Context) -> list[HostResult]:
     """Every labctl job on every Linux host of the lab, with its last run."""
 
     def step(run: HostRun) -> HostResult:
-        answer = call_agent(run, "cron_list", {}, read_only=True)
+        answer = call_agent(run, "cron.list", {}, read_only=True)
         daemons = answer.get("daemons") or {}
         return HostResult(run.host.name, "ok", data=answer.get("jobs", []), extra={"daemons": daemons})
 
@@ -173,7 +173,7 @@ def remove(
 ) -> Outcome:
     orch = plan.orchestrator(ctx.inventory, host_name)
     hosts = plan.driven_hosts(ctx.inventory)
-    jobs = ask_agent(ctx, orch, "cron_list", {}, read_only=True).get("jobs", [])
+    jobs = ask_agent(ctx, orch, "cron.list", {}, read_only=True).get("jobs", [])
     names = [j["name"] for j in jobs]
     if name not in names:
         raise InputError(

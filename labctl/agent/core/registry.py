@@ -4,7 +4,7 @@ only when that name is used.
 Agent commands (each `labctl/agent/<feature>/__init__.py`'s COMMANDS), provision resources,
 train backends and CLI command groups are all such tables, read through `load`. A module that
 is slow or broken to import then costs only the command that names it: `labctl --help` does
-not import torch, and a host whose Docker client is broken still answers `facts`.
+not import torch, and a host whose Docker client is broken still answers `facts.collect`.
 
 Standard library only (Python 3.8): the agent uses it on the host, the controller here.
 """

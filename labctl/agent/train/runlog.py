@@ -2,7 +2,7 @@
 
 The trainer's rank 0 prints one JSON object per event ({"event": "step", ...}) to metrics.jsonl
 and, behind torchrun's "[rank0]:" prefix, to the run's console.log. `train status` wants the
-newest event, the host's `status` sample every step event of the tail. Standard library only,
+newest event, the host's `monitor.status` sample every step event of the tail. Standard library only,
 Python 3.8.
 """
 

@@ -1,4 +1,4 @@
-"""`host_lock`: hold this host's provision lock for as long as the controller's run needs it.
+"""`provision.host_lock`: hold this host's provision lock for as long as the controller's run needs it.
 
 Two changing runs on one host at once would both plan from the same state and both apply
 (two tmpfs mounts stacked on one cache path). The controller runs this command on its own
@@ -17,9 +17,9 @@ import sys
 import time
 from typing import Any, Dict
 
-from . import paths
-from .argspec import Opt, Or, takes
-from .errors import AgentError
+from ..core import paths
+from ..core.argspec import Opt, Or, takes
+from ..core.errors import AgentError
 
 
 def _emit(event: Dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """A TCP server's accept loop that ends on a client's word or when nobody has talked for a while.
 
-`cache_serve` (cache/serve.py) and `net_sink` (netbench.py) both serve this way, listening
+`cache.serve` (cache/serve.py) and `netbench.sink` (netbench.py) both serve this way, listening
 where `listen_on` says: one thread per
 connection, an idle clock that only runs while no connection is open, and a "shutdown" from a
 client that wakes the loop at once. Standard library only, Python 3.8.

@@ -9,7 +9,7 @@ import struct
 import subprocess
 from typing import Any, Dict, List, Optional
 
-from .parsers import parse_bonding, parse_if_inet6, parse_ip_addr_json
+from ..core.parsers import parse_bonding, parse_if_inet6, parse_ip_addr_json
 
 SYS_NET = "/sys/class/net"
 IP_TIMEOUT_S = 3.0
