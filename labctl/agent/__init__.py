@@ -8,9 +8,9 @@ object on stdout (see `__main__`).
 A feature's host side is a package here named like its controller package (`cache`, `ckpt`,
 `facts.collect`, `modelload`, `monitor`, `netbench`, `network`, `orchestra`, `provision`, `sandbox`,
 `schedule`, `train`); its `__init__` declares the agent commands it serves (`COMMANDS`), which
-`commands` merges, and each handler declares its arguments (`argspec.takes`). The modules at
+`commands` merges, and each handler declares its arguments and answer (`core.spec.command`). The modules at
 this package's root are what every feature uses: `paths` (every file labctl keeps on a host),
-`fsutil`, `procs`, `parsers`, `textedit`, `hostlock`, `runlog`, `answers`, `errors`,
+`fsutil`, `procs`, `parsers`, `textedit`, `hostlock`, `runlog`, `spec`, `errors`,
 `registry`, `tinylm`, `gpus`, `nics`, `accepting`.
 """
 

@@ -1,14 +1,14 @@
 """The agent's command table: name -> handler(args: dict) -> dict, merged from every feature's
 host package (`labctl/agent/<feature>/__init__.py` declares its COMMANDS).
 
-Each handler declares the arguments it takes with `@takes` (argspec.py), next to its code;
-`call` checks a command's args against it once, before the handler runs, so a missing, unknown
-or wrongly typed argument is refused as bad_args naming the command and the argument.
+Each handler declares what it takes and what it answers with `@command` (core/spec.py), next
+to its code. `call` checks a command's args against it once, before the handler runs, so a
+missing, unknown or wrongly typed argument is refused as bad_args naming the command and the
+argument; `answer_problem` is the controller's check of an answer against the declared shape.
 
 A handler is either a callable or a "module:function" string relative to this package; the
 string form is imported only when that command runs, so a heavy or broken module for one
-command (bench, load) never slows down or breaks another (ping, facts). What each command
-answers is declared in answers.py: the controller refuses an answer of another shape.
+command (bench, load) never slows down or breaks another (ping, facts).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import platform
 import sys
 import time
-from typing import Any, Callable, Dict, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 from . import (
     AGENT_VERSION,
@@ -34,14 +34,17 @@ from . import (
     sandbox,
     train,
 )
-from .core import argspec, registry
-from .core.argspec import takes
+from .core import registry, spec
 from .core.errors import AgentError
+from .core.spec import command
 
 Handler = Callable[[Dict[str, Any]], Dict[str, Any]]
 
 
-@takes()
+@command(
+    takes={},
+    answers={"agent_version?": "any", "python_version?": "str", "pid?": "int", "time": "time"},
+)
 def ping(args: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "agent_version": AGENT_VERSION,
@@ -97,4 +100,22 @@ def resolve(name: str) -> Handler:
 
 def call(name: str, args: Dict[str, Any]) -> Dict[str, Any]:
     """Run command `name` with `args`, checked once against the spec its handler declares."""
-    return argspec.call(name, resolve(name), args)
+    return spec.call(name, resolve(name), args)
+
+
+def declared(name: str) -> Optional[spec.Command]:
+    """What command `name`'s handler declares (its arguments and answer), or None for a command
+    the table lacks or a handler declared without."""
+    try:
+        handler = resolve(name)
+    except AgentError:
+        return None
+    return spec.spec_of(handler)
+
+
+def answer_problem(name: str, answer: Any, args: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    """What is wrong with `answer` as command `name`'s answer to `args` ("at PATH: expected X,
+    got Y"), or None (also for a command with no declared answer). The controller's check: it
+    imports the handler's module to read the declaration, which runs nothing of the command."""
+    found = declared(name)
+    return None if found is None else found.answer_problem(answer, args)

@@ -25,7 +25,7 @@ import socket
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from labctl.agent.ckpt import library as ckpt_library
 from labctl.agent.train.ckpt import FORMAT, CheckpointDir, manifest_name
 from labctl.output.errors import InputError, install_extra
+from labctl.output.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 PART_BYTES = 64 << 20  # one put_bytes: small enough to hold in memory, large enough to be quick
 _STEP_FILE = re.compile(r"step-([0-9]{8})\.(pt|json)\Z")
 _SETTINGS_MAX = 1 << 20  # a settings file is small; a bigger .json is not one
-Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -267,17 +267,18 @@ def pull(
     run: str | None = None,
     storage: str | None = None,
     model: str | None = None,
-    say: Say | None = None,
+    progress: Progress = QUIET,
     check: bool = False,
 ) -> dict[str, Any]:
     """Validate, upload and commit every valid checkpoint of `source`; the outcome as a dict.
-    `check`: validate and say what would be sent, writing nothing on the host."""
+    `check`: validate and say what would be sent, writing nothing on the host.
+
+    Progress events, one per checkpoint: "in library", "would send" (--check) or "committed";
+    with `model`: "exported", then "model present" or "model published"."""
     from labctl.ckpt.clock import iso, now
+    from labctl.ckpt.library import find_storage
     from labctl.hosts.agent_ship import call_agent
     from labctl.hosts.fanout import on_host
-
-    tell = say or (lambda _text: None)
-    from labctl.ckpt.library import find_storage
 
     library = find_storage(ctx.inventory, storage)
     host, lib = library.host, library.path
@@ -301,7 +302,7 @@ def pull(
             )
         run_id = run_id_for(root, found[0], run)
         stamp = iso(now())
-        exported = _export(root, found[0], model, tell) if model is not None else None
+        exported = _export(root, found[0], model, progress) if model is not None else None
 
         def work(hr: HostRun) -> dict[str, Any]:
             steps = [f.step for f in found]
@@ -330,17 +331,23 @@ def pull(
                 damaged = (info["committed"] or {}).get("damaged")
                 if info["committed"] and not damaged:
                     pulled.append({**item, "action": "present", "path": info["committed"]["path"]})
-                    tell(f"{run_id} step {f.step}: already in {host.name}'s library")
+                    progress.event("in library", run_id=run_id, step=f.step, host=host.name)
                     continue
                 if damaged:
                     item["replaces_damaged"] = damaged
                 if check:
                     where = ckpt_library.step_dir(lib, run_id, f.step)
-                    verb = "would replace the damaged copy" if damaged else "would commit"
                     pulled.append(
                         {**item, "action": "would replace" if damaged else "would commit", "path": where}
                     )
-                    tell(f"{run_id} step {f.step}: {verb} ({f.bytes} bytes to send) at {where}")
+                    progress.event(
+                        "would send",
+                        run_id=run_id,
+                        step=f.step,
+                        damaged=bool(damaged),
+                        bytes=f.bytes,
+                        path=where,
+                    )
                     continue
                 incoming = ckpt_library.incoming_dir(lib, run_id, f.step)
                 hr.conn.put_bytes(
@@ -361,9 +368,14 @@ def pull(
                 )
                 action = "replaced" if entry.get("replaced") else "committed"
                 pulled.append({**item, "action": action, "path": entry["path"], "sent_bytes": sent})
-                was = f" (the copy there was damaged: {entry['replaced']})" if entry.get("replaced") else ""
-                tell(
-                    f"{run_id} step {f.step}: {action} {'at' if was else 'to'} {entry['path']} on {host.name}{was}"
+                progress.event(
+                    "committed",
+                    run_id=run_id,
+                    step=f.step,
+                    action=action,
+                    path=entry["path"],
+                    host=host.name,
+                    replaced=entry.get("replaced"),
                 )
             out: dict[str, Any] = {
                 "run_id": run_id,
@@ -380,7 +392,7 @@ def pull(
                     "action": action,
                 }
             elif shelf is not None and exported is not None:
-                out["model"] = _publish(hr, shelf, exported, tell)
+                out["model"] = _publish(hr, shelf, exported, progress)
             return out
 
         try:
@@ -428,7 +440,7 @@ def export_model(state: dict[str, Any], folder: Path) -> dict[str, Any]:
     return {"folder": folder, "config": config, "files": ["config.json", "model.safetensors"]}
 
 
-def _export(root: Path, newest: Found, model: str, tell: Say) -> dict[str, Any]:
+def _export(root: Path, newest: Found, model: str, progress: Progress) -> dict[str, Any]:
     state = _load_state(newest.pt)
     folder = Path(tempfile.mkdtemp(prefix="labctl-export-"))
     try:
@@ -437,7 +449,7 @@ def _export(root: Path, newest: Found, model: str, tell: Say) -> dict[str, Any]:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     out["step"] = newest.step
-    tell(f"{model}: the weights of step {newest.step} exported as safetensors")
+    progress.event("exported", model=model, step=newest.step)
     return out
 
 
@@ -470,13 +482,15 @@ def _model_state(
     return {**state, "models": models, "name": name, "local": local}
 
 
-def _publish(hr: HostRun, shelf: dict[str, Any], exported: dict[str, Any], tell: Say) -> dict[str, Any]:
+def _publish(
+    hr: HostRun, shelf: dict[str, Any], exported: dict[str, Any], progress: Progress
+) -> dict[str, Any]:
     from labctl.hosts.agent_ship import call_agent
 
     name, models = shelf["name"], shelf["models"]
     out = {"name": name, "path": shelf["path"], "step": exported["step"], "config": exported["config"]}
     if shelf["exists"]:
-        tell(f"{name}: already in {hr.host.name}'s model library")
+        progress.event("model present", name=name, host=hr.host.name)
         return {**out, "action": "present"}
     folder: Path = exported["folder"]
     incoming = f"{models.rstrip('/')}/.incoming-{name}"
@@ -486,7 +500,5 @@ def _publish(hr: HostRun, shelf: dict[str, Any], exported: dict[str, Any], tell:
         # The whole file's size and sha256 too: the host checks the joined file before publishing.
         files.append({"name": fname, "parts": parts, **shelf["local"][fname]})
     done = call_agent(hr, "ckpt.publish", {"models": models, "name": name, "files": files}, timeout=600)
-    tell(
-        f"{name}: in {hr.host.name}'s model library at {done['path']} (labctl cache sync {name} fills a cache)"
-    )
+    progress.event("model published", name=name, host=hr.host.name, path=done["path"])
     return {**out, "action": "published"}

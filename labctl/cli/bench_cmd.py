@@ -99,6 +99,7 @@ def phase3(
     """
     from labctl.output.errors import InputError
     from labctl.phase3 import bench as pb
+    from labctl.phase3.render import render_phase3
 
     if learn and only:
         raise InputError(
@@ -144,91 +145,9 @@ def phase3(
             say and say("learning: a phase-3 run against a warm coder model whose hint matters")
             doc["learning"] = learning_figure(c, orch, args, learn_steps, say)
         failed = bool(doc.get("training", {}).get("failed_steps"))
-        return Outcome(doc, lambda: _render_phase3(c, doc), 1 if failed else 0)
+        return Outcome(doc, lambda: render_phase3(c.console, doc), 1 if failed else 0)
 
     run_command(ctx, work, inventory, json_out, verbose)
-
-
-def _render_phase3(c: Context, doc: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    if "cycle" in doc:
-        t = Table(title="orchestra cycle (s, median)", title_justify="left")
-        for col in ("k models", "one after another", "at once", "slowest alone", "speed-up"):
-            t.add_column(col, justify="right")
-        for r in doc["cycle"]:
-            t.add_row(
-                str(r["k"]),
-                f"{r['one_after_another_s']:.3f}",
-                f"{r['at_once_s']:.3f}",
-                f"{r['slowest_alone_s']:.3f}",
-                f"{r['one_after_another_s'] / r['at_once_s']:.2f}x",
-            )
-        c.console.print(t)
-    if "sandbox" in doc:
-        sb = doc["sandbox"]
-        t = Table(
-            title=f"sandbox executions on {sb['host']} ({sb['tests_per_program']} tests per program)",
-            title_justify="left",
-        )
-        for col in ("method", "exec/s", "against docker run --rm"):
-            t.add_column(col, justify="right" if col != "method" else "left")
-        base = sb["docker_run"]["exec_per_s"] or 0.0
-        for name, rate in (
-            ("sandbox service", sb["service"]["exec_per_s"]),
-            ("warm pool, a container per execution", sb["pool"]["exec_per_s"]),
-            ("docker run --rm", base),
-        ):
-            t.add_row(name, f"{rate:.1f}", f"{rate / base:.1f}x" if base else "-")
-        c.console.print(t)
-        if sb["service"]["failed"]:
-            c.console.print(f"[red]{sb['service']['failed']} reference tests failed in the service[/]")
-    if "training" in doc:
-        tr = doc["training"]
-        ratio = tr["inside_over_outside"]
-        c.console.print(
-            f"training: {tr['steps']} steps, {tr['steps_inside']} inside the rotation's {tr['window_s']:.1f} s window; "
-            f"steps/s inside {tr['steps_per_s_inside']} vs outside {tr['steps_per_s_outside']}"
-            + (f" ({ratio:.0%})" if ratio is not None else "")
-            + f"; failed steps {tr['failed_steps']}, answers retried {tr['answers_retried']}, "
-            f"rotation wait {tr['rotation_wait_s']:.2f} s"
-            + (f"; mean reward {tr['reward']:.3f}" if tr.get("reward") is not None else "")
-        )
-    if "learning" in doc:
-        _render_learning(c, doc["learning"])
-
-
-def _render_learning(c: Context, lr: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    t = Table(
-        title=f"reward per step: {', '.join(lr['tasks'])} against {', '.join(lr['models'])}",
-        title_justify="left",
-    )
-    t.add_column("steps", justify="right")
-    t.add_column("rewards", justify="left")
-    rewards = lr["rewards"]
-    for i in range(0, len(rewards), 10):
-        row = rewards[i : i + 10]
-        t.add_row(f"{i + 1}-{i + len(row)}", "  ".join("-" if r is None else f"{r:.2f}" for r in row))
-    c.console.print(t)
-    first, last, w = lr["first_mean"], lr["last_mean"], lr["window"]
-    c.console.print(
-        f"mean reward of the first {w} steps {'-' if first is None else f'{first:.3f}'}, "
-        f"of the last {w} {'-' if last is None else f'{last:.3f}'}"
-        + (f" ({lr['ratio']:.2f}x)" if lr["ratio"] is not None else "")
-        + (
-            f"; twice the start by step {lr['doubled_at_step']}"
-            if lr["doubled_at_step"]
-            else "; never twice the start"
-        )
-        + f"; a policy loss on {lr['policy_loss_steps']} of {lr['steps']} steps"
-    )
-    if lr["other_models"]:
-        c.console.print(
-            f"[yellow]also warm, passing whatever the CET writes: {', '.join(lr['other_models'])} "
-            "(the reward's floor)[/]"
-        )
 
 
 @app.command("make-model")
@@ -320,7 +239,7 @@ def make_model(
     from labctl.cache.targets import check_models, library_root, storage_host
     from labctl.hosts.agent_ship import call_agent
     from labctl.hosts.fanout import HostResult, HostRun, fan_out
-    from labctl.hosts.recap import print_recap
+    from labctl.modelload.render import render_made
 
     if name is not None:
         check_models(
@@ -374,22 +293,11 @@ def make_model(
         results = fan_out(c, [target], step, label=f"writing {what}")
         r = results[0]
 
-        def render() -> None:
-            if r.ok:
-                d = r.data
-                c.console.print(
-                    f"[green]wrote[/] {target.name}:{d['path']} ({d['bytes'] / 1e9:.2f} GB in {d['seconds']:.1f} s)"
-                )
-                if kind == "coder":
-                    c.console.print(
-                        f"trained on {', '.join(d['trained'])} ({d['steps']} steps, final loss {d['final_loss']:g}"
-                        + (", hint must hold the task's tag" if d["hint_matters"] else "")
-                        + f"); held out: {', '.join(d['held_out']) or 'none'}"
-                    )
-            else:
-                print_recap(c.console, results, title="make-model")
-
-        return Outcome(r.to_json() | {"model": folder}, render, 0 if r.ok else 1)
+        return Outcome(
+            r.to_json() | {"model": folder},
+            lambda: render_made(c.console, results, target.name, kind),
+            0 if r.ok else 1,
+        )
 
     run_command(ctx, work, inventory, json_out, verbose)
 
@@ -446,7 +354,8 @@ def model_load(
 
         labctl bench model-load --file /mnt/model-cache/tinylm-1g --json
     """
-    from labctl.modelload.measure import measure_model_load, render_table, write_plot
+    from labctl.modelload.measure import measure_model_load, write_plot
+    from labctl.modelload.render import render_load
 
     def work(c: Context) -> Outcome:
         result = measure_model_load(c, host=host, model=model, file=file, device=device, python=python)
@@ -459,12 +368,7 @@ def model_load(
         if plot:
             write_plot(result, plot)
 
-        def render() -> None:
-            render_table(c.console, result)
-            if plot:
-                c.console.print(f"chart: {plot}")
-
-        return Outcome(result, render)
+        return Outcome(result, lambda: render_load(c.console, result, plot))
 
     run_command(ctx, work, inventory, json_out, verbose)
 
@@ -496,15 +400,15 @@ def network(
     """
     from labctl.netbench.measure import measure_network
     from labctl.netbench.plan import check_seconds, parse_streams, pick_hosts
-    from labctl.netbench.render import render_network
+    from labctl.netbench.render import NETWORK_PROGRESS, render_network
+    from labctl.output.progress import shown
 
     counts = parse_streams(streams)
     check_seconds(seconds)
 
     def work(c: Context) -> Outcome:
         a, b = pick_hosts(c.inventory, sender, receiver)
-        say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{text}[/]", soft_wrap=True))
-        report = measure_network(c, a, b, counts, seconds, say)
+        report = measure_network(c, a, b, counts, seconds, shown(c, NETWORK_PROGRESS))
         return Outcome(report, lambda: render_network(c.console, report))
 
     run_command(ctx, work, inventory, json_out, verbose)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -15,6 +14,7 @@ if TYPE_CHECKING:
     from labctl.hosts.context import Context
     from labctl.hosts.fanout import HostResult, Step
     from labctl.inventory.model import Host
+    from labctl.output.bars import Bars
 
 app = typer.Typer(
     help=(
@@ -80,10 +80,12 @@ def sync_cmd(
 
         labctl cache sync llama-8b qwen-7b --host m5 --streams 4 --json
     """
+    from labctl.cache.render import render_sync
     from labctl.cache.sync import prepare
     from labctl.cache.targets import check_models, resolve_target
     from labctl.hosts.fanout import HostResult, HostRun
     from labctl.inventory.select import select_hosts
+    from labctl.output.bars import Bars
 
     names = check_models(models, "sync")
     chunk = chunk_mb << 20
@@ -105,7 +107,7 @@ def sync_cmd(
             [t.host for t in targets],
             step,
             "cache sync",
-            lambda rs: _render_sync(c.console, rs, verbose),
+            lambda rs: render_sync(c.console, rs, verbose),
             bars,
         )
 
@@ -129,6 +131,7 @@ def status_cmd(
         labctl cache status --host m5 --json | jq '.results[0].models'
     """
     from labctl.cache.ops import cache_state
+    from labctl.cache.render import render_status
     from labctl.cache.targets import cache_hosts
     from labctl.hosts.fanout import HostResult, HostRun
 
@@ -139,7 +142,7 @@ def status_cmd(
     def work(c: Context) -> Outcome:
         hosts = cache_hosts(c.inventory, host)
         return _fan(
-            c, hosts, step, "cache status", lambda rs: _render_status(c.console, rs), to_json=_status_json
+            c, hosts, step, "cache status", lambda rs: render_status(c.console, rs), to_json=_status_json
         )
 
     run_command(ctx, work, inventory, json_out, verbose)
@@ -162,6 +165,7 @@ def evict_cmd(
         labctl cache evict tinylm-1g --host m5
     """
     from labctl.cache.ops import evict
+    from labctl.cache.render import render_evict
     from labctl.cache.targets import cache_hosts, check_models
     from labctl.hosts.fanout import HostResult, HostRun
 
@@ -183,21 +187,7 @@ def evict_cmd(
                 )
             return HostResult(run.host.name, "changed" if data["evicted"] else "ok", data=data)
 
-        def render(results: list[HostResult]) -> None:
-            from labctl.output.fmt import fmt_bytes
-
-            for r in results:
-                d = r.data or {}
-                for e in d.get("evicted", []):
-                    kind = " (partial copy)" if e.get("partial") else ""
-                    c.console.print(
-                        f"[yellow]evicted[/] {r.host} {e['name']}{kind}: {fmt_bytes(e['bytes'])} freed"
-                    )
-                for n in d.get("not_cached", []):
-                    c.console.print(f"[dim]not cached[/] {r.host} {n}")
-            _print_failures(c.console, results)
-
-        return _fan(c, hosts, step, "cache evict", render)
+        return _fan(c, hosts, step, "cache evict", lambda rs: render_evict(c.console, rs))
 
     run_command(ctx, work, inventory, json_out, verbose)
 
@@ -231,9 +221,11 @@ def verify_cmd(
 
         labctl cache verify tinylm-1g --host m5 --no-repair --json
     """
+    from labctl.cache.render import render_verify
     from labctl.cache.sync import verify_host
     from labctl.cache.targets import cache_hosts, check_models
     from labctl.hosts.fanout import HostResult, HostRun
+    from labctl.output.bars import Bars
 
     names = check_models(models, "verify") if models else []
 
@@ -259,7 +251,7 @@ def verify_cmd(
                 )
             return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
-        return _fan(c, hosts, step, "cache verify", lambda rs: _render_verify(c.console, rs), bars)
+        return _fan(c, hosts, step, "cache verify", lambda rs: render_verify(c.console, rs), bars)
 
     run_command(ctx, work, inventory, json_out, verbose)
 
@@ -268,6 +260,7 @@ def _pin(
     ctx: typer.Context, model: str, host: str, pinned: bool, inventory: Any, json_out: bool, verbose: int
 ) -> None:
     from labctl.cache.ops import pin
+    from labctl.cache.render import render_pin
     from labctl.cache.targets import cache_hosts, check_models
     from labctl.hosts.fanout import HostResult, HostRun
 
@@ -281,15 +274,7 @@ def _pin(
             data = pin(run, run.host.model_cache, name, pinned)
             return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
-        def render(results: list[HostResult]) -> None:
-            for r in results:
-                if r.ok:
-                    word = "pinned" if pinned else "unpinned"
-                    note = "" if r.status == "changed" else " (already)"
-                    c.console.print(f"{r.host} {name}: {word}{note}")
-            _print_failures(c.console, results)
-
-        return _fan(c, hosts, step, "cache pin", render)
+        return _fan(c, hosts, step, "cache pin", lambda rs: render_pin(c.console, rs, name, pinned))
 
     run_command(ctx, work, inventory, json_out, verbose)
 
@@ -330,6 +315,7 @@ def _fan(
     to_json: Callable[[HostResult], dict[str, Any]] | None = None,
 ) -> Outcome:
     """Run `step` on every cache host: one result per host, exit 1 if any failed."""
+    from labctl.cache.render import print_repairs
     from labctl.hosts.fanout import exit_code, fan_out
 
     if bars is not None:
@@ -340,74 +326,9 @@ def _fan(
 
     def show() -> None:
         render(results)
-        _print_repairs(c.console, results)
+        print_repairs(c.console, results)
 
     return Outcome({"results": [(to_json or _flat)(r) for r in results]}, show, exit_code(results))
-
-
-def _print_repairs(console: Any, results: Any) -> None:
-    """Damaged local state a host's agent found and repaired (a manifest, a copy's state)."""
-    from rich.markup import escape
-
-    for r in results:
-        for note in (r.data or {}).get("repairs") or []:
-            console.print(f"[yellow]repaired[/] {escape(r.host)}: {escape(note)}", soft_wrap=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Rendering
-
-
-class Bars:
-    """One rich progress bar per cache host, fed by the pull's progress lines (stderr only)."""
-
-    def __init__(self, console: Any, enabled: bool) -> None:
-        self.console = console
-        self.enabled = enabled
-        self.progress: Any = None
-        self.tasks: dict[str, Any] = {}
-        self.meters: dict[str, Any] = {}
-
-    def __enter__(self) -> Bars:
-        if self.enabled:
-            from rich.progress import BarColumn, Progress, TextColumn
-
-            self.progress = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                TextColumn("{task.percentage:>3.0f}%"),
-                TextColumn("{task.fields[sizes]}"),
-                TextColumn("{task.fields[rate]}"),
-                TextColumn("ETA {task.fields[eta]}"),
-                console=self.console,
-                transient=True,
-            )
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-    def update(self, host: str, event: dict[str, Any]) -> None:
-        if self.progress is None:
-            return
-        from labctl.output.fmt import RateMeter, fmt_bytes, fmt_duration, fmt_rate
-
-        done, total = float(event.get("done", 0)), float(event.get("total", 0)) or 1.0
-        if host not in self.tasks:
-            self.meters[host] = RateMeter()
-            self.tasks[host] = self.progress.add_task(host, total=total, sizes="", rate="", eta="")
-        meter = self.meters[host]
-        meter.update(time.monotonic(), done)
-        self.progress.update(
-            self.tasks[host],
-            completed=done,
-            total=total,
-            sizes=f"{fmt_bytes(done)}/{fmt_bytes(total)}",
-            rate=fmt_rate(meter.rate()),
-            eta=fmt_duration(meter.eta(total)),
-        )
 
 
 def _flat(r: Any) -> dict[str, Any]:
@@ -424,145 +345,3 @@ def _status_json(r: Any) -> dict[str, Any]:
             for m in d["models"].values()
         ]
     return d
-
-
-def _print_failures(console: Any, results: Any) -> None:
-    from labctl.output.console import render_error
-
-    for r in results:
-        if not r.ok:
-            msg = r.error or r.status
-            if not msg.startswith(r.host):
-                msg = f"{r.host}: {msg}"
-            render_error(console, "", f"{msg} {r.hint or ''}".strip())
-
-
-def _render_sync(console: Any, results: Any, verbose: int) -> None:
-    from rich.table import Table
-
-    from labctl.output.fmt import fmt_bytes, fmt_duration, fmt_rate
-
-    table = Table(title="cache sync", title_justify="left")
-    for col in ("host", "model", "result", "size", "copied", "resumed", "time", "rate"):
-        right = col in ("size", "copied", "resumed", "time", "rate")
-        table.add_column(col, justify="right" if right else "left", overflow="fold", no_wrap=right)
-    for r in results:
-        d = r.data or {}
-        for m in d.get("models", []):
-            action = m["action"]
-            word = {
-                "cached": "[green]cached[/]",
-                "fetch": "[yellow]copied[/]",
-                "resume": "[yellow]resumed[/]",
-                "replace": "[yellow]replaced[/]",  # the source's files changed
-            }.get(action, action)
-            moved = action != "cached"
-            table.add_row(
-                r.host,
-                m["name"],
-                word,
-                fmt_bytes(m["bytes"]),
-                fmt_bytes(m.get("fetched_bytes")) if moved else "-",
-                fmt_bytes(m.get("resumed_bytes")) if m.get("resumed_bytes") else "-",
-                fmt_duration(d.get("seconds")) if moved else "-",
-                fmt_rate(d.get("rate_bytes_per_s")) if moved else "-",
-            )
-    if table.rows:
-        console.print(table)
-    for r in results:
-        d = r.data or {}
-        for e in d.get("evicted", []):
-            what = "partial copy of " if e.get("partial") else ""
-            console.print(
-                f"[yellow]evicted[/] {what}{e['name']} from {r.host} ({fmt_bytes(e['bytes'])}) to make room"
-            )
-        served = d.get("served") or {}
-        if served and verbose:
-            console.print(
-                f"[dim]{d['source']} ({d['source_address']}:{d.get('port')}) sent {fmt_bytes(served.get('bytes_sent'))} "
-                f"to {', '.join(served.get('peers', []))} over {d.get('streams')} streams[/]"
-            )
-    _print_failures(console, results)
-
-
-def _render_status(console: Any, results: Any) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from labctl.output.fmt import fmt_age, fmt_bytes
-
-    for r in results:
-        if not r.ok:
-            continue
-        d = r.data
-        now = float(d.get("now") or time.time())
-        kind = d.get("fstype") if d.get("mounted") else "not a mount: size from the inventory"
-        title = (
-            f"{r.host}: {d['cache']} ({kind}) {fmt_bytes(d['used_bytes'])} of {fmt_bytes(d['capacity_bytes'])} used, "
-            f"{fmt_bytes(d['free_bytes'])} free"
-        )
-        table = Table(title=escape(title), title_justify="left")
-        for col in ("model", "size", "last used", "pinned", "verified", "source"):
-            table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
-        models = sorted(d.get("models", {}).values(), key=lambda m: -(m.get("last_used") or 0))
-        for m in models:
-            present = m.get("present", True)
-            table.add_row(
-                escape(m["name"]),
-                fmt_bytes(m.get("bytes")),
-                fmt_age(m.get("last_used"), now),
-                "[bold]yes[/]" if m.get("pinned") else "",
-                ("[green]yes[/] " + fmt_age(m.get("verified_at"), now))
-                if present
-                else "[red]missing on disk[/]",
-                escape(str(m.get("source") or "").split(":")[0]),
-            )
-        for p in d.get("partials", []):
-            pct = 100.0 * p["done_bytes"] / p["total_bytes"] if p.get("total_bytes") else 0.0
-            table.add_row(
-                f"[dim]{escape(p['name'])}[/]",
-                fmt_bytes(p.get("total_bytes")),
-                "",
-                "",
-                f"[yellow]partial {pct:.0f}%[/] (sync again to resume)",
-                escape(str(p.get("source") or "").split(":")[0]),
-            )
-        for u in d.get("untracked", []):
-            table.add_row(f"[dim]{escape(u)}[/]", "", "", "", "[dim]not labctl's[/]", "")
-        if not table.rows:
-            table.add_row("[dim](empty)[/]", "", "", "", "", "")
-        console.print(table)
-    _print_failures(console, results)
-
-
-def _render_verify(console: Any, results: Any) -> None:
-    from rich.table import Table
-
-    from labctl.output.fmt import fmt_bytes, fmt_duration
-
-    table = Table(title="cache verify", title_justify="left")
-    for col in ("host", "model", "result", "size", "time", "detail"):
-        table.add_column(col, justify="right" if col in ("size", "time") else "left", overflow="fold")
-    for r in results:
-        for m in (r.data or {}).get("models", []):
-            status = m["status"]
-            if status == "ok":
-                word, detail = "[green]ok[/]", ""
-            elif status in ("corrupt", "missing"):
-                word = "[yellow]repaired[/]" if m.get("repaired") else f"[red]{status}[/]"
-                files = ", ".join(b["path"] for b in m.get("bad", []))
-                detail = (
-                    "gone from the disk"
-                    if status == "missing"
-                    else f"{m.get('bad_chunks', 0)} bad chunk(s) in {files}"
-                )
-                if m.get("repaired"):
-                    detail += f"; re-fetched {fmt_bytes(m.get('refetched_bytes'))}"
-            else:
-                word, detail = f"[red]{status.replace('_', ' ')}[/]", ""
-            table.add_row(
-                r.host, m["name"], word, fmt_bytes(m.get("bytes")), fmt_duration(m.get("seconds")), detail
-            )
-    if table.rows:
-        console.print(table)
-    _print_failures(console, results)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from labctl.cli.ckpt_pull_cmd import pull
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt
+from labctl.cli.common import DryRunAlias, InventoryOpt, JsonOpt, VerboseOpt, check_option
 from labctl.cli.runner import Outcome, run_command
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ def list_cmd(
         labctl ckpt list --run p1-20261123-213000-ab12 --json
     """
     from labctl.ckpt.library import copies, find_storage, newest_on_hosts, run_records, superseded
+    from labctl.ckpt.render import render_list
 
     def work(c: Context) -> Outcome:
         lib = find_storage(c.inventory, storage)
@@ -105,43 +106,7 @@ def list_cmd(
             "damaged_on_hosts": damaged_on_hosts,
         }
 
-        def render() -> None:
-            from rich.markup import escape
-            from rich.table import Table
-
-            from labctl.output.fmt import fmt_bytes
-
-            t = Table(title=f"checkpoint library {lib.host.name}:{lib.path}", title_justify="left")
-            for col in ("run", "step", "size", "when", "origin"):
-                t.add_column(col)
-            for e in listed:
-                origin = f"{e.get('origin') or '?'} from {e.get('source_host') or '?'}"
-                t.add_row(
-                    e["run_id"],
-                    str(e["step"]),
-                    fmt_bytes(e.get("bytes") or 0),
-                    e.get("backed_up_at") or "?",
-                    origin,
-                )
-            for o in only_on_hosts:
-                t.add_row(
-                    o["run_id"],
-                    str(o["step"]),
-                    fmt_bytes(o.get("bytes") or 0),
-                    "-",
-                    f"[yellow]only on {o['host']}[/]",
-                )
-            c.console.print(t)
-            for d in damaged_on_hosts:
-                c.console.print(
-                    f"[yellow]warning:[/] step {d['step']} of {escape(d['run_id'])} on {d['host']} is damaged "
-                    f"({escape(str(d['reason']))}); backup takes that host's newest valid one instead.",
-                    soft_wrap=True,
-                )
-            if not listed and not only_on_hosts:
-                c.console.print("Nothing yet: `labctl ckpt backup` copies each run's newest checkpoint here.")
-
-        return Outcome(data, render, 0)
+        return Outcome(data, lambda: render_list(c.console, data), 0)
 
     run_command(ctx, work, inventory, json_out, verbose)
 
@@ -153,9 +118,8 @@ def backup_cmd(
         Optional[list[str]],
         typer.Option("--run", help="Only these runs (repeat); default every recorded run."),
     ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Say what would be copied and pruned; change nothing.")
-    ] = False,
+    check: Annotated[bool, check_option("Say what would be copied and pruned; change nothing.")] = False,
+    _dry_run: DryRunAlias = False,
     storage: StorageOpt = None,
     streams: StreamsOpt = 4,
     chunk_mb: ChunkOpt = 64,
@@ -177,11 +141,12 @@ def backup_cmd(
 
         labctl ckpt backup
 
-        labctl ckpt backup --run p1-20261123-213000-ab12 --dry-run
+        labctl ckpt backup --run p1-20261123-213000-ab12 --check
     """
     from labctl.ckpt.backup import backup
     from labctl.ckpt.library import find_storage, run_records
-    from labctl.cli.cache_cmd import Bars
+    from labctl.ckpt.render import render_backup
+    from labctl.output.bars import Bars
 
     def work(c: Context) -> Outcome:
         lib = find_storage(c.inventory, storage)
@@ -192,54 +157,15 @@ def backup_cmd(
                 c,
                 lib,
                 records,
-                dry_run=dry_run,
+                dry_run=check,
                 chunk_size=chunk_mb << 20,
                 streams=streams,
                 on_progress=bars.update,
             )
 
-        def render() -> None:
-            from rich.markup import escape
-
-            from labctl.output.fmt import fmt_bytes
-
-            for r in data["runs"]:
-                what = r["action"]
-                step = f" step {r['step']}" if "step" in r else ""
-                line = f"{escape(r['run_id'])}{step}: {what}"
-                if what in ("copied", "replaced"):
-                    line += f" from {r['source_host']} ({fmt_bytes(r.get('fetched_bytes') or 0)} moved"
-                    line += f", {fmt_bytes(r['resumed_bytes'])} resumed)" if r.get("resumed_bytes") else ")"
-                    if r.get("damaged"):
-                        line += f"; the damaged copy ({escape(r['damaged'])}) is gone"
-                elif what == "would replace":
-                    line += (
-                        f" from {r['source_host']} (the library's copy is damaged: {escape(r['damaged'])})"
-                    )
-                elif what == "damaged":
-                    line = (
-                        f"[red]{line}[/] ({escape(r['path'])}): {escape(r['damaged'])}. {escape(r['hint'])}"
-                    )
-                elif what == "failed":
-                    line = f"[red]{line}[/]: {escape(r.get('error') or '')}"
-                    if r.get("damaged"):
-                        line += f" (the library's copy is damaged: {escape(r['damaged'])})"
-                    if r.get("hint"):
-                        line += f" {escape(r['hint'])}"
-                elif what == "nothing":
-                    line += " (no valid checkpoint on its hosts)"
-                elif what == "superseded":
-                    line += f" (its checkpoint folder is {escape(r['by'])}'s now; that run is backed up)"
-                c.console.print(line, soft_wrap=True)
-            for p in data["pruned"]:
-                verb = "would prune" if dry_run else "pruned"
-                c.console.print(f"{verb} {escape(p['run_id'])} step {p['step']}")
-            # A run that failed for want of a valid checkpoint said so in its error already.
-            for w in data["warnings"]:
-                if w["instead"] is not None:
-                    c.console.print(f"[yellow]warning:[/] {escape(w['text'])}", soft_wrap=True)
-
-        return Outcome(data, render, 1 if data["failed"] or data["damaged"] else 0)
+        return Outcome(
+            data, lambda: render_backup(c.console, data, check), 1 if data["failed"] or data["damaged"] else 0
+        )
 
     run_command(ctx, work, inventory, json_out, verbose)
 
@@ -271,6 +197,7 @@ def verify_cmd(
         labctl ckpt verify --run p1-20261123-213000-ab12 --json
     """
     from labctl.ckpt.library import find_storage, library_run_id, repair_hints
+    from labctl.ckpt.render import render_verify
     from labctl.hosts.agent_ship import ask_agent
 
     def work(c: Context) -> Outcome:
@@ -302,27 +229,7 @@ def verify_cmd(
             "removed": removed,
         }
 
-        def render() -> None:
-            from rich.markup import escape
-
-            for e in entries:
-                where = f"{escape(e['run_id'])} step {e['step']}"
-                if e["status"] == "ok":
-                    c.console.print(f"ok       {where}")
-                elif e["status"] == "removed":
-                    c.console.print(f"removed  {where} ({escape(e['path'])}): {escape(e['reason'] or '')}")
-                else:
-                    c.console.print(
-                        f"[red]damaged[/]  {where} ({escape(e['path'])}): {escape(e['reason'] or '')}. "
-                        f"{escape(e['hint'])}",
-                        soft_wrap=True,
-                    )
-            tail = f", {len(removed)} damaged removed" if removed else ""
-            c.console.print(
-                f"{len(entries)} copies checked on {lib.host.name}, {len(damaged)} damaged{tail}."
-            )
-
-        return Outcome(data, render, 1 if damaged else 0)
+        return Outcome(data, lambda: render_verify(c.console, data), 1 if damaged else 0)
 
     run_command(ctx, work, inventory, json_out, verbose)
 
@@ -362,8 +269,9 @@ def restore_cmd(
     """
     from labctl.cache.targets import host_named
     from labctl.ckpt.library import find_storage
+    from labctl.ckpt.render import render_restore
     from labctl.ckpt.restore import restore
-    from labctl.cli.cache_cmd import Bars
+    from labctl.output.bars import Bars
 
     def work(c: Context) -> Outcome:
         lib = find_storage(c.inventory, storage)
@@ -382,17 +290,7 @@ def restore_cmd(
                 on_progress=bars.update,
             )
 
-        def render() -> None:
-            from labctl.output.fmt import fmt_bytes
-
-            c.console.print(
-                f"restored {data['run_id']} step {data['step']} to {data['host']}:{data['dir']} "
-                f"({fmt_bytes(data['fetched_bytes'])} moved from {data['from']}); a run with that checkpoint "
-                "folder resumes from it.",
-                soft_wrap=True,
-            )
-
-        return Outcome(data, render, 0)
+        return Outcome(data, lambda: render_restore(c.console, data), 0)
 
     run_command(ctx, work, inventory, json_out, verbose)
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, check_option
 from labctl.cli.runner import Outcome, run_command
 
 if TYPE_CHECKING:
@@ -39,9 +39,7 @@ def pull(
             help="Also put the newest checkpoint's weights into the model library as NAME, for `labctl cache sync NAME`.",
         ),
     ] = None,
-    check: Annotated[
-        bool, typer.Option("--check", help="Validate and show what would be sent; change nothing.")
-    ] = False,
+    check: Annotated[bool, check_option("Validate and show what would be sent; change nothing.")] = False,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
@@ -58,25 +56,14 @@ def pull(
 
         labctl ckpt pull output.tar.gz --model tinylm-phase1
     """
-    from rich.markup import escape
-
     from labctl.ckpt.pull import pull as run_pull
+    from labctl.ckpt.render import PULL_PROGRESS, render_pull
+    from labctl.output.progress import shown
 
     def work(c: Context) -> Outcome:
-        def say(text: str) -> None:
-            if not c.json_mode:
-                c.console.print(escape(text), soft_wrap=True)
+        progress = shown(c, PULL_PROGRESS)
+        out = run_pull(c, source, run=run, storage=storage, model=model, progress=progress, check=check)
 
-        out = run_pull(c, source, run=run, storage=storage, model=model, say=say, check=check)
-
-        def render() -> None:
-            new = sum(1 for p in out["checkpoints"] if p["action"] != "present")
-            c.console.print(
-                f"[green]{escape(out['run_id'])}[/]: {new} checkpoint(s) {'would be ' if check else ''}pulled into "
-                f"{escape(out['storage'])}:{escape(out['library'])}, {len(out['checkpoints']) - new} already there.",
-                soft_wrap=True,
-            )
-
-        return Outcome(out, render)
+        return Outcome(out, lambda: render_pull(c.console, out, check))
 
     run_command(ctx, work, inventory, json_out, verbose)

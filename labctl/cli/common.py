@@ -41,6 +41,41 @@ LimitOpt = Annotated[
 ]
 
 
+# `--check` is labctl's one word for "compute and show, change nothing". Some commands called
+# it `--dry-run` until issue 40; that name still works for one release, hidden from --help.
+# The alias stores nothing of its own: it leaves a mark that the command's --check reads, so
+# `--dry-run` and `--check` parse to the same parameters. Click processes the options given on
+# the command line before the ones left out, so a bare `--dry-run` is seen before `--check`.
+_OLD_NAME_GIVEN = "labctl.check_by_old_name"
+
+
+def _check_or_old_name(ctx: typer.Context, value: bool) -> bool:
+    return bool(value) or bool(ctx.meta.pop(_OLD_NAME_GIVEN, False))
+
+
+def _old_name_given(ctx: typer.Context, value: bool) -> None:
+    if value:
+        ctx.meta[_OLD_NAME_GIVEN] = True
+
+
+def check_option(help: str) -> Any:
+    """The `--check` option, with this command's words for what it shows."""
+    return typer.Option("--check", help=help, callback=_check_or_old_name)
+
+
+# Declare it beside a `check_option`, as `_dry_run: DryRunAlias = False`; it is never passed a value.
+DryRunAlias = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        hidden=True,
+        expose_value=False,
+        callback=_old_name_given,
+        help="The old name of --check, kept for one release.",
+    ),
+]
+
+
 MAX_POSITIVE = 1e9  # 31 years of seconds: past about 9e9 s a timer overflows (sleep, socket timeouts)
 
 

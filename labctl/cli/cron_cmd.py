@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt
+from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, check_option
 from labctl.cli.runner import Outcome, run_command
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def install(
         ),
     ] = None,
     host: HostOpt = None,
-    check: Annotated[bool, typer.Option("--check", help="Show what would change; change nothing.")] = False,
+    check: Annotated[bool, check_option("Show what would change; change nothing.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="Show file diffs.")] = False,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
@@ -118,6 +118,7 @@ def list_(
 ) -> None:
     """Every labctl schedule on every Linux host: schedule, command, last run and its result."""
     from labctl.cron.install import list_jobs
+    from labctl.cron.render import print_idle, print_jobs
     from labctl.hosts.fanout import exit_code
     from labctl.hosts.recap import print_recap
 
@@ -132,8 +133,8 @@ def list_(
         }
 
         def render() -> None:
-            _print_jobs(c.console, results)
-            _print_idle(c.console, results)
+            print_jobs(c.console, results)
+            print_idle(c.console, results)
             if not all(r.ok for r in results):
                 print_recap(c.console, results, title="cron list")
 
@@ -152,7 +153,7 @@ def remove(
     purge: Annotated[
         bool, typer.Option("--purge", help="Also remove the key's authorisations and the installed labctl.")
     ] = False,
-    check: Annotated[bool, typer.Option("--check", help="Show what would change; change nothing.")] = False,
+    check: Annotated[bool, check_option("Show what would change; change nothing.")] = False,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
@@ -168,7 +169,7 @@ def remove(
 
 
 def _events(c: Any, check: bool, diff: bool) -> Any:
-    from labctl.cli.provision_cmd import print_event
+    from labctl.provision.render import print_event
 
     def on_event(r: Any) -> None:
         if not c.json_mode:
@@ -178,9 +179,7 @@ def _events(c: Any, check: bool, diff: bool) -> Any:
 
 
 def _outcome(c: Context, out: Any, check: bool, title: str) -> Outcome:
-    from rich.markup import escape
-
-    from labctl.cli.provision_cmd import print_recap
+    from labctl.cron.render import print_change
     from labctl.hosts.fanout import exit_code
 
     data = {
@@ -195,71 +194,4 @@ def _outcome(c: Context, out: Any, check: bool, title: str) -> Outcome:
         ],
     }
 
-    def render() -> None:
-        for note in out.notes:
-            c.console.print(f"[cyan]{escape(note)}[/]", soft_wrap=True)
-        print_recap(c.console, out.hosts, check)
-        if "command" in out.info:
-            c.console.print(
-                f"{escape(title)} on [bold]{escape(out.info['host'])}[/] ({escape(out.info['schedule'])}): "
-                f"{escape(out.info['command'])}",
-                soft_wrap=True,
-            )
-            if "orchestra_file" in out.info:
-                c.console.print(
-                    f"  by the orchestra file {escape(out.info['orchestra_file'])}, copied there as "
-                    f"{escape(out.info['orchestra_copy'])}",
-                    soft_wrap=True,
-                )
-            for comp in out.info.get("companions", []):
-                c.console.print(
-                    f"  with {escape(comp['job'])} ({escape(comp['schedule'])}): {escape(comp['command'])}",
-                    soft_wrap=True,
-                )
-
-    return Outcome(data, render, exit_code(out.hosts))
-
-
-def _print_jobs(console: Any, results: Any) -> None:
-    import time
-
-    from rich.markup import escape
-    from rich.table import Table
-
-    def at(t: Any) -> str:
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
-
-    table = Table(title="labctl schedules", title_justify="left")
-    for col in ("host", "job", "schedule", "command", "last run", "result", "next run"):
-        table.add_column(col, overflow="fold")
-    for r in results:
-        for j in r.data or []:
-            last = j.get("last") or {}
-            when = at(last["end"]) if last.get("end") else "never"
-            rc = last.get("rc")
-            result = "" if not last else ("[green]0[/]" if rc == 0 else f"[red]{rc}[/]")
-            if j.get("daemon_running") is False:
-                upcoming = "[red]none: nothing runs it[/]"
-            else:
-                upcoming = at(j["next"]) if j.get("next") else ""
-            table.add_row(
-                r.host,
-                escape(str(j.get("name"))),
-                escape(str(j.get("schedule") or "")),
-                escape(str(j.get("command") or j.get("line") or "")),
-                when,
-                result,
-                upcoming,
-            )
-    console.print(table)
-
-
-def _print_idle(console: Any, results: Any) -> None:
-    from rich.markup import escape
-
-    from labctl.cron.install import idle_jobs, idle_text
-
-    for r in results:
-        if idle_jobs(r.data or []):
-            what, fix = idle_text(r.host, r.data)
-            console.print(f"[red]{escape(what)}.[/] {escape(fix)}", soft_wrap=True)
+    return Outcome(data, lambda: print_change(c.console, out, check, title), exit_code(out.hosts))

@@ -38,29 +38,16 @@ def init(
 
         export LABCTL_INVENTORY=$PWD/mylab/inventory/lab.yaml
     """
+    from labctl.documents.render import render_starter
     from labctl.documents.starter import INVENTORY, write_starter
 
     written = write_starter(folder, force)
     inv = folder / INVENTORY
 
     def work(c: Context) -> Outcome:
-        def render() -> None:
-            for p in written:
-                c.console.print(f"[green]wrote[/] {p}", soft_wrap=True, markup=True, highlight=False)
-            c.console.print(
-                "\nNext:\n"
-                f"  1. edit {inv}: your hosts' names, addresses, roles, GPUs, model_cache and storage\n"
-                f"  2. labctl -i {inv} inventory validate\n"
-                f"  3. labctl -i {inv} trust --yes            # pin each host's SSH key\n"
-                f"  4. labctl -i {inv} provision --check --diff   # {folder / 'playbooks/provision.yaml'}\n"
-                f"In {folder} it is the default inventory; elsewhere set LABCTL_INVENTORY={inv.absolute()} "
-                "to leave out -i.",
-                soft_wrap=True,
-                markup=False,
-            )
-
         return Outcome(
-            {"folder": str(folder), "written": [str(p) for p in written], "inventory": str(inv)}, render
+            {"folder": str(folder), "written": [str(p) for p in written], "inventory": str(inv)},
+            lambda: render_starter(c.console, folder, written, inv),
         )
 
     # labctl init needs no inventory: the Context's is never read.

@@ -27,6 +27,8 @@ def validate(
     Example: labctl -i inventory/lab.yaml inventory validate
     """
 
+    from labctl.inventory.render import render_valid
+
     def work(c: Context) -> Outcome:
         inv = c.inventory
         data = {
@@ -36,11 +38,7 @@ def validate(
             "hosts": list(inv.hosts),
             "roles": inv.roles(),
         }
-        text = (
-            f"[green]ok[/] {inv.path}: lab '{inv.lab}', {len(inv.hosts)} hosts ({', '.join(inv.hosts)}), "
-            f"roles: {', '.join(inv.roles()) or 'none'}"
-        )
-        return Outcome(data, lambda: c.console.print(text))
+        return Outcome(data, lambda: render_valid(c.console, inv))
 
     run_command(ctx, work, inventory, json_out, verbose)
 
@@ -53,7 +51,7 @@ def show(
 
     Example: labctl inventory show --json | jq '.hosts.m5.gpus'
     """
-    from rich.table import Table
+    from labctl.inventory.render import render_hosts
 
     def work(c: Context) -> Outcome:
         inv = c.inventory
@@ -63,28 +61,6 @@ def show(
             "hosts": {n: h.model_dump(mode="json", exclude_none=True) for n, h in inv.hosts.items()},
         }
 
-        def render() -> None:
-            table = Table(title=f"{inv.lab} ({inv.path})", title_justify="left")
-            for col in ("host", "address", "login", "os", "roles", "GPUs", "RAM", "model cache", "bond"):
-                table.add_column(col, overflow="fold")
-            for h in inv.hosts.values():
-                gpus = ", ".join(f"{g.count}x {g.model} {g.memory_gb:g}GB" for g in h.gpus) or "-"
-                login = "local" if h.connection == "local" else f"{h.user}@:{h.port}"
-                cache = f"{h.model_cache.path} {h.model_cache.size_gb:g}GB" if h.model_cache else "-"
-                bond = f"{h.bond.name} {h.bond.mode} {'+'.join(h.bond.interfaces)}" if h.bond else "-"
-                table.add_row(
-                    h.name,
-                    h.address,
-                    login,
-                    h.os,
-                    ", ".join(h.roles),
-                    gpus,
-                    f"{h.ram_gb:g}GB" if h.ram_gb else "-",
-                    cache,
-                    bond,
-                )
-            c.console.print(table)
-
-        return Outcome(data, render)
+        return Outcome(data, lambda: render_hosts(c.console, inv))
 
     run_command(ctx, work, inventory, json_out, verbose)

@@ -118,14 +118,9 @@ def _report_textfile(c: Context, target: Path, statuses: list[Any]) -> Outcome:
         "alerts": firing,
     }
 
-    def render() -> None:
-        skipped = [f"{s.host}: {s.error}" for s in statuses if s.reachable and s.sample is None]
-        note = f" (skipped {'; '.join(skipped)})" if skipped else ""
-        c.console.print(f"wrote {target}: {len(statuses) - len(skipped)} hosts{note}, {firing} alerts firing")
-        for s in down:
-            c.console.print(f"{s.host}: {s.status} ({s.error}); exported as labctl_host_up 0")
+    from labctl.monitor.render import render_textfile
 
-    return Outcome(data, render, 1 if down else 0)
+    return Outcome(data, lambda: render_textfile(c.console, target, statuses), 1 if down else 0)
 
 
 def _serve(c: Context, listen: tuple[str, int], source: Any, cache_seconds: float, count: int) -> None:

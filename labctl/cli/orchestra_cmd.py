@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt, finite
+from labctl.cli.common import DryRunAlias, InventoryOpt, JsonOpt, VerboseOpt, check_option, finite
 from labctl.cli.runner import Outcome, run_command
 
 if TYPE_CHECKING:
@@ -32,9 +32,7 @@ FileOpt = Annotated[
         show_default=False,
     ),
 ]
-DryRunOpt = Annotated[
-    bool, typer.Option("--dry-run", help="Decide and show every step; start, stop and write nothing.")
-]
+CheckOpt = Annotated[bool, check_option("Decide and show every step; start, stop and write nothing.")]
 PythonOpt = Annotated[
     Optional[str],
     typer.Option(
@@ -165,6 +163,7 @@ def ask_cmd(
         labctl orchestra ask --task sum_two --max-tokens 64
     """
     from labctl.orchestra.ask import ask
+    from labctl.orchestra.render import render_answers
     from labctl.output.errors import InputError
 
     if task is not None:
@@ -185,7 +184,7 @@ def ask_cmd(
 
     def work(c: Context) -> Outcome:
         result = ask(c, load(c, file), prompt, max_tokens, temperature, remote)
-        return Outcome(result.to_json(), lambda: result.render(c.console), 0 if result.ok else 1)
+        return Outcome(result.to_json(), lambda: render_answers(c.console, result), 0 if result.ok else 1)
 
     run_command(ctx, work, inventory, json_out, verbose)
 
@@ -224,7 +223,7 @@ def run_rotation(
     ctx: typer.Context,
     kind: str,
     file: Optional[Path],
-    dry_run: bool,
+    check: bool,
     python: Optional[str],
     wait: Optional[float],
     inventory: Optional[Path],
@@ -243,7 +242,7 @@ def run_rotation(
         result = rotate(
             c,
             orch,
-            Options(kind, out or (), in_ or (), dry_run, python, wait, say),
+            Options(kind, out or (), in_ or (), check, python, wait, say),
         )
         return Outcome(result.to_json(), lambda: render_rotation(c.console, result, orch))
 
@@ -260,7 +259,8 @@ def _esc(text: str) -> str:
 def start_cmd(
     ctx: typer.Context,
     file: FileOpt = None,
-    dry_run: DryRunOpt = False,
+    check: CheckOpt = False,
+    _dry_run: DryRunAlias = False,
     python: PythonOpt = None,
     wait: WaitOpt = None,
     inventory: InventoryOpt = None,
@@ -273,16 +273,17 @@ def start_cmd(
     Run again after a failure: what answers is kept, the rest is started. warm.json on each
     serving host then tells phase-3 training the set is loaded.
 
-    Example: labctl orchestra start --dry-run
+    Example: labctl orchestra start --check
     """
-    run_rotation(ctx, "start", file, dry_run, python, wait, inventory, json_out, verbose)
+    run_rotation(ctx, "start", file, check, python, wait, inventory, json_out, verbose)
 
 
 @app.command("stop")
 def stop_cmd(
     ctx: typer.Context,
     file: FileOpt = None,
-    dry_run: DryRunOpt = False,
+    check: CheckOpt = False,
+    _dry_run: DryRunAlias = False,
     wait: WaitOpt = None,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
@@ -293,7 +294,7 @@ def stop_cmd(
     warm.json emptied (phase 3 then refuses to start). Another lab's servers on the same machine
     are left alone. Each host is then asked again: exit 1 naming any server still running (pid,
     model, port) and the command that stops it."""
-    run_rotation(ctx, "stop", file, dry_run, None, wait, inventory, json_out, verbose)
+    run_rotation(ctx, "stop", file, check, None, wait, inventory, json_out, verbose)
 
 
 def rotate_cmd(
@@ -311,7 +312,8 @@ def rotate_cmd(
             "--in", help="A library model to bring in (repeatable); default the next in the library's order."
         ),
     ] = None,
-    dry_run: DryRunOpt = False,
+    check: CheckOpt = False,
+    _dry_run: DryRunAlias = False,
     python: PythonOpt = None,
     wait: WaitOpt = None,
     inventory: InventoryOpt = None,
@@ -332,11 +334,11 @@ def rotate_cmd(
 
     Examples:
 
-        labctl rotate --dry-run
+        labctl rotate --check
 
         labctl rotate --out CodeLlama-7B-Instruct --in Gemma-2-9B-it --json
     """
-    run_rotation(ctx, "rotate", file, dry_run, python, wait, inventory, json_out, verbose, out, in_)
+    run_rotation(ctx, "rotate", file, check, python, wait, inventory, json_out, verbose, out, in_)
 
 
 def bench_rotation(

@@ -82,7 +82,7 @@ def week(
     """
     from labctl.output.errors import InputError, install_extra
     from labctl.plan import spec
-    from labctl.plan.render import render
+    from labctl.plan.render import render_week
     from labctl.plan.schedule import schedule
     from labctl.plan.throughput import measured_rates
     from labctl.train.runs import runs_dir
@@ -112,12 +112,6 @@ def week(
         doc["plan_file"] = str(plan_file)
         doc["plot"] = str(plot) if plot is not None else None
 
-        def show() -> None:
-            c.console.print(f"plan: {plan_file}", markup=False, highlight=False, soft_wrap=True)
-            render(c.console, result)
-            if plot is not None:
-                c.console.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
-
-        return Outcome(doc, show)
+        return Outcome(doc, lambda: render_week(c.console, result, plan_file, plot))
 
     run_command(ctx, work, inventory, json_out)

@@ -92,6 +92,7 @@ def run_cmd(
         echo 'print(input()[::-1])' | labctl sandbox run --lang python - --stdin words.txt --json
     """
     from labctl.sandbox.api import run
+    from labctl.sandbox.render import render_run
 
     if file == "-" and stdin_file == "-":
         from labctl.output.errors import InputError
@@ -107,23 +108,9 @@ def run_cmd(
         # Output that is not UTF-8: the text above has U+FFFD for it, these the exact bytes.
         doc.update({k: res[k] for k in ("stdout_b64", "stderr_b64") if k in res})
 
-        def render() -> None:
-            from labctl.output.console import write_stdout
-
-            write_stdout(_printable(res["stdout"], sys.stdout))
-            sys.stderr.write(_printable(res["stderr"], sys.stderr))
-            sys.stderr.write(summary(res) + "\n")
-
-        return Outcome(doc, render, exit_code(res))
+        return Outcome(doc, lambda: render_run(res), exit_code(res))
 
     run_command(ctx, work, inventory, json_out, verbose)
-
-
-def _printable(text: str, stream: Any) -> str:
-    """`text` as `stream` can write it: what its encoding lacks (an é on an ASCII terminal, the
-    U+FFFD standing for bytes that were not UTF-8) becomes '?' instead of an error."""
-    encoding = getattr(stream, "encoding", None) or "utf-8"
-    return text.encode(encoding, "replace").decode(encoding, "replace")
 
 
 def exit_code(res: dict[str, Any]) -> int:
@@ -131,25 +118,6 @@ def exit_code(res: dict[str, Any]) -> int:
         return EXIT_TIMEOUT
     code = res.get("exit_code")
     return int(code) if code is not None else 1
-
-
-def summary(res: dict[str, Any]) -> str:
-    code = res["exit_code"]
-    parts = [
-        f"sandbox: {res['lang']}",
-        "no exit code" if code is None else f"exit {code}",
-        f"{res['wall_ms']} ms",
-    ]
-    if res.get("stage") == "compile":
-        parts.append("compile failed")
-    for flag, text in (
-        ("timed_out", "timed out (killed)"),
-        ("oom_killed", "out of memory (killed)"),
-        ("truncated", "output truncated"),
-    ):
-        if res.get(flag):
-            parts.append(text)
-    return ", ".join(parts)
 
 
 @app.command("bench")
@@ -175,13 +143,14 @@ def bench_cmd(
         labctl sandbox bench --lang python --concurrency 1,16,64 --runs 128
     """
     from labctl.sandbox.bench import bench
+    from labctl.sandbox.render import render_bench
 
     levels = _levels(concurrency)
 
     def work(c: Context) -> Outcome:
         doc = bench(c, lang, levels, runs, host)
         failed = any(r["pool"]["errors"] or r["docker_run"]["errors"] for r in doc["rows"])
-        return Outcome(doc, lambda: _render_bench(c, doc), 1 if failed else 0)
+        return Outcome(doc, lambda: render_bench(c.console, doc), 1 if failed else 0)
 
     run_command(ctx, work, inventory, json_out, verbose)
 
@@ -198,31 +167,6 @@ def _levels(text: str) -> list[int]:
             f"--concurrency '{text}' is not a comma list of 1 to 256.", "For example: --concurrency 1,16,64."
         )
     return levels
-
-
-def _render_bench(c: Context, doc: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    table = Table(
-        title=f"sandbox bench on {doc['host']} ({doc['lang']}, {doc['runs']} runs each)", title_justify="left"
-    )
-    for col in ("concurrency", "method", "p50 ms", "p95 ms", "p99 ms", "exec/s", "errors", "p50 speed-up"):
-        table.add_column(col, justify="right" if col != "method" else "left")
-    for r in doc["rows"]:
-        pool, cold = r["pool"], r["docker_run"]
-        ratio = cold["p50_ms"] / pool["p50_ms"] if pool["p50_ms"] else 0.0
-        for name, s, extra in (("warm pool", pool, f"{ratio:.1f}x"), ("docker run --rm", cold, "")):
-            table.add_row(
-                str(r["concurrency"]),
-                name,
-                f"{s['p50_ms']:.0f}",
-                f"{s['p95_ms']:.0f}",
-                f"{s['p99_ms']:.0f}",
-                f"{s['exec_per_s']:.1f}",
-                str(s["errors"]),
-                extra,
-            )
-    c.console.print(table)
 
 
 @app.command("serve")
@@ -266,6 +210,7 @@ def serve_cmd(
     """
     from labctl.output.errors import InputError
     from labctl.sandbox import service
+    from labctl.sandbox.render import render_served
 
     if stop and status:
         raise InputError("--stop and --status ask for two things.", "Pass one of them.")
@@ -273,43 +218,19 @@ def serve_cmd(
     def work(c: Context) -> Outcome:
         if stop:
             doc = service.stop(c, host)
-            return Outcome(doc, lambda: _render_served(c, doc, "stopped"))
+            return Outcome(doc, lambda: render_served(c.console, doc, "stopped"))
         if status:
             doc = service.state(c, host)
             return Outcome(
-                doc, lambda: _render_served(c, doc, doc["state"]), 0 if doc["state"] == "running" else 1
+                doc,
+                lambda: render_served(c.console, doc, doc["state"]),
+                0 if doc["state"] == "running" else 1,
             )
         doc = service.serve(c, host, port, concurrency)
         failed = any(v != "ok" for v in doc["trainers"].values())
-        return Outcome(doc, lambda: _render_served(c, doc, doc["state"]), 1 if failed else 0)
+        return Outcome(doc, lambda: render_served(c.console, doc, doc["state"]), 1 if failed else 0)
 
     run_command(ctx, work, inventory, json_out, verbose)
-
-
-def _render_served(c: Context, doc: dict[str, Any], state: str) -> None:
-    where = f" at {doc['url']}" if doc.get("url") else ""
-    c.console.print(f"sandbox service on {doc['host']}: {state}{where}")
-    langs = doc.get("langs") or {}
-    ready = [k for k, v in sorted(langs.items()) if v == "ready"]
-    if langs:
-        c.console.print("  serving: " + (", ".join(ready) or "no language"))
-    missing = [k for k, v in sorted(langs.items()) if v.startswith("no image")]
-    if missing:
-        build = f" (build: {doc['build']})" if doc.get("build") else ""
-        c.console.print(f"  [yellow]not served, no image built: {', '.join(missing)}[/]{build}")
-    for k, v in sorted(langs.items()):
-        if k not in ready and k not in missing:
-            c.console.print(f"  [yellow]{k}: {v}[/]")
-    served = doc.get("served") or {}
-    if served:
-        c.console.print(
-            f"  served: {served.get('batches', 0)} batches, {served.get('programs', 0)} programs, "
-            f"{served.get('tests', 0)} tests"
-        )
-    for name, how in sorted((doc.get("trainers") or {}).items()):
-        c.console.print(
-            f"  {name}: {'address and token written' if how == 'ok' and state != 'stopped' else how}"
-        )
 
 
 @app.command("selftest")
@@ -350,6 +271,7 @@ def selftest_cmd(
 
         labctl sandbox selftest --lang c --attack fork_bomb --attack disk_fill_tmp
     """
+    from labctl.sandbox.render import render_selftest
     from labctl.sandbox.selftest import on_hosts
 
     def work(c: Context) -> Outcome:
@@ -358,24 +280,3 @@ def selftest_cmd(
         return Outcome(doc, lambda: render_selftest(c.console, doc), 1 if escaped else 0)
 
     run_command(ctx, work, inventory, json_out, verbose)
-
-
-def render_selftest(console: Any, doc: dict[str, Any]) -> None:
-    """The self-test's table: attack → contained, with the detail; then the counts."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=f"sandbox selftest on {', '.join(doc['hosts'])}", title_justify="left")
-    for col in ("host", "lang", "attack", "contained", "detail"):
-        table.add_column(col, overflow="fold")
-    for r in doc["rows"]:
-        mark = {True: "[green]yes[/]", False: "[red]NO[/]", None: "[yellow]error[/]"}[r["contained"]]
-        detail = str(r["detail"])
-        if r.get("host_problems"):
-            detail += " | left on the host: " + "; ".join(str(p) for p in r["host_problems"])
-        table.add_row(str(r.get("host", "")), r["lang"], r["attack"], mark, escape(detail))
-    console.print(table)
-    bad = [r for r in doc["rows"] if r["contained"] is not True]
-    console.print(
-        f"{len(doc['rows']) - len(bad)} contained, {doc['escaped']} escaped, {len(bad) - doc['escaped']} not run"
-    )

@@ -69,6 +69,7 @@ def up(
     Example: sudo labctl sim up --count 16 && labctl -i .labctl/sim/inventory.yaml facts
     """
     from labctl import sim
+    from labctl.sim.render import render_up
 
     names = [h for h in hosts.split(",")] if hosts is not None else None
 
@@ -84,21 +85,7 @@ def up(
             console=c.console,
         )
 
-        def render() -> None:
-            if lab.changes:
-                for change in lab.changes:
-                    c.console.print(f"  [green]+[/] {change}")
-            else:
-                c.console.print(f"Nothing to change: the sim's {len(lab.hosts)} hosts are up.")
-            c.console.print(
-                f"[bold]{len(lab.hosts)}[/] hosts on {lab.bridge} ({lab.subnet}, {lab.rate}). "
-                f"Inventory: [cyan]{_rel(lab.inventory_path)}[/]"
-            )
-            if verbose:
-                for name, address in lab.hosts.items():
-                    c.console.print(f"  {name:<14} {address}")
-
-        return Outcome(lab.as_dict(), render)
+        return Outcome(lab.as_dict(), lambda: render_up(c.console, lab, verbose))
 
     run_command(ctx, work, None, json_out, verbose)
 
@@ -116,34 +103,17 @@ def status(
 
     Example: sudo labctl sim status --json
     """
-    from rich.table import Table
-
     from labctl import sim
+    from labctl.sim.render import render_status
 
     def work(c: Context) -> Outcome:
         rows = sim.status(dir)
         down = [r.name for r in rows if not r.reachable]
 
-        def render() -> None:
-            if not rows:
-                c.console.print(f"No sim in {dir}. Bring one up: sudo labctl sim up --dir {dir}")
-                return
-            table = Table(title=f"sim in {dir}")
-            for col in ("host", "namespace", "address", "sshd pid", "alive", "port 22"):
-                table.add_column(col)
-            for r in rows:
-                table.add_row(
-                    r.name,
-                    r.namespace,
-                    r.address,
-                    str(r.sshd_pid or "-"),
-                    "[green]yes[/]" if r.alive else "[red]no[/]",
-                    "[green]open[/]" if r.reachable else "[red]refused[/]",
-                )
-            c.console.print(table)
-
         return Outcome(
-            {"dir": str(dir.resolve()), "hosts": [r.as_dict() for r in rows]}, render, 1 if down else 0
+            {"dir": str(dir.resolve()), "hosts": [r.as_dict() for r in rows]},
+            lambda: render_status(c.console, rows, dir),
+            1 if down else 0,
         )
 
     run_command(ctx, work, None, json_out, verbose)
@@ -163,17 +133,14 @@ def down(
     Example: sudo labctl sim down
     """
     from labctl import sim
+    from labctl.sim.render import render_down
 
     def work(c: Context) -> Outcome:
         removed = sim.down(dir, console=c.console)
 
-        def render() -> None:
-            if not removed:
-                c.console.print(f"Nothing to remove in {dir}.")
-            for item in removed:
-                c.console.print(f"  [red]-[/] {item}")
-
-        return Outcome({"dir": str(dir.resolve()), "removed": removed}, render)
+        return Outcome(
+            {"dir": str(dir.resolve()), "removed": removed}, lambda: render_down(c.console, removed, dir)
+        )
 
     run_command(ctx, work, None, json_out, verbose)
 
@@ -193,11 +160,11 @@ def stop(
     Example: sudo labctl sim stop irina
     """
     from labctl import sim
+    from labctl.sim.render import render_stopped
 
     def work(c: Context) -> Outcome:
         changed = sim.stop_host(dir, host)
-        text = f"Stopped {host}." if changed else f"{host} was not running."
-        return Outcome({"host": host, "stopped": changed}, lambda: c.console.print(text))
+        return Outcome({"host": host, "stopped": changed}, lambda: render_stopped(c.console, host, changed))
 
     run_command(ctx, work, None, json_out, verbose)
 
@@ -215,17 +182,10 @@ def start(
     Example: sudo labctl sim start irina
     """
     from labctl import sim
+    from labctl.sim.render import render_started
 
     def work(c: Context) -> Outcome:
         changed = sim.start_host(dir, host)
-        text = f"Started {host}." if changed else f"{host} is already running."
-        return Outcome({"host": host, "started": changed}, lambda: c.console.print(text))
+        return Outcome({"host": host, "started": changed}, lambda: render_started(c.console, host, changed))
 
     run_command(ctx, work, None, json_out, verbose)
-
-
-def _rel(p: Path) -> str:
-    try:
-        return str(p.relative_to(Path.cwd()))
-    except ValueError:
-        return str(p)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from labctl.cli.common import InventoryOpt, JsonOpt, VerboseOpt
+from labctl.cli.common import DryRunAlias, InventoryOpt, JsonOpt, VerboseOpt, check_option
 from labctl.cli.runner import Outcome, run_command
-from labctl.train import backends
+from labctl.train import backends, opts
+from labctl.train.opts import Option
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -29,7 +32,37 @@ class Device(StrEnum):
     cpu = "cpu"
 
 
+# The job-file flags are the backends' declared options (labctl.train.opts): a backend's new
+# option appears here without touching this file. Their parameters are prefixed so that none
+# can shadow the command's own (Slurm's --time is `time_limit`, like the run's --time-limit).
+_JOB = "job_"
+
+
+def _job_parameter(option: Option) -> inspect.Parameter:
+    decl = f"{option.cli_flag}/--no-{option.cli_flag[2:]}" if option.type is bool else option.cli_flag
+    flag = typer.Option(decl, help=option.flag_help or None, min=option.cli_min)
+    return inspect.Parameter(
+        _JOB + option.name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[Optional[option.type], flag],
+    )
+
+
+def _with_job_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with a flag for every declared job option, before --detach, in place of its **job."""
+    sig = inspect.signature(command, eval_str=True)
+    own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    at = next(i for i, p in enumerate(own) if p.name == "detach")
+    # Typer reads parameters by name; keyword-only keeps Python from objecting to their order.
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+    job = [_job_parameter(o) for o in opts.declared().values()]
+    command.__signature__ = sig.replace(parameters=[*own[:at], *job, *own[at:]])  # type: ignore[attr-defined]
+    return command
+
+
 @app.callback()
+@_with_job_flags
 def train(
     ctx: typer.Context,
     phase: Annotated[
@@ -84,9 +117,9 @@ def train(
         str, typer.Option("--script-args", help="Arguments for --script, as one shell-quoted string.")
     ] = "",
     dry_run: Annotated[
-        bool,
-        typer.Option("--dry-run", help="Preflight, then print each host's exact command and environment."),
+        bool, check_option("Preflight, then print each host's exact command and environment.")
     ] = False,
+    _dry_run: DryRunAlias = False,
     backend: Annotated[
         Backend,
         typer.Option(
@@ -100,17 +133,6 @@ def train(
             "--output", "-o", help="Folder for --backend slurm/k8s/trainjob/kaggle/sagemaker files."
         ),
     ] = None,
-    image: Annotated[
-        Optional[str],
-        typer.Option("--image", help="Container image for --backend k8s, trainjob or sagemaker."),
-    ] = None,
-    partition: Annotated[
-        Optional[str], typer.Option("--partition", help="Slurm partition for --backend slurm.")
-    ] = None,
-    slurm_time: Annotated[
-        Optional[str],
-        typer.Option("--time", help="Slurm's own time limit, e.g. 2-00:00:00 (default: from --time-limit)."),
-    ] = None,
     time_limit: Annotated[
         Optional[str],
         typer.Option(
@@ -118,89 +140,6 @@ def train(
             help="Stop before this much time (3h50m, 45m, 90s) at a step every rank agrees on, with a "
             "checkpoint there; exit 75, and the same command again resumes. For kaggle/sagemaker: the "
             "session's length (default and maximum: the platform's).",
-        ),
-    ] = None,
-    min_nodes: Annotated[
-        Optional[int],
-        typer.Option("--min-nodes", min=1, help="k8s elastic minReplicas (default: every node)."),
-    ] = None,
-    pvc: Annotated[
-        Optional[str],
-        typer.Option(
-            "--pvc",
-            help="k8s/trainjob: ReadWriteMany PersistentVolumeClaim for checkpoints and metrics "
-            "(default: the phase's k8s.checkpoint_pvc; required).",
-        ),
-    ] = None,
-    mount_path: Annotated[
-        Optional[str],
-        typer.Option("--mount-path", help="k8s/trainjob: where the claim is mounted (default /checkpoints)."),
-    ] = None,
-    cpu: Annotated[
-        Optional[str], typer.Option("--cpu", help="k8s/trainjob: CPU request per pod, e.g. 8 or 500m.")
-    ] = None,
-    memory: Annotated[
-        Optional[str], typer.Option("--memory", help="k8s/trainjob: memory request per pod, e.g. 32Gi.")
-    ] = None,
-    runtime: Annotated[
-        Optional[str],
-        typer.Option(
-            "--runtime", help="trainjob: the ClusterTrainingRuntime to run on (default torch-distributed)."
-        ),
-    ] = None,
-    requeue: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--requeue/--no-requeue",
-            help="slurm: requeue a preempted or failed node's job; it resumes from its newest checkpoint.",
-        ),
-    ] = None,
-    kaggle_id: Annotated[
-        Optional[str],
-        typer.Option("--kaggle-id", help="USER/SLUG the --backend kaggle session is pushed as."),
-    ] = None,
-    resume_from: Annotated[
-        Optional[str],
-        typer.Option(
-            "--resume-from", help="USER/SLUG of the Kaggle session whose checkpoints this one resumes."
-        ),
-    ] = None,
-    role_arn: Annotated[
-        Optional[str],
-        typer.Option("--role-arn", help="IAM role SageMaker runs the job as (--backend sagemaker)."),
-    ] = None,
-    s3: Annotated[
-        Optional[str],
-        typer.Option(
-            "--s3", help="s3://bucket/prefix for --backend sagemaker's source, checkpoints and output."
-        ),
-    ] = None,
-    instance_type: Annotated[
-        Optional[str],
-        typer.Option(
-            "--instance-type", help="SageMaker instance type (default: the phase's, else ml.p3.2xlarge)."
-        ),
-    ] = None,
-    nodes: Annotated[
-        Optional[int],
-        typer.Option(
-            "--nodes",
-            help="slurm/k8s/trainjob: the cluster's nodes (with --gpus-per-node; no lab host is asked, "
-            "no inventory needed). sagemaker: the instance count (default 1).",
-        ),
-    ] = None,
-    gpus_per_node: Annotated[
-        Optional[int],
-        typer.Option("--gpus-per-node", help="slurm/k8s/trainjob: GPUs per cluster node (0: a CPU job)."),
-    ] = None,
-    cpus_per_node: Annotated[
-        Optional[int],
-        typer.Option("--cpus-per-node", help="slurm/k8s/trainjob: CPUs each node gives the job."),
-    ] = None,
-    memory_per_node: Annotated[
-        Optional[str],
-        typer.Option(
-            "--memory-per-node", help="slurm/k8s/trainjob: memory each node gives the job, e.g. 64G."
         ),
     ] = None,
     detach: Annotated[
@@ -215,6 +154,7 @@ def train(
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
+    **job: Any,
 ) -> None:
     """Launch torchrun on every training host for phase N, stream rank 0, and clean up after.
 
@@ -229,7 +169,7 @@ def train(
     left. Every rank's output goes to `.labctl/runs/RUN/` beside the inventory.
 
     With --backend slurm, k8s or trainjob, --nodes N --gpus-per-node G describe the cluster
-    instead of the lab: no lab host is asked and no inventory is needed; --dry-run then shows
+    instead of the lab: no lab host is asked and no inventory is needed; --check then shows
     the job as it would be written.
 
     --time-limit 3h50m time-boxes the run (a cloud session, a reservation): before the limit,
@@ -245,7 +185,7 @@ def train(
 
     Examples:
 
-        labctl train --phase 1 --dry-run
+        labctl train --phase 1 --check
 
         labctl train --phase 1 --limit m5,irina --device cpu --set steps=50
 
@@ -257,7 +197,7 @@ def train(
 
         labctl train --phase 2 --backend k8s --image registry.lab/cet:1 -o jobs/
 
-        labctl train --backend slurm --phase 1 --nodes 4 --gpus-per-node 8 --dry-run
+        labctl train --backend slurm --phase 1 --nodes 4 --gpus-per-node 8 --check
 
         labctl train --phase 2 --backend kaggle --kaggle-id alice/cet-p2-s1 -o kaggle/s1
     """
@@ -270,7 +210,7 @@ def train(
     from labctl.transport.shell import split_words
 
     if phase is None:
-        raise InputError("Which phase? --phase is required.", "Write e.g. labctl train --phase 1 --dry-run")
+        raise InputError("Which phase? --phase is required.", "Write e.g. labctl train --phase 1 --check")
     request = TrainRequest(
         phase=phase,
         file=file,
@@ -284,27 +224,7 @@ def train(
         dry_run=dry_run,
         backend=backend.value,
         output=output,
-        job=JobOptions(
-            image=image,
-            partition=partition,
-            time_limit=slurm_time,
-            min_nodes=min_nodes,
-            kaggle_id=kaggle_id,
-            resume_from=resume_from,
-            role_arn=role_arn,
-            s3=s3,
-            instance_type=instance_type,
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            cpus_per_node=cpus_per_node,
-            memory_per_node=memory_per_node,
-            pvc=pvc,
-            mount_path=mount_path,
-            cpu=cpu,
-            memory=memory,
-            runtime=runtime,
-            requeue=requeue,
-        ),
+        job=JobOptions(**{name.removeprefix(_JOB): value for name, value in job.items()}),
         detach=detach,
         ranks=parse_ranks(ranks),
         time_limit_s=parse_duration(time_limit) if time_limit is not None else None,
@@ -464,6 +384,48 @@ def settings(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     for p in profiles:
         shown.add_row(p["profile"], " ".join(p["sets"]), p["meaning"])
     console.print(shown, markup=False)
+
+
+@app.command("backends")
+def backends_cmd(
+    ctx: typer.Context,
+    name: Annotated[Optional[str], typer.Argument(help="One backend (default: every one).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The backends --backend takes and the options each reads: name, type, default and meaning.
+
+    Examples:
+
+        labctl train backends slurm
+
+        labctl --json train backends
+    """
+    from rich.table import Table
+
+    from labctl.output.console import emit_json, make_console
+    from labctl.output.errors import InputError
+
+    known = backends.names()
+    if name is not None and name not in known:
+        raise InputError(f"unknown backend {name!r}.", f"Use one of: {', '.join(known)}.")
+    rows: list[dict[str, Any]] = [
+        {"backend": n, "options": [opts.describe(o) for o in backends.get(n).options]}
+        for n in ([name] if name is not None else known)
+    ]
+    root = ctx.find_root().obj or {}
+    if json_out or root.get("json"):
+        emit_json(rows)
+        return
+    table = Table(title="train backends (--backend NAME) and their options", title_justify="left")
+    for col in ("backend", "option", "type", "default", "what it is"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        if not row["options"]:
+            table.add_row(row["backend"], "(none)", "", "", "")
+        for o in row["options"]:
+            default = "" if o["default"] is None else str(o["default"])
+            table.add_row(row["backend"], o["flag"], o["type"], default, o["help"])
+    make_console().print(table, markup=False)
 
 
 @app.command("status")

@@ -80,7 +80,7 @@ MAX_ARGV = 100_000
 CANCELLED = "cancelled"  # the caller's cancel flag closed the command
 NO_PYTHON = "no_python"  # the host has no interpreter at its `python`
 NO_JSON = "no_json"  # the agent printed no answer: killed, crashed, or an interpreter too old
-BAD_ANSWER = "bad_answer"  # JSON, but not the shape the command answers in (labctl/agent/core/answers.py)
+BAD_ANSWER = "bad_answer"  # JSON, but not the shape the command answers in (declared at its handler, labctl/agent/core/spec.py)
 # The agent's kinds for an OSError it could name (labctl/agent/__main__.py), with the path.
 FILE_KINDS = {"disk_full": "ENOSPC", "read_only": "EROFS", "permission_denied": "EACCES"}
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep the hash a function of the code alone
@@ -152,6 +152,20 @@ def _with_packages(name: str, files: Mapping[str, bytes]) -> set[str]:
     return {f for f in found if f is not None}
 
 
+def _table_modules(module: str, files: Mapping[str, bytes]) -> set[str]:
+    """The modules named by the lazy entries of the op and probe tables `module` holds."""
+    import importlib
+
+    from labctl.agent.core.ops import Table
+
+    path = _module_file(module, files)
+    # Only a module that imports core.ops can hold a table: no other handler is imported here.
+    if path is None or "labctl/agent/core/ops.py" not in _imported(path, files[path], files):
+        return set()
+    found = vars(importlib.import_module(module)).values()
+    return {name for table in found if isinstance(table, Table) for name in table.modules()}
+
+
 @functools.cache
 def agent_blob(command: str) -> str:
     """The agent's files `command` needs, for IN_MEMORY: an uncompressed zip, zlib-compressed
@@ -159,7 +173,9 @@ def agent_blob(command: str) -> str:
 
     Only the modules the command's handler imports travel (found in their source, imports
     inside functions too): the command line that carries them is capped at 128 KiB by the
-    kernel, and the whole agent would not fit it for long.
+    kernel, and the whole agent would not fit it for long. A handler that dispatches over
+    probe or op tables (labctl/agent/core/ops.py) also carries every module their lazy entries
+    name, which no import in the source shows.
     """
     from labctl.agent.commands import COMMANDS
 
@@ -169,7 +185,10 @@ def agent_blob(command: str) -> str:
     todo = ["__main__.py", "labctl/agent/__main__.py", "labctl/agent/commands.py"]
     handler = COMMANDS.get(command)
     if isinstance(handler, str):
-        todo += sorted(_with_packages("labctl.agent" + handler.partition(":")[0], files))
+        module = "labctl.agent" + handler.partition(":")[0]
+        todo += sorted(_with_packages(module, files))
+        for name in sorted(_table_modules(module, files)):
+            todo += sorted(_with_packages(name, files))
     needed: set[str] = set()
     while todo:
         path = todo.pop()
@@ -252,7 +271,7 @@ def call_agent(
                 named = file_error(run.host.name, str(answer.get("path") or ""), FILE_KINDS[kind], str(error))
                 raise AgentFailed(named.message, named.hint, kind)
         raise AgentFailed(f"{run.host.name}: agent '{command}' failed: {error}.", kind=kind)
-    from labctl.agent.core.answers import answer_problem
+    from labctl.agent.commands import answer_problem
 
     # The one place answers arrive: past it, code reads them as their command declares them.
     found = answer_problem(command, answer, args)
@@ -286,7 +305,7 @@ def agent_event(stream: str, line: str, *names: str) -> dict[str, Any] | None:
         return None
     if names and event["event"] not in names:
         return None
-    from labctl.agent.core.answers import event_problem
+    from labctl.agent.core.spec import event_problem
 
     # Events are part of the answer: one of a known name that labctl cannot read is no event.
     return event if event_problem(event) is None else None

@@ -1,4 +1,4 @@
-"""The inventory contract (DESIGN.md) as pydantic models.
+"""The inventory contract (docs/inventory.md) as pydantic models.
 
 Every model forbids unknown keys: a typo such as `ram_gbb` must stop the run, not be
 ignored. Each field's description doubles as the "write this instead" part of an error.

@@ -13,12 +13,11 @@ from labctl.cache.targets import Target, load_host, resolve_target, this_machine
 from labctl.hosts.agent_ship import ask_agent
 from labctl.hosts.fanout import HostRun, on_host
 from labctl.inventory.model import Host
-from labctl.modelload.stages import STAGES, Stage, attach_seed, link_gbps, make_stage, speedup_ram_vs_network
+from labctl.modelload.stages import STAGES, attach_seed, link_gbps, make_stage, speedup_ram_vs_network
 from labctl.output.errors import HostError, InputError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-    from rich.console import Console
 
     from labctl.hosts.context import Context
 
@@ -124,44 +123,6 @@ def network_stage(ctx: Context, target: Target, model: str) -> dict[str, Any]:
         return {"bytes": fetched, "seconds": float(result["seconds"]), "streams": result.get("streams")}
 
     return on_host(ctx, target.host, stage)
-
-
-def render_table(console: Console, result: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    t = Table(
-        title=f"model load: {result['model']} ({result['bytes'] / 1e9:.2f} GB) on {result['host']} {result['device']}",
-        title_justify="left",
-    )
-    for col in ("stage", "seconds", "GB/s", "ceiling GB/s", "% of ceiling", "seed, scaled", "note"):
-        t.add_column(col, justify="left" if col in ("stage", "note") else "right")
-    for s in result["stages"]:
-        st = Stage(**s)
-        if st.skipped:
-            t.add_row(st.name, "-", "-", "-", "-", _f(st.seed_seconds, "s"), f"[dim]skipped: {st.skipped}[/]")
-            continue
-        t.add_row(
-            st.name,
-            _f(st.seconds, ""),
-            _f(st.gbps, ""),
-            _f(st.ceiling_gbps, ""),
-            f"{st.pct_of_ceiling:.0f}%" if st.pct_of_ceiling is not None else "-",
-            _f(st.seed_seconds, "s"),
-            st.ceiling or "",
-        )
-    console.print(t)
-    sp = result.get("speedup_ram_vs_network")
-    if sp:
-        console.print(
-            f"RAM cache path vs network transfer: [bold]{sp:.1f}x[/] faster "
-            "(seed: 384 s over 1 Gb against ~6 s from RAM to GPU; 14x for the whole load with init)"
-        )
-
-
-def _f(v: float | None, unit: str) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.3f}{unit}" if v < 10 else f"{v:.1f}{unit}"
 
 
 # The chart's rows: the two ways the weights reach the device, each with only its own source stage

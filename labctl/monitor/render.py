@@ -9,6 +9,7 @@ older agent, a host without GPUs): a cell then reads "-", never a traceback.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 from rich import box
@@ -180,7 +181,7 @@ def _progress(r: dict[str, Any]) -> Optional[float]:
 
 
 def _run_text(r: dict[str, Any]) -> Text:
-    # A run's figures are what its script logged (labctl/agent/core/answers.py): shown when numbers.
+    # A run's figures are what its script logged (RUN in labctl/agent/monitor/status.py): shown when numbers.
     step, steps = _whole(r.get("step")), _whole(r.get("steps"))
     parts = [
         str(r.get("run_id", "?")),
@@ -273,3 +274,14 @@ def _si(x: float) -> str:
         if abs(x) >= size:
             return f"{x / size:.1f}{unit}"
     return f"{x:.0f}"
+
+
+def render_textfile(console: Any, target: Path, statuses: list[Any]) -> None:
+    """`labctl metrics --textfile`: what was written, and each host exported as down."""
+    down = [s for s in statuses if not s.reachable]
+    firing = sum(len(s.alerts) for s in statuses)
+    skipped = [f"{s.host}: {s.error}" for s in statuses if s.reachable and s.sample is None]
+    note = f" (skipped {'; '.join(skipped)})" if skipped else ""
+    console.print(f"wrote {target}: {len(statuses) - len(skipped)} hosts{note}, {firing} alerts firing")
+    for s in down:
+        console.print(f"{s.host}: {s.status} ({s.error}); exported as labctl_host_up 0")

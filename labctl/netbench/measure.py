@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from labctl.hosts.listening import Listener
 from labctl.netbench.plan import HostLink, build_report, host_link
 from labctl.output.errors import HostError, LabctlError
+from labctl.output.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -69,9 +70,12 @@ def measure_network(
     receiver: Host,
     streams: Sequence[int],
     seconds: float,
-    say: Callable[[str], None] | None = None,
+    progress: Progress = QUIET,
 ) -> dict[str, Any]:
-    """Throughput from `sender` to `receiver` for each stream count: the report `--json` prints."""
+    """Throughput from `sender` to `receiver` for each stream count: the report `--json` prints.
+
+    Progress events: "listening" (receiver, address, port, sender), "rate" after each stream
+    count (streams, bits_per_s), "measured" (seconds)."""
     from labctl.hosts.fanout import on_host
 
     sink = Sink(ctx, receiver).begin()
@@ -85,8 +89,8 @@ def measure_network(
 
             def on_line(stream: str, line: str) -> None:
                 event = agent_event(stream, line, "measured")
-                if event is not None and say is not None:
-                    say(f"{event['streams']} stream(s): {event['bits_per_s'] / 1e6:.0f} Mbit/s")
+                if event is not None:
+                    progress.event("rate", streams=event["streams"], bits_per_s=event["bits_per_s"])
 
             # The token goes in a 0600 file, never on a command line other users can read.
             token_file = f"{agent_dir(run.host)}/netbench-token-{uuid.uuid4().hex}"
@@ -117,12 +121,16 @@ def measure_network(
                     ) from None
                 raise
 
-        if say is not None:
-            say(f"{receiver.name} listening on {info.get('address')}:{info['port']}; {sender.name} sends")
+        progress.event(
+            "listening",
+            receiver=receiver.name,
+            address=info.get("address"),
+            port=info["port"],
+            sender=sender.name,
+        )
         start = time.monotonic()
         sent = on_host(ctx, sender, send)
-        if say is not None:
-            say(f"measured in {time.monotonic() - start:.1f} s")
+        progress.event("measured", seconds=time.monotonic() - start)
     finally:
         # A sender that finished told the sink to stop; otherwise close its channel now.
         sink.stop(5.0 if sent is not None else 0.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -51,3 +52,23 @@ def render_network(console: Console, report: dict[str, Any]) -> None:
             f"(the lab's plan: {seed['seed_seconds_1g']:.0f} s over 1 Gb, {seed['seed_seconds_bonded']:.0f} s bonded)",
             soft_wrap=True,
         )
+
+
+def _listening(console: Console, receiver: str, address: str | None, port: int, sender: str) -> None:
+    console.print(f"[dim]{receiver} listening on {address}:{port}; {sender} sends[/]", soft_wrap=True)
+
+
+def _rate(console: Console, streams: int, bits_per_s: float) -> None:
+    console.print(f"[dim]{streams} stream(s): {bits_per_s / 1e6:.0f} Mbit/s[/]", soft_wrap=True)
+
+
+def _measured(console: Console, seconds: float) -> None:
+    console.print(f"[dim]measured in {seconds:.1f} s[/]", soft_wrap=True)
+
+
+# How `bench network` shows measure_network's progress events: each one dim line.
+NETWORK_PROGRESS: dict[str, Callable[..., None]] = {
+    "listening": _listening,
+    "rate": _rate,
+    "measured": _measured,
+}

@@ -19,13 +19,9 @@ from typing import TYPE_CHECKING, Any
 from labctl.output.errors import InputError
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from labctl.agent.orchestra.client import Answer, Endpoint
     from labctl.hosts.context import Context
     from labctl.orchestra.spec import Orchestra, RemoteTier
-
-SHOWN_CHARS = 48
 
 
 @dataclass
@@ -47,36 +43,6 @@ class AskResult:
             "answers": [{**a.as_dict(), "latency_s": round(a.latency_s, 4)} for a in self.answers],
             "skipped": self.skipped,
         }
-
-    def render(self, console: Console) -> None:
-        from rich.markup import escape
-        from rich.table import Table
-
-        table = Table(title="orchestra answers", title_justify="left", show_edge=False, pad_edge=False)
-        for col in ("model", "latency", "tokens", "answer"):
-            table.add_column(col, justify="right" if col in ("latency", "tokens") else "left")
-        for a in self.answers:
-            if a.ok:
-                text = _printable(a.text or "")
-                what = escape(text[:SHOWN_CHARS] + ("…" if len(text) > SHOWN_CHARS else ""))
-                if a.retried:
-                    what = f"[yellow](answered by {escape(a.answered_by)})[/] {what}"
-            else:
-                what = f"[red]{escape(a.error or '')}[/]"
-            table.add_row(escape(a.name), f"{a.latency_s:.3f} s", str(a.completion_tokens), what)
-        console.print(table)
-        for name in self.skipped:
-            console.print(f"[dim]{escape(name)}: not asked, its key's variable is not set here[/]")
-        console.print(
-            f"{len(self.answers)} models asked at once in {self.cycle_s:.3f} s "
-            f"(the latencies add up to {sum(a.latency_s for a in self.answers):.3f} s).",
-            soft_wrap=True,
-        )
-
-
-def _printable(text: str) -> str:
-    # These answers are raw model output: keep a terminal's control sequences out of the table.
-    return "".join(c if c.isprintable() else "·" for c in text)
 
 
 def warm_endpoints(

@@ -1,7 +1,7 @@
 """A rotation decided as data, from the orchestra file and what the serving hosts said.
 
 Pure: `decide` joins the pieces (the GPUs the orchestra may use, who leaves and who joins, where
-each model goes, the order of starts and stops) into one `RotationPlan` that `--dry-run`
+each model goes, the order of starts and stops) into one `RotationPlan` that `--check`
 prints and `rotate.py` carries out; `plan_placement` is `labctl orchestra plan`'s view.
 """
 
@@ -17,8 +17,6 @@ from labctl.orchestra.place import CapacityRow, Gpu, Placement, capacity, place,
 from labctl.output.errors import InputError
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from labctl.inventory.model import Host, Inventory
     from labctl.orchestra.hoststate import HostView, Repair
     from labctl.orchestra.spec import Orchestra
@@ -290,133 +288,6 @@ class PlacementView:
             "library": self.library,
             "remote": self.remote,
         }
-
-    def render(self, console: Console) -> None:
-        from rich.markup import escape
-        from rich.table import Table
-
-        table = Table(title="orchestra placement", title_justify="left", show_edge=False, pad_edge=False)
-        for col in ("host", "GPU", "memory", "models", "free"):
-            table.add_column(col, justify="right" if col in ("memory", "free") else "left")
-        for r in self.placement.rows:
-            models = ", ".join(f"{n} ({self.placement.needs[n]:.1f} GB)" for n in r.models) or "-"
-            table.add_row(
-                r.gpu.host,
-                f"{r.gpu.index} {r.gpu.model}" + ("" if r.gpu.source == "detected" else " (declared)"),
-                f"{r.gpu.memory_gb:g} GB",
-                models,
-                f"{r.free_gb:.1f} GB",
-            )
-        console.print(table)
-        if self.models:
-            self._render_models(console)
-        for note in self.notes:
-            console.print(f"[dim]{escape(note)}[/]", soft_wrap=True)
-        for g, why in self.left_out:
-            console.print(
-                f"[dim]not for the orchestra: {escape(g.host)} GPU {g.index} {escape(g.model)}: {escape(why)}[/]"
-            )
-        cap = Table(
-            title="capacity (models held at once)", title_justify="left", show_edge=False, pad_edge=False
-        )
-        for col in ("model", "needs", "here", "planned", "how"):
-            cap.add_column(col)
-        for c in self.capacity:
-            how = "; ".join([*(f"{n} on {label}" for label, n in c.whole), *c.split]) or "-"
-            cap.add_row(c.label, f"{c.need_gb:.1f} GB", str(c.count), c.seed, how)
-        console.print(cap)
-        for c in self.capacity:
-            if c.note:
-                console.print(f"[dim]{escape(c.label)}: {escape(c.note)}[/]", soft_wrap=True)
-        console.print(
-            f"{len(self.warm)} warm of a {self.library}-model library; a model's need is its gpu_gb, else its "
-            "weights as the files say (x2 where labctl's server computes 16-bit weights in fp32) + 5% for "
-            "activations + the KV cache of its context + the CUDA context; a model whose files were not read "
-            "needs its size_gb x (1 + overhead.fraction) + the CUDA context.",
-            soft_wrap=True,
-        )
-        if self.remote:
-            self._render_remote(console)
-
-    def _render_models(self, console: Console) -> None:
-        from rich.markup import escape
-        from rich.table import Table
-
-        table = Table(
-            title="the library (format, weights and KV cache from the files)",
-            title_justify="left",
-            show_edge=False,
-            pad_edge=False,
-        )
-        for col in ("model", "format", "engine", "params", "weights", "context", "KV cache", "needs", "from"):
-            table.add_column(
-                col, justify="right" if col in ("params", "weights", "KV cache", "needs") else "left"
-            )
-        for m in self.models:
-            params = m.get("params")
-            kv = m.get("kv_gb")
-            table.add_row(
-                escape(m["name"]) + (" [green]warm[/]" if m["name"] in self.warm else ""),
-                escape(str(m.get("format") or "?"))
-                + (f" {escape(str(m['dtype']))}" if m.get("dtype") else ""),
-                escape(m["engine"]),
-                "-" if params is None else _count(params),
-                _size(m.get("weights_gb")),
-                str(m["context"]),
-                _size(kv),
-                _size(m["need_gb"]),
-                escape(m["source"]),
-            )
-        console.print(table)
-        for m in self.models:
-            for note in m.get("notes") or []:
-                console.print(f"[yellow]{escape(m['name'])}: {escape(note)}[/]", soft_wrap=True)
-
-    def _render_remote(self, console: Console) -> None:
-        from rich.markup import escape
-        from rich.table import Table
-
-        table = Table(
-            title="remote tiers (asked beside the warm set; never contacted by plan)",
-            title_justify="left",
-            show_edge=False,
-            pad_edge=False,
-        )
-        for col in ("name", "model", "API", "key", "at once", "$ / M tokens in, out", "share", "$ / month"):
-            table.add_column(col)
-        for r in self.remote:
-            env = r["api_key_env"]
-            key = (
-                "none needed"
-                if env is None
-                else f"${env} " + ("set here" if r["key_set"] else "[red]not set here[/]")
-            )
-            price = r["price_per_mtok"]
-            budget = r.get("budget_per_month")
-            table.add_row(
-                escape(r["name"]),
-                escape(r["model"]),
-                escape(r["base_url"]),
-                key,
-                str(r["concurrency"]),
-                f"{price['input']:g}, {price['output']:g}",
-                f"{r.get('share', 1.0):g}",
-                "no limit" if budget is None else f"{budget:g}",
-            )
-        console.print(table)
-
-
-def _size(gb: float | None) -> str:
-    if gb is None:
-        return "-"
-    return f"{gb:.2f} GB" if gb >= 0.1 else f"{gb * 1000:.1f} MB"
-
-
-def _count(n: int) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return str(n)
 
 
 def model_rows(

@@ -13,6 +13,7 @@ from labctl.output.fmt import fmt_age, fmt_duration
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from labctl.orchestra.ask import AskResult
     from labctl.orchestra.decide import PlacementView
     from labctl.orchestra.rotate import RotationResult
     from labctl.orchestra.spec import Orchestra
@@ -141,7 +142,7 @@ def render_rotation(console: Console, result: RotationResult, orch: Orchestra) -
     console.print(table)
     if result.dry_run:
         console.print(
-            f"{verb} take {result.plan.summary()}. Run without --dry-run to carry it out.", soft_wrap=True
+            f"{verb} take {result.plan.summary()}. Run without --check to carry it out.", soft_wrap=True
         )
     else:
         share = result.seconds / orch.every_s if orch.every_s else 0.0
@@ -187,4 +188,149 @@ def render_bench(console: Console, report: dict[str, Any]) -> None:
 
 
 def render_plan(console: Console, view: PlacementView) -> None:
-    view.render(console)
+    table = Table(title="orchestra placement", title_justify="left", show_edge=False, pad_edge=False)
+    for col in ("host", "GPU", "memory", "models", "free"):
+        table.add_column(col, justify="right" if col in ("memory", "free") else "left")
+    for r in view.placement.rows:
+        models = ", ".join(f"{n} ({view.placement.needs[n]:.1f} GB)" for n in r.models) or "-"
+        table.add_row(
+            r.gpu.host,
+            f"{r.gpu.index} {r.gpu.model}" + ("" if r.gpu.source == "detected" else " (declared)"),
+            f"{r.gpu.memory_gb:g} GB",
+            models,
+            f"{r.free_gb:.1f} GB",
+        )
+    console.print(table)
+    if view.models:
+        _plan_models(console, view)
+    for note in view.notes:
+        console.print(f"[dim]{escape(note)}[/]", soft_wrap=True)
+    for g, why in view.left_out:
+        console.print(
+            f"[dim]not for the orchestra: {escape(g.host)} GPU {g.index} {escape(g.model)}: {escape(why)}[/]"
+        )
+    cap = Table(title="capacity (models held at once)", title_justify="left", show_edge=False, pad_edge=False)
+    for col in ("model", "needs", "here", "planned", "how"):
+        cap.add_column(col)
+    for c in view.capacity:
+        how = "; ".join([*(f"{n} on {label}" for label, n in c.whole), *c.split]) or "-"
+        cap.add_row(c.label, f"{c.need_gb:.1f} GB", str(c.count), c.seed, how)
+    console.print(cap)
+    for c in view.capacity:
+        if c.note:
+            console.print(f"[dim]{escape(c.label)}: {escape(c.note)}[/]", soft_wrap=True)
+    console.print(
+        f"{len(view.warm)} warm of a {view.library}-model library; a model's need is its gpu_gb, else its "
+        "weights as the files say (x2 where labctl's server computes 16-bit weights in fp32) + 5% for "
+        "activations + the KV cache of its context + the CUDA context; a model whose files were not read "
+        "needs its size_gb x (1 + overhead.fraction) + the CUDA context.",
+        soft_wrap=True,
+    )
+    if view.remote:
+        _plan_remote(console, view)
+
+
+def _plan_models(console: Console, view: PlacementView) -> None:
+    table = Table(
+        title="the library (format, weights and KV cache from the files)",
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
+    for col in ("model", "format", "engine", "params", "weights", "context", "KV cache", "needs", "from"):
+        table.add_column(
+            col, justify="right" if col in ("params", "weights", "KV cache", "needs") else "left"
+        )
+    for m in view.models:
+        params = m.get("params")
+        kv = m.get("kv_gb")
+        table.add_row(
+            escape(m["name"]) + (" [green]warm[/]" if m["name"] in view.warm else ""),
+            escape(str(m.get("format") or "?")) + (f" {escape(str(m['dtype']))}" if m.get("dtype") else ""),
+            escape(m["engine"]),
+            "-" if params is None else _count(params),
+            _size(m.get("weights_gb")),
+            str(m["context"]),
+            _size(kv),
+            _size(m["need_gb"]),
+            escape(m["source"]),
+        )
+    console.print(table)
+    for m in view.models:
+        for note in m.get("notes") or []:
+            console.print(f"[yellow]{escape(m['name'])}: {escape(note)}[/]", soft_wrap=True)
+
+
+def _plan_remote(console: Console, view: PlacementView) -> None:
+    table = Table(
+        title="remote tiers (asked beside the warm set; never contacted by plan)",
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
+    for col in ("name", "model", "API", "key", "at once", "$ / M tokens in, out", "share", "$ / month"):
+        table.add_column(col)
+    for r in view.remote:
+        env = r["api_key_env"]
+        key = (
+            "none needed"
+            if env is None
+            else f"${env} " + ("set here" if r["key_set"] else "[red]not set here[/]")
+        )
+        price = r["price_per_mtok"]
+        budget = r.get("budget_per_month")
+        table.add_row(
+            escape(r["name"]),
+            escape(r["model"]),
+            escape(r["base_url"]),
+            key,
+            str(r["concurrency"]),
+            f"{price['input']:g}, {price['output']:g}",
+            f"{r.get('share', 1.0):g}",
+            "no limit" if budget is None else f"{budget:g}",
+        )
+    console.print(table)
+
+
+def _size(gb: float | None) -> str:
+    if gb is None:
+        return "-"
+    return f"{gb:.2f} GB" if gb >= 0.1 else f"{gb * 1000:.1f} MB"
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
+
+
+SHOWN_CHARS = 48
+
+
+def render_answers(console: Console, result: AskResult) -> None:
+    table = Table(title="orchestra answers", title_justify="left", show_edge=False, pad_edge=False)
+    for col in ("model", "latency", "tokens", "answer"):
+        table.add_column(col, justify="right" if col in ("latency", "tokens") else "left")
+    for a in result.answers:
+        if a.ok:
+            text = _printable(a.text or "")
+            what = escape(text[:SHOWN_CHARS] + ("…" if len(text) > SHOWN_CHARS else ""))
+            if a.retried:
+                what = f"[yellow](answered by {escape(a.answered_by)})[/] {what}"
+        else:
+            what = f"[red]{escape(a.error or '')}[/]"
+        table.add_row(escape(a.name), f"{a.latency_s:.3f} s", str(a.completion_tokens), what)
+    console.print(table)
+    for name in result.skipped:
+        console.print(f"[dim]{escape(name)}: not asked, its key's variable is not set here[/]")
+    console.print(
+        f"{len(result.answers)} models asked at once in {result.cycle_s:.3f} s "
+        f"(the latencies add up to {sum(a.latency_s for a in result.answers):.3f} s).",
+        soft_wrap=True,
+    )
+
+
+def _printable(text: str) -> str:
+    # These answers are raw model output: keep a terminal's control sequences out of the table.
+    return "".join(c if c.isprintable() else "·" for c in text)

@@ -1,6 +1,6 @@
 """Errors that labctl reports to a person, each with the fix and an exit code.
 
-Exit codes follow DESIGN.md: 2 bad input, 1 a host failed, 130 interrupted.
+Exit codes (README, "A tour of the commands"): 2 bad input, 1 a host failed, 130 interrupted.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from labctl.plan.throughput import TABLE_SOURCE
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rich.console import Console
 
     from labctl.plan.schedule import WeekPlan
@@ -76,3 +78,11 @@ def render(console: Console, week: WeekPlan) -> None:
         )
     else:
         console.print("No tokens/s was scaled.", markup=False, highlight=False)
+
+
+def render_week(console: Console, result: WeekPlan, plan_file: Path, plot: Path | None) -> None:
+    """`labctl plan week`: the plan file it read, the schedule, and the chart it wrote (--plot)."""
+    console.print(f"plan: {plan_file}", markup=False, highlight=False, soft_wrap=True)
+    render(console, result)
+    if plot is not None:
+        console.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)

@@ -5,7 +5,7 @@
     from labctl import sim
 
     lab = sim.up(tmp_dir, count=4)                 # m5, irina, pharaoh, workstation
-    lab.inventory_path                             # tmp_dir/inventory.yaml (the DESIGN.md contract)
+    lab.inventory_path                             # tmp_dir/inventory.yaml (the inventory contract, docs/inventory.md)
     lab.hosts                                      # {"m5": "10.250.0.10", ...}
     lab.key_path, lab.known_hosts_path             # client key and pinned host keys
     lab.namespace("m5")                            # "lc-m5", for `ip netns exec`

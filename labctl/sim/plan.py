@@ -393,7 +393,7 @@ def inventory_doc(
     seed: Mapping[str, Mapping[str, Any]] | None = None,
     lab: str = "sim",
 ) -> dict[str, Any]:
-    """The inventory `sim up` writes, in the DESIGN.md contract; key paths relative to the file."""
+    """The inventory `sim up` writes, in the inventory contract (docs/inventory.md); key paths relative to the file."""
     net = parse_subnet(subnet)
     gateway = bridge_address(subnet)
     seed = seed or {}

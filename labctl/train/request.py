@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from labctl.output.errors import InputError
+from labctl.train import opts
 
 # Binary units, as Slurm's --mem (64G) and Kubernetes' quantities (64Gi) both read them.
 _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT])(?:i?B|i)?", re.IGNORECASE | re.ASCII)
@@ -54,67 +56,79 @@ def parse_memory(text: str, flag: str) -> int:
     return max(1, math.ceil(float(m.group(1)) * _MIB_PER_UNIT[m.group(2).upper()]))
 
 
-@dataclass(frozen=True)
 class JobOptions:
-    """Settings only a cluster job file reads; a backend refuses those it has no use for."""
+    """Settings only a cluster job file reads; a backend refuses those it has no use for.
 
-    image: str | None = None  # container image (k8s)
-    partition: str | None = None  # Slurm partition
-    time_limit: str | None = None  # Slurm --time
-    min_nodes: int | None = None  # k8s elastic minReplicas
-    kaggle_id: str | None = None  # USER/SLUG the Kaggle kernel is pushed as
-    resume_from: str | None = None  # USER/SLUG of the Kaggle session whose checkpoints this one resumes
-    role_arn: str | None = None  # SageMaker execution role
-    s3: str | None = None  # s3://bucket/prefix for SageMaker's source, checkpoints and output
-    instance_type: str | None = None  # SageMaker instance type (default: the phase's, else seed 001's)
-    nodes: int | None = None  # SageMaker InstanceCount; slurm/k8s/trainjob: the cluster's nodes
-    pvc: str | None = None  # k8s/trainjob: ReadWriteMany claim mounted at the checkpoint folder
-    mount_path: str | None = None  # k8s/trainjob: where that claim appears in the pod
-    cpu: str | None = None  # k8s/trainjob: CPU request per pod ("8", "500m")
-    memory: str | None = None  # k8s/trainjob: memory request per pod ("32Gi")
-    runtime: str | None = None  # trainjob: the ClusterTrainingRuntime it names
-    requeue: bool | None = None  # slurm: requeue a preempted job, which resumes from its checkpoint
-    # slurm: the interface the phase's own `env:` names for NCCL/Gloo (from the phases file, not a
-    # flag); None: each node decides at job start
-    named_iface: str | None = None
-    # slurm/k8s/trainjob: the cluster's nodes, described by flags instead of the lab's hosts
-    gpus_per_node: int | None = None
-    cpus_per_node: int | None = None
-    memory_per_node: str | None = None  # as given: 64G, 64Gi, 512M
+    Its names are the options the backends declare (`opts.declared()`), each None when not
+    given, plus those the phases file fills in (FROM_PHASE). Immutable, compared by value.
+    """
 
-    def __post_init__(self) -> None:
-        # Checked here, whichever backend takes them: a bad count is bad input for any of them.
-        for flag, value, least, why, hint in (
-            (
-                "--nodes",
-                self.nodes,
-                1,
-                "a job runs on one node at least",
-                "the number of nodes, e.g. --nodes 4",
-            ),
-            (
-                "--gpus-per-node",
-                self.gpus_per_node,
-                0,
-                "a node cannot have fewer than 0 GPUs",
-                "the GPUs each node has, e.g. --gpus-per-node 8, or 0 for a CPU job",
-            ),
-            (
-                "--cpus-per-node",
-                self.cpus_per_node,
-                1,
-                "a node gives the job one CPU at least",
-                "the CPUs each node gives the job, e.g. --cpus-per-node 32",
-            ),
-        ):
-            if value is not None and value < least:
-                raise InputError(f"{flag} {value} is out of range: {why}.", f"Give {hint}.")
-        if self.memory_per_node is not None:
-            parse_memory(self.memory_per_node, "--memory-per-node")
+    # slurm: the interface the phase's own `env:` names for NCCL/Gloo (from the phases file, not
+    # a flag); None: each node decides at job start
+    FROM_PHASE = ("named_iface",)
+
+    __slots__ = ("_values",)
+    _values: dict[str, Any]
+
+    def __init__(self, **values: Any) -> None:
+        given = {name: value for name, value in values.items() if value is not None}
+        # Only given names are looked up: JobOptions() asks no backend, and a backend that replaces
+        # a built-in (register) may declare fewer options than the command line offers.
+        if given:
+            known = self.names()
+            unknown = [name for name in given if name not in known]
+            if unknown:
+                raise TypeError(f"JobOptions got unknown options: {', '.join(unknown)}")
+            order = list(known)
+            given = dict(sorted(given.items(), key=lambda item: order.index(item[0])))
+            # Checked here, whichever backend takes them: a bad count is bad input for any of them.
+            declared = opts.declared()
+            for name, value in given.items():
+                option = declared.get(name)
+                if option is None:
+                    continue
+                if option.bound is not None and value < option.bound.least:
+                    raise InputError(
+                        f"{option.cli_flag} {value} is out of range: {option.bound.why}.",
+                        f"Give {option.bound.hint}.",
+                    )
+                if option.check is not None:
+                    option.check(value, option.cli_flag)
+        object.__setattr__(self, "_values", given)
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        """Every option it takes: the backends' declarations, then those from the phases file."""
+        return (*opts.declared(), *JobOptions.FROM_PHASE)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._values:
+            return self._values[name]
+        if name in self.names():
+            return None
+        raise AttributeError(f"JobOptions has no option {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"JobOptions is immutable: use replace({name}=...)")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobOptions) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._values.items())))
+
+    def __repr__(self) -> str:
+        return f"JobOptions({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+    def replace(self, **changes: Any) -> JobOptions:
+        """A copy with `changes` (None: not given)."""
+        return JobOptions(**{**self._values, **changes})
 
     def given(self) -> list[str]:
-        """The options set, by field name, in field order."""
-        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+        """The options set, by name, in declaration order."""
+        return list(self._values)
 
     def cluster_flags(self) -> list[str]:
         """The cluster-describing options given, as flags."""
@@ -143,13 +157,10 @@ class JobOptions:
         )
 
 
-# JobOptions fields whose flag is not their name with dashes (--time-limit is the run's own limit).
-_FLAGS = {"time_limit": "--time"}
-
-
-def flag(field_name: str) -> str:
-    """The command-line flag of a JobOptions field."""
-    return _FLAGS.get(field_name) or "--" + field_name.replace("_", "-")
+def flag(name: str) -> str:
+    """The command-line flag of a JobOptions option."""
+    option = opts.declared().get(name)
+    return option.cli_flag if option is not None else "--" + name.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -166,7 +177,7 @@ class TrainRequest:
     dry_run: bool = False
     backend: str = "ssh"  # a name in labctl.train.backends
     output: Path | None = None  # folder for job files; None: the run's folder
-    job: JobOptions = JobOptions()
+    job: JobOptions = field(default_factory=JobOptions)
     detach: bool = False
     ranks: frozenset[int] | None = frozenset({0})  # ranks whose lines are shown; None: all
     # --time-limit as asked; the planner puts it on the LaunchSpec, where backends read it.

@@ -61,7 +61,7 @@ def named(text: str, command: str) -> bool:
 def test_status_names_the_bad_host_and_shows_the_good_one(lab: Path) -> None:
     proc = run(lab, "status")
     assert proc.returncode == 1, proc.stderr
-    assert named(proc.stderr, "status"), proc.stderr
+    assert named(proc.stderr, "monitor.status"), proc.stderr
     good = [line for line in proc.stderr.splitlines() if line.startswith("good")]
     assert good and "cpu" in good[0], proc.stderr
     proc = run(lab, "--json", "status")
@@ -79,7 +79,7 @@ def test_metrics_textfile_is_written_with_the_good_hosts_series(lab: Path, tmp_p
     out.mkdir()
     proc = run(lab, "metrics", "--textfile", str(out))
     assert proc.returncode == 1, proc.stderr
-    assert named(proc.stderr, "status"), proc.stderr
+    assert named(proc.stderr, "monitor.status"), proc.stderr
     text = (out / "labctl.prom").read_text()
     assert 'labctl_host_up{host="good"} 1.0' in text and 'labctl_host_up{host="bad"} 0.0' in text
     assert 'labctl_host_memory_total_bytes{host="good"}' in text
@@ -92,10 +92,10 @@ def test_facts_names_the_bad_host_and_shows_the_good_one(lab: Path) -> None:
     rows = {r["host"]: r for r in json.loads(proc.stdout)["results"]}
     assert rows["good"]["status"] == "ok" and rows["good"]["facts"]["memory"]["total_bytes"] > 0
     assert rows["bad"]["status"] == "failed" and rows["bad"]["facts"] is None
-    assert named(rows["bad"]["error"], "facts"), rows["bad"]
+    assert named(rows["bad"]["error"], "facts.collect"), rows["bad"]
     assert "labctl exec --limit bad" in rows["bad"]["hint"]
     proc = run(lab, "facts", "--no-torch")
-    assert proc.returncode == 1 and named(proc.stderr, "facts"), proc.stderr
+    assert proc.returncode == 1 and named(proc.stderr, "facts.collect"), proc.stderr
 
 
 def test_doctor_fails_the_bad_host_by_name_and_checks_the_good_one(lab: Path) -> None:

@@ -1,4 +1,4 @@
-"""Every agent answer is checked against its command's declared shape (labctl/agent/core/answers.py)
+"""Every agent answer is checked against the shape its handler declares (@command, labctl/agent/core/spec.py)
 where answers arrive (agent_ship.call_agent), and what passes the check is safe for the code that
 reads it: status, metrics, facts and doctor take any answer of the declared shape."""
 
@@ -17,22 +17,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from labctl.agent.commands import COMMANDS
-from labctl.agent.core.answers import (
-    ANSWERS,
-    EVENTS,
-    INT_LIMIT,
-    PER_ASKED,
-    TIME_LIMIT,
-    answer_problem,
-    malformed,
-    problem,
-)
+from labctl.agent.commands import COMMANDS, answer_problem, declared
+from labctl.agent.core.spec import EVENTS, INT_LIMIT, TIME_LIMIT, malformed, problem, shape_of
 from labctl.hosts import agent_ship
 from labctl.hosts.agent_ship import BAD_ANSWER, AgentFailed, agent_event, call_agent
 from labctl.hosts.context import Context
 from labctl.hosts.fanout import HostRun
 from labctl.inventory.model import Host
+
+# What each command's handler declares, read through the command table as the controller reads it.
+DECLARED = {name: declared(name) for name in COMMANDS}
+ANSWERS = {name: d.answers for name, d in DECLARED.items() if d is not None}
+PER_ASKED = {name: d.per_asked for name, d in DECLARED.items() if d is not None and d.per_asked}
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -70,8 +66,8 @@ def conforming(shape: Any) -> st.SearchStrategy[Any]:
 
 
 def test_every_command_declares_a_well_formed_answer_shape() -> None:
-    assert sorted(set(COMMANDS) - set(ANSWERS)) == [], "declare these commands' answers in answers.py"
-    assert sorted(set(ANSWERS) - set(COMMANDS)) == [], "answers.py declares commands the agent lacks"
+    assert sorted(set(COMMANDS) - set(ANSWERS)) == [], "declare these commands' answers with @command"
+    assert sorted(set(ANSWERS) - set(COMMANDS)) == [], "answers declared for commands the agent lacks"
     for command, shape in ANSWERS.items():
         assert malformed(shape) is None, (command, malformed(shape))
     for command, (answer_key, _) in PER_ASKED.items():
@@ -214,11 +210,11 @@ def test_status_metrics_and_alerts_take_any_status_answer_of_the_shape(sample: d
 def test_facts_and_doctor_take_any_facts_answer_of_the_shape(
     facts: dict[str, Any], cron: dict[str, Any], images: dict[str, Any]
 ) -> None:
-    from labctl.cli.facts_cmd import _render
     from labctl.doctor.checks import check_host, check_same_torch, check_tier, node_has
     from labctl.doctor.gather import HostFound
     from labctl.doctor.tiers import TIERS
     from labctl.facts.collect import mismatches
+    from labctl.facts.render import render_facts
     from labctl.hosts.fanout import HostResult
 
     facts = json.loads(json.dumps(facts))
@@ -234,7 +230,7 @@ def test_facts_and_doctor_take_any_facts_answer_of_the_shape(
         bond={"name": "bond0", "mode": "802.3ad", "interfaces": ["eth0", "eth1"]},
     )
     result = HostResult("m5", "ok", data=facts, extra={"mismatches": mismatches(host, facts)})
-    _render(Console(file=io.StringIO(), width=120), [result])
+    render_facts(Console(file=io.StringIO(), width=120), [result])
     found = HostFound(host, facts=facts, cron=json.loads(json.dumps(cron)), images=images["images"])
     check_host(found)
     check_same_torch([found])
@@ -268,3 +264,33 @@ def test_a_progress_event_labctl_cannot_read_is_no_event() -> None:
         "done": 4,
         "total": 8,
     }
+
+
+# -- an answer declared as a TypedDict ------------------------------------------------------------
+
+
+def test_a_typeddict_answer_is_the_shape_it_names() -> None:
+    from labctl.agent.orchestra.host import StateAnswer, StopAnswer
+
+    assert shape_of(StopAnswer) == {
+        "stopped": [{"model": "str", "pid": "int", "killed?": "bool"}],
+        "remaining": [{"model?": "str", "pid?": "int"}],
+        "absent?": ["str"],
+    }
+    state = shape_of(StateAnswer)
+    # Optional of a scalar is "X?", of an object a choice with null; NewType markers name the kinds
+    assert state["warm?"] == ({"models?": ["any"]}, "null")
+    assert state["servers"][0]["started?"] == "time?"
+    assert state["gpus?"][0]["compute_capability?"] == "cap?"
+    answer = {"servers": [{"model": "m", "pid": 1, "started": -1}]}
+    assert answer_problem("orchestra.state", answer) == (
+        "at servers[0].started: expected a time (seconds since 1970) or null, got int -1"
+    )
+
+
+def test_a_typeddict_cannot_say_an_argument_the_agent_checks() -> None:
+    from labctl.agent.core.spec import command
+    from labctl.agent.orchestra.host import StopAnswer
+
+    with pytest.raises(ValueError, match="StopAnswer is a TypedDict"):
+        command(takes={"last": [StopAnswer]}, answers={})

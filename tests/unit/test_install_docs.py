@@ -96,7 +96,7 @@ def test_train_settings_lists_every_setting_with_what_it_means() -> None:
 def test_facts_shows_memory_in_gib_as_the_host_counts_it() -> None:
     from rich.console import Console
 
-    from labctl.cli.facts_cmd import _render
+    from labctl.facts.render import render_facts
     from labctl.hosts.fanout import HostResult
 
     gib = 1 << 30
@@ -108,7 +108,7 @@ def test_facts_shows_memory_in_gib_as_the_host_counts_it() -> None:
         ],
     }
     console = Console(record=True, width=200, force_terminal=False)
-    _render(console, [HostResult("m5", "ok", data=data)])
+    render_facts(console, [HostResult("m5", "ok", data=data)])
     text = console.export_text()
     assert "RAM GiB (free)" in text and "64.0 (48.0)" in text
     assert "Tesla V100-PCIE-32GB 32.0 GiB cc7.0" in text

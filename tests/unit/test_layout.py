@@ -173,15 +173,18 @@ def test_the_agent_core_imports_no_feature() -> None:
 
 
 def test_every_agent_command_declares_the_arguments_it_takes() -> None:
-    """Each handler says its arguments with @takes (labctl/agent/core/argspec.py), so the agent
-    checks them once on dispatch: no command is left unchecked."""
+    """Each handler says what it takes and what it answers with @command (labctl/agent/core/spec.py),
+    so the agent checks its args once on dispatch and the controller checks its answer: no command
+    is left unchecked either way."""
     from labctl.agent import commands
-    from labctl.agent.core import argspec
+    from labctl.agent.core import spec
 
-    unchecked = [
-        name for name in sorted(commands.COMMANDS) if argspec.spec_of(commands.resolve(name)) is None
-    ]
+    unchecked = [name for name in sorted(commands.COMMANDS) if spec.spec_of(commands.resolve(name)) is None]
     assert unchecked == []
+    for name in commands.COMMANDS:
+        declared = spec.spec_of(commands.resolve(name))
+        assert declared is not None and isinstance(declared.takes, spec.Takes), name
+        assert declared.answers is not None and spec.malformed(declared.answers) is None, name
 
 
 def test_the_inventory_contract_loads_without_any_feature(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from labctl.agent import commands
-from labctl.agent.core.answers import answer_problem
+from labctl.agent.commands import answer_problem
 from labctl.agent.core.errors import AgentError
 from labctl.agent.modelload import formats
 from labctl.agent.modelload.formats import (

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from labctl.agent import commands
-from labctl.agent.core import answers, paths
+from labctl.agent.commands import answer_problem
+from labctl.agent.core import paths, spec
 from labctl.agent.monitor import status as agent_status
 
 # Recorded from `nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,compute_cap,
@@ -371,7 +372,7 @@ def test_history_skips_and_counts_lines_holding_inf_nan_or_a_time_out_of_range(t
         assert [r["t"] for r in samples] == [100.0, 110.0] + ([130.0] if record else [])
         notes = [r["note"] for r in out if "note" in r]
         assert notes == [f"{len(DAMAGED)} damaged line(s) of {path} skipped"]
-    assert answers.problem(answers.STATUS["history?"], samples) is None
+    assert spec.problem(agent_status.STATUS["history?"], samples) is None
 
 
 @pytest.mark.usefixtures("recorded_nvidia_smi")
@@ -383,7 +384,7 @@ def test_status_answers_with_a_history_holding_1e999(history_in_tmp: Path) -> No
     assert len(out["history"]) == 2 and out["history_notes"] == [
         f"1 damaged line(s) of {history_in_tmp} skipped"
     ]
-    assert answers.answer_problem("monitor.status", out) is None
+    assert answer_problem("monitor.status", out) is None
 
 
 def _write_history(path: str, t: float, barrier: Any) -> None:

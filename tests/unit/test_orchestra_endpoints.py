@@ -22,8 +22,10 @@ from labctl.agent.orchestra.host import publish_command
 from labctl.documents.validation import DocumentError
 from labctl.inventory.load import load_inventory
 from labctl.orchestra.endpoints import consumers, endpoints_doc, serving_facts
-from labctl.orchestra.rotate import _Executor, start_args
+from labctl.orchestra.rotate import start_args
 from labctl.orchestra.spec import RemoteTier, load_orchestra
+from labctl.orchestra.steps.publish import publish
+from labctl.orchestra.steps.state import Rotation
 from tests.unit.test_orchestra_server import call, in_flight, slow_server
 
 LAB = """\
@@ -228,9 +230,8 @@ def test_a_file_without_the_new_fields_is_read_with_the_orchestra_files_defaults
 def test_the_rotation_publishes_each_models_facts(
     inventory: Any, orch: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """rotate._publish: the document it sends every host that trains carries serving_facts."""
-    import labctl.hosts.agent_ship as agent_ship
-    import labctl.hosts.fanout as fanout
+    """steps.publish: the document it sends every host that trains carries serving_facts."""
+    import labctl.orchestra.steps.publish as publish_step
 
     sent: list[dict[str, Any]] = []
 
@@ -239,17 +240,17 @@ def test_the_rotation_publishes_each_models_facts(
         sent.append(args["endpoints"])
         return {}
 
-    monkeypatch.setattr(agent_ship, "call_agent", call_agent)
+    monkeypatch.setattr(publish_step, "call_agent", call_agent)
     monkeypatch.setattr(
-        fanout, "fan_out", lambda ctx, hosts, step, **kw: [step(SimpleNamespace(host=h)) for h in hosts]
+        publish_step, "fan_out", lambda ctx, hosts, step, **kw: [step(SimpleNamespace(host=h)) for h in hosts]
     )
-    ex = object.__new__(_Executor)
+    ex = object.__new__(Rotation)
     ex.ctx = SimpleNamespace(inventory=inventory)
     ex.orch, ex.files, ex.warm = orch, FILES, WARM
     ex.hosts = {n: inventory.hosts[n] for n in WARM}
     ex.consumers = consumers(inventory)
     ex.result = SimpleNamespace(published=[])
-    ex._publish("joined")
+    publish(ex, "joined")
     assert len(sent) == 2  # gpu1 and trainer
     assert sent[0] == endpoints_doc("two", ex.hosts, WARM, orch.remote, facts=serving_facts(orch, FILES))
     assert [m["context"] for m in sent[0]["models"]] == [64, 4096, 2048, None]

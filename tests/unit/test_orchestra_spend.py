@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from labctl.agent.core.answers import answer_problem
+from labctl.agent.commands import answer_problem
 from labctl.agent.orchestra.client import Answer, Endpoint
 from labctl.agent.orchestra.spend import Ledger, RemoteUse, SpendError, chosen, month_of, status
 from labctl.monitor import metrics

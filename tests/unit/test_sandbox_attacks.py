@@ -244,7 +244,7 @@ def test_the_selftest_table_renders_each_host_row_with_what_was_left_on_the_host
 
     from rich.console import Console
 
-    from labctl.cli.sandbox_cmd import render_selftest
+    from labctl.sandbox.render import render_selftest
 
     doc = {
         "hosts": ["irina"],

@@ -105,7 +105,7 @@ def test_demux_one_enormous_frame_stays_within_the_cap(cap: int) -> None:
 
 
 def test_the_run_summary_says_no_exit_code_after_a_timeout() -> None:
-    from labctl.cli.sandbox_cmd import summary
+    from labctl.sandbox.render import summary
 
     killed = {"lang": "python", "exit_code": None, "wall_ms": 1052, "timed_out": True}
     assert summary(killed).startswith("sandbox: python, no exit code, 1052 ms")

@@ -5,7 +5,6 @@ read from `LaunchSpec.time_limit_s` alone."""
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 import json
 from pathlib import Path
@@ -49,7 +48,7 @@ def test_every_builtin_backend_implements_the_whole_protocol(name: str) -> None:
     assert isinstance(backend.uses_lab_hosts, bool)
     # The lab's hosts plan every run except a cloud platform's session.
     assert backend.uses_lab_hosts == (backend.runs_on is not RunsOn.PLATFORM)
-    fields = {f.name for f in dataclasses.fields(JobOptions)} - NOT_FLAGS
+    fields = set(JobOptions.names()) - NOT_FLAGS
     assert isinstance(backend.options, tuple)
     for option in backend.options:
         assert isinstance(option, Option) and option.name in fields, option
@@ -61,7 +60,7 @@ def test_every_builtin_backend_implements_the_whole_protocol(name: str) -> None:
 
 def test_every_flag_of_a_job_is_some_backends_option_and_the_cluster_ones_are_shared() -> None:
     declared = {o.name for n in BUILTIN for o in backends.get(n).options}
-    assert declared == {f.name for f in dataclasses.fields(JobOptions)} - NOT_FLAGS
+    assert declared == set(JobOptions.names()) - NOT_FLAGS
     assert tuple(o.name for o in jobs.CLUSTER_OPTIONS) == CLUSTER_FIELDS
     for name in ("slurm", "k8s", "trainjob"):
         assert set(CLUSTER_FIELDS) <= {o.name for o in backends.get(name).options}

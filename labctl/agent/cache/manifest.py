@@ -18,9 +18,28 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..core import paths
-from ..core.argspec import NUMBER_OR_NULL, Opt, Or, takes
 from ..core.errors import AgentError
 from ..core.fsutil import write_json
+from ..core.spec import NUMBER_OR_NULL, Opt, Or, command
+
+# What this feature's answers share (labctl/agent/core/spec.py's shape language).
+CACHE_FILE = {"path": "str", "size": "int", "mtime_ns?": "int?"}
+CACHE_MODEL = {
+    "name?": "str",
+    "files?": [CACHE_FILE],
+    "bytes?": "int?",
+    "chunk_size?": "int?",
+    "present?": "bool",
+    "disk_bytes?": "int?",
+    # What the host's manifest.json holds, as far as the agent checks it (a damaged one is set
+    # aside there); the rest only shows.
+    "last_used?": "num?",
+    "verified_at?": "num?",
+    "pinned?": "any",
+    "source?": "any",
+}
+REPAIRS = ["str"]
+EVICTED = [{"name": "str", "bytes": "int?", "partial?": "bool"}]
 
 META = paths.CACHE_META
 MANIFEST_VERSION = 1
@@ -437,7 +456,34 @@ def load_state(cache: Cache, name: str) -> Optional[Dict[str, Any]]:
     return None
 
 
-@takes(cache=str, size_gb=Opt(NUMBER_OR_NULL, None))
+@command(
+    takes={"cache": "str", "size_gb": Opt(NUMBER_OR_NULL, None)},
+    answers={
+        "cache": "str",
+        "exists": "bool",
+        "mounted?": "bool",
+        "fstype?": "str?",
+        "capacity_bytes?": "int?",
+        "used_bytes?": "int?",
+        "free_bytes?": "int?",
+        "models?": {"*": CACHE_MODEL},
+        "partials?": [
+            {
+                "name": "str",
+                "total_bytes?": "int",
+                "done_bytes?": "int",
+                "disk_bytes?": "int?",
+                "chunk_size?": "int?",
+                "files?": {"*": {"size?": "int?", "mtime_ns?": "int?"}},
+                "source?": "any",
+                "updated?": "num?",
+            }
+        ],
+        "untracked?": ["str"],
+        "now?": "time",
+        "repairs?": REPAIRS,
+    },
+)
 def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """What a cache holds and how much room it has; the controller plans from this."""
     path = args["cache"]
@@ -501,7 +547,10 @@ def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
 # Maintenance: evict, pin, touch (verify is in verify.py)
 
 
-@takes(cache=str, models=Or(list, []), force=Opt(bool, False))
+@command(
+    takes={"cache": "str", "models": Or(["any"], []), "force": Opt("bool", False)},
+    answers={"evicted": EVICTED, "not_cached": ["str"], "pinned": ["str"], "repairs?": REPAIRS},
+)
 def evict_command(args: Dict[str, Any]) -> Dict[str, Any]:
     cache = Cache(args["cache"])
     force = args["force"]
@@ -532,7 +581,10 @@ def _evict_locked(cache: Cache, names: List[str], force: bool) -> Dict[str, Any]
     return out
 
 
-@takes(cache=str, model=object, pinned=Opt(bool, True))
+@command(
+    takes={"cache": "str", "model": "any", "pinned": Opt("bool", True)},
+    answers={"model": "str", "pinned": "bool", "changed": "bool", "repairs?": REPAIRS},
+)
 def pin_command(args: Dict[str, Any]) -> Dict[str, Any]:
     cache = Cache(args["cache"])
     name = check_name(args["model"])
@@ -585,7 +637,10 @@ def touch_path(path: str) -> Optional[float]:
         parent = os.path.dirname(parent)
 
 
-@takes(cache=Or(str, ""), model=Opt(object, None), path=Or(str, ""))
+@command(
+    takes={"cache": Or("str", ""), "model": Opt("any", None), "path": Or("str", "")},
+    answers={"touched": "bool", "last_used?": "time?"},
+)
 def touch_command(args: Dict[str, Any]) -> Dict[str, Any]:
     if args["path"] and not args["cache"]:
         when = touch_path(args["path"])

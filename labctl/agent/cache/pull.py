@@ -17,12 +17,13 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from ..core.argspec import NUMBER_OR_NULL, Opt, Or, takes
 from ..core.errors import AgentError
 from ..core.fsutil import write_json
+from ..core.spec import NUMBER_OR_NULL, Opt, Or, command
 from .manifest import (
     BLOCK,
     DEFAULT_CHUNK,
+    EVICTED,
     Cache,
     Folder,
     check_name,
@@ -407,24 +408,50 @@ def _shutdown_source(address: str, port: int, token: str) -> None:
         pass  # the controller closes the server's channel anyway
 
 
-@takes(
-    cache=Opt((str, None), None),
-    into=Or(str, ""),
-    meta=Or(str, ".labctl-pull"),
-    address=str,
-    port=int,
-    token=Or(object, ""),
-    token_file=Or(str, ""),
-    chunk_size=Or(int, DEFAULT_CHUNK),
-    streams=Or(int, 2),
-    source=Or(str, ""),
-    stop_after_chunks=Or(int, 0),
-    shutdown_source=Opt(bool, True),
-    models=Or(list, []),
-    size_gb=Opt(NUMBER_OR_NULL, None),
-    evict=Or(list, []),
-    evict_partials=Or(list, []),
-    all_or_nothing=Opt(bool, False),
+@command(
+    takes={
+        "cache": Opt("str?", None),
+        "into": Or("str", ""),
+        "meta": Or("str", ".labctl-pull"),
+        "address": "str",
+        "port": "int",
+        "token": Or("any", ""),
+        "token_file": Or("str", ""),
+        "chunk_size": Or("int", DEFAULT_CHUNK),
+        "streams": Or("int", 2),
+        "source": Or("str", ""),
+        "stop_after_chunks": Or("int", 0),
+        "shutdown_source": Opt("bool", True),
+        "models": Or(["any"], []),
+        "size_gb": Opt(NUMBER_OR_NULL, None),
+        "evict": Or(["any"], []),
+        "evict_partials": Or(["any"], []),
+        "all_or_nothing": Opt("bool", False),
+    },
+    answers={
+        "models": [
+            {
+                "name": "str",
+                "bytes?": "int",
+                "chunks": "int",
+                "fetched_bytes": "int",
+                "fetched_chunks": "int",
+                "resumed_bytes": "int",
+                "resumed_chunks": "int",
+                "committed": "bool",
+                "path": "str",
+            }
+        ],
+        "evicted?": EVICTED,
+        "fetched_bytes?": "int",
+        "resumed_bytes?": "int",
+        "retries?": "int",
+        "streams?": "int",
+        "chunk_size?": "int",
+        "seconds?": "num",
+        "verify_seconds?": "num",
+        "rate_bytes_per_s?": "num",
+    },
 )
 def pull_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Evict what the controller planned, then copy the models from the storage host.

@@ -18,10 +18,20 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..core.accepting import Accepting, listen_on
-from ..core.argspec import Opt, Or, takes
 from ..core.errors import AgentError
 from ..core.fsutil import write_json
-from .manifest import BLOCK, DEFAULT_CHUNK, META, check_name, chunk_ranges, emit, inside, read_json
+from ..core.spec import Opt, Or, command
+from .manifest import (
+    BLOCK,
+    CACHE_FILE,
+    DEFAULT_CHUNK,
+    META,
+    check_name,
+    chunk_ranges,
+    emit,
+    inside,
+    read_json,
+)
 
 MAX_LINE = 1 << 16
 MAX_RANGE = 1 << 30
@@ -128,7 +138,15 @@ def _available(root: str, limit: int = 40) -> List[str]:
         return []
 
 
-@takes(root=str, models=Or(list, []), chunk_size=Or(int, DEFAULT_CHUNK))
+@command(
+    takes={"root": "str", "models": Or(["any"], []), "chunk_size": Or("int", DEFAULT_CHUNK)},
+    answers={
+        "root?": "str",
+        "models": {"*": {"name?": "str", "files": [CACHE_FILE], "bytes": "int", "chunk_size?": "int"}},
+        "missing?": ["str"],
+        "available?": ["str"],
+    },
+)
 def list_command(args: Dict[str, Any]) -> Dict[str, Any]:
     root = args["root"]
     models, missing, _ = list_models(root, list(args["models"]), args["chunk_size"])
@@ -318,15 +336,18 @@ def send_line(sock: socket.socket, obj: Dict[str, Any]) -> None:
     sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
 
 
-@takes(
-    root=str,
-    models=Or(list, []),
-    chunk_size=Or(int, DEFAULT_CHUNK),
-    idle_timeout=Or(float, 120.0),
-    allow_missing=Opt(bool, False),
-    bind=Or(str, ""),
-    port=Or(int, 0),
-    hash_cache=Opt(bool, True),
+@command(
+    takes={
+        "root": "str",
+        "models": Or(["any"], []),
+        "chunk_size": Or("int", DEFAULT_CHUNK),
+        "idle_timeout": Or("num", 120.0),
+        "allow_missing": Opt("bool", False),
+        "bind": Or("str", ""),
+        "port": Or("int", 0),
+        "hash_cache": Opt("bool", True),
+    },
+    answers={"port?": "int", "bytes_sent?": "int", "connections?": "int", "seconds?": "num"},
 )
 def serve_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Serve the named models until told to stop, idle for `idle_timeout`, or killed."""

@@ -6,12 +6,28 @@ import os
 import time
 from typing import Any, Dict, List
 
-from ..core.argspec import Opt, Or, takes
 from ..core.fsutil import write_json
-from .manifest import BLOCK, DEFAULT_CHUNK, Cache, check_name, chunk_ranges, hash_range, timestamp
+from ..core.spec import Opt, Or, command
+from .manifest import BLOCK, DEFAULT_CHUNK, REPAIRS, Cache, check_name, chunk_ranges, hash_range, timestamp
 
 
-@takes(cache=str, models=Or(list, []), repair=Opt(bool, True))
+@command(
+    takes={"cache": "str", "models": Or(["any"], []), "repair": Opt("bool", True)},
+    answers={
+        "models": [
+            {
+                "name": "str",
+                "status": "str",
+                "bytes?": "int?",
+                "seconds?": "num",
+                "bad?": [{"path": "str", "chunks": ["int"]}],
+                "chunk_size?": "int",
+                "moved_to_partial?": "bool",
+            }
+        ],
+        "repairs?": REPAIRS,
+    },
+)
 def verify_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Re-hash cached models against the manifest. With `repair`, a corrupt model leaves the
     manifest and goes back to the partial folder with its good chunks recorded, so the next

@@ -14,18 +14,37 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional
 
-from ..core.argspec import Opt, Or, takes
 from ..core.errors import AgentError
 from ..core.fsutil import fsync_dir
+from ..core.spec import Opt, Or, command
 from ..train.ckpt import CheckpointDir, manifest_name, pt_name
 from . import library as lib
+
+# What this feature's answers share (labctl/agent/core/spec.py's shape language).
+CKPT_ENTRY: Dict[str, Any] = {
+    "run_id": "str",
+    "step": "int",
+    "path": "str",
+    "bytes?": "int?",
+    "record?": ({}, "null"),
+}
 
 
 def _library_error(exc: lib.LibraryError) -> AgentError:
     return AgentError(str(exc), "bad_args")
 
 
-@takes(dir=str, step=Opt((int, None), None))
+@command(
+    takes={"dir": "str", "step": Opt("int?", None)},
+    answers={
+        "exists": "bool",
+        "step": "int?",
+        "bytes?": "int?",
+        "sha256?": "str?",
+        "files?": ["str"],
+        "skipped": [{"step": "int", "reason?": "str?"}],
+    },
+)
 def newest_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """The newest valid checkpoint in a run's checkpoint folder on this host (re-hashed),
     and the newer ones skipped with their reason. With `step`: that step, if it is valid
@@ -70,7 +89,10 @@ def _entry_json(e: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-@takes(lib=str, run_id=Opt((str, None), None))
+@command(
+    takes={"lib": "str", "run_id": Opt("str?", None)},
+    answers={"exists": "bool", "entries": [CKPT_ENTRY], "incoming?": ["str"]},
+)
 def list_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """The committed copies (nothing hashed); incoming copies are counted, never listed as copies."""
     root = args["lib"]
@@ -95,7 +117,10 @@ def list_command(args: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-@takes(lib=str, run_id=str, step=int, record=Or(dict, {}))
+@command(
+    takes={"lib": "str", "run_id": "str", "step": "int", "record": Or({}, {})},
+    answers=dict(CKPT_ENTRY, **{"existed": "bool"}),
+)
 def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     try:
         entry = lib.commit(args["lib"], args["run_id"], args["step"], dict(args["record"]))
@@ -107,7 +132,10 @@ def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-@takes(lib=str, copies=Or(list, []))
+@command(
+    takes={"lib": "str", "copies": Or(["any"], [])},
+    answers={"removed": [{"run_id": "str", "step": "int"}]},
+)
 def remove_command(args: Dict[str, Any]) -> Dict[str, Any]:
     root = args["lib"]
     removed = []
@@ -122,12 +150,18 @@ def remove_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return {"lib": root, "removed": removed}
 
 
-@takes(
-    lib=str,
-    run_id=Opt((str, None), None),
-    copies=Opt((list, None), None),
-    mark=Opt(bool, False),
-    remove_damaged=Opt(bool, False),
+@command(
+    takes={
+        "lib": "str",
+        "run_id": Opt("str?", None),
+        "copies": Opt((["any"], "null"), None),
+        "mark": Opt("bool", False),
+        "remove_damaged": Opt("bool", False),
+    },
+    answers={
+        "exists?": "bool",
+        "entries": [dict(CKPT_ENTRY, **{"status": "str", "reason?": "str?"})],
+    },
 )
 def verify_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Re-hash every committed copy (of `run_id`, or only `copies`: [[run_id, step]]) against
@@ -158,7 +192,10 @@ def verify_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return {"lib": root, "exists": os.path.isdir(root), "entries": out}
 
 
-@takes(dir=object, staging=object, step=int, sha256=Opt((str, None), None))
+@command(
+    takes={"dir": "any", "staging": "any", "step": "int", "sha256": Opt("str?", None)},
+    answers={"dir": "str", "step": "int", "files": ["str"], "sha256?": "str?"},
+)
 def restore_commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """{dir, staging, step, sha256}: a restored checkpoint, whole in the hidden folder `staging`
     inside `dir`, checked here on arrival against its manifest and the library's sha256, then

@@ -19,11 +19,15 @@ from typing import Any, Dict, List
 
 from ..cache.manifest import check_name
 from ..core import paths
-from ..core.argspec import Opt, Or, takes
 from ..core.errors import AgentError
 from ..core.fsutil import fsync_dir, write_atomic
+from ..core.spec import Opt, Or, command
 from ..train.ckpt import pt_name
 from . import library as ckpt_library
+from .library_cmds import CKPT_ENTRY
+
+# What this feature's answers share (labctl/agent/core/spec.py's shape language).
+PUBLISHED_FILES = {"*": {"size": "int", "sha256": "str"}}
 
 PARTS = ".parts"
 MODEL_INCOMING = ".incoming-"
@@ -92,7 +96,18 @@ def _parts(args: Dict[str, Any]) -> List[Dict[str, Any]]:
 # -- the checkpoint library ------------------------------------------------------------------
 
 
-@takes(lib=object, run_id=object, steps=Or(list, []))
+@command(
+    takes={"lib": "any", "run_id": "any", "steps": Or(["any"], [])},
+    answers={
+        "steps": {
+            "*": {
+                "committed": ({"path": "str", "sha256?": "str?", "damaged?": "str?"}, "null"),
+                "parts": PUBLISHED_FILES,
+            }
+        }
+    },
+    per_asked=("steps", "steps"),
+)
 def ckpt_state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """{lib, run_id, steps} -> per step: the committed copy (its sha256, and why it is damaged:
     re-hashed here, so a pull replaces a damaged copy rather than calling it present), or
@@ -123,7 +138,10 @@ def _run_id(args: Dict[str, Any]) -> str:
         raise AgentError(str(exc), "bad_args") from None
 
 
-@takes(lib=object, run_id=object, step=int, parts=Opt(object, None), record=Or(dict, {}))
+@command(
+    takes={"lib": "any", "run_id": "any", "step": "int", "parts": Opt("any", None), "record": Or({}, {})},
+    answers=dict(CKPT_ENTRY, **{"existed": "bool"}),
+)
 def ckpt_commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """{lib, run_id, step, parts, record}: join the .pt from its parts beside its uploaded
     manifest, then `ckpt_library.commit` (which verifies it against the manifest, and
@@ -171,7 +189,15 @@ def _file_name(name: Any) -> str:
     return name
 
 
-@takes(models=object, name=object)
+@command(
+    takes={"models": "any", "name": "any"},
+    answers={
+        "path": "str",
+        "exists": "bool",
+        "files": PUBLISHED_FILES,
+        "parts": PUBLISHED_FILES,
+    },
+)
 def model_state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """{models, name} -> the model's files if it is in the library, and the parts already here."""
     root = _abs(args, "models")
@@ -186,7 +212,10 @@ def model_state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-@takes(models=object, name=object, files=Opt(object, None))
+@command(
+    takes={"models": "any", "name": "any", "files": Opt("any", None)},
+    answers={"path": "str", "files": PUBLISHED_FILES, "written?": ["str"]},
+)
 def model_publish_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """{models, name, files: [{name, parts, size, sha256}]}: each file joined from its parts and
     checked whole against the size and sha256 the controller exported, then the folder renamed

@@ -18,7 +18,7 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..core import paths, textedit
-from ..core.argspec import takes
+from ..core.spec import command
 
 CRON_DIR = "/etc/cron.d"
 UNIT_DIR = "/etc/systemd/system"
@@ -176,7 +176,23 @@ def daemons() -> Dict[str, Any]:
     return {"cron": cron_daemons(), "systemd": os.path.isdir("/run/systemd/system")}
 
 
-@takes()
+@command(
+    takes={},
+    answers={
+        "jobs": [
+            {
+                "name": "str",
+                "backend?": "str?",
+                "schedule?": "str?",
+                "last?": ({"rc?": "int?", "end?": "time?"}, "null"),
+                "next?": "time?",
+                "daemon_running?": "bool",
+            }
+        ],
+        "daemons?": {"cron?": ["int"], "systemd?": "bool"},
+        "time?": "time",
+    },
+)
 def list_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {} -> {"jobs": [{name, backend, file, schedule, command, user, line, last, next,
     daemon_running}], "daemons": {"cron": [pid], "systemd": bool}, "time": now}."""

@@ -15,16 +15,84 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypedDict
 
 from .. import AGENT_VERSION
-from ..core.argspec import Opt, takes
 from ..core.errors import AgentError
 from ..core.gpus import gather_gpus, torch_facts
 from ..core.launch import torch_env_facts
 from ..core.parsers import memory_from_meminfo, parse_cpuinfo, parse_meminfo, parse_os_release
+from ..core.spec import Cap, Num, Opt, command
 from .nics import gather_nics
 from .storage import gather_disks, gather_mounts
+
+# What this feature's answers share (labctl/agent/core/spec.py's shape language).
+ERROR_ENTRY = {"error": "any"}  # what a section that failed holds instead of its value
+
+
+class GPU(TypedDict, total=False):
+    """One GPU as core/gpus.py reports it (a type, so that the orchestra's typed answers hold it)."""
+
+    index: int
+    name: Optional[str]
+    uuid: Optional[str]
+    memory_total_bytes: Optional[int]
+    memory_used_bytes: Optional[int]
+    compute_capability: Optional[Cap]
+    driver_version: Optional[str]
+    cuda_driver_version: Optional[str]
+    utilization_pct: Optional[Num]
+    temperature_c: Optional[Num]
+    power_w: Optional[Num]
+    pci_bus_id: Optional[str]
+
+
+TORCH = {
+    "installed?": "bool",
+    "version?": "str?",
+    "cuda?": "str?",
+    "cuda_available?": "bool",
+    "arch_list?": ["str"],
+    "nccl?": "str?",
+    "error?": "str?",
+    "cuda_error?": "str?",
+}
+NIC = {
+    "name": "str",
+    "operstate?": "str?",
+    "speed_mbps?": "num?",
+    "addresses?": ["str"],
+    "is_bond?": "bool",
+    "master?": "str?",
+    "virtual?": "bool",
+    "bond?": ({"mode?": "str?", "mii_status?": "str?", "slaves?": [{"name?": "str?"}]}, "null"),
+}
+FACTS = {
+    "os?": {"system?": "str?", "distro?": ({"id?": "str?", "version_id?": "str?"}, "null")},
+    "cpu?": {"logical_cpus?": "int?", "physical_cores?": "int?", "model?": "str?"},
+    "memory?": {"total_bytes?": "int", "available_bytes?": "int"},
+    "gpu_source?": "str",
+    "gpus?": ([GPU], ERROR_ENTRY),
+    "nics?": ([NIC], ERROR_ENTRY),
+    "mounts?": (
+        [
+            {
+                "mountpoint": "str",
+                "fstype?": "str?",
+                "size_bytes?": "int?",
+                "used_bytes?": "int?",
+                "free_bytes?": "int?",
+            }
+        ],
+        ERROR_ENTRY,
+    ),
+    "disks?": ([{"size_bytes?": "int?", "removable?": "bool?"}], ERROR_ENTRY),
+    "python?": {"version?": "str"},
+    "torch?": TORCH,
+    "torch_env?": {},  # the provisioning record on the host, shown as it is
+    "docker?": {"cli?": "str?", "server_version?": "str?"},
+    "labctl?": {},
+}
 
 DOCKER_TIMEOUT_S = 3.0
 DEFAULT_TIMEOUT_S = 30.0
@@ -190,7 +258,14 @@ def _selected_sections(args: Dict[str, Any]) -> Tuple[List[str], bool]:
     return [n for n in SECTIONS if n in names], torch_skipped
 
 
-@takes(sections=Opt((list, None), None), torch=Opt(bool, True), timeout_s=Opt(float, DEFAULT_TIMEOUT_S))
+@command(
+    takes={
+        "sections": Opt((["any"], "null"), None),
+        "torch": Opt("bool", True),
+        "timeout_s": Opt("num", DEFAULT_TIMEOUT_S),
+    },
+    answers=FACTS,
+)
 def gather_facts(args: Dict[str, Any]) -> Dict[str, Any]:
     """Run the selected sections concurrently and assemble the answer."""
     start = time.monotonic()

@@ -17,8 +17,8 @@ import re
 import struct
 from typing import IO, Any, Dict, List, Optional, Tuple
 
-from ..core.argspec import takes
 from ..core.errors import AgentError
+from ..core.spec import command
 from ..models.tinylm import check_config
 from .loader import INDEX_NAME, FormatError, model_files, read_header
 
@@ -775,7 +775,11 @@ def kv_cache_bytes(desc: Dict[str, Any], context: int, bytes_per_elem: int = 2) 
     return 2 * desc["layers"] * desc["kv_heads"] * desc["head_dim"] * context * bytes_per_elem
 
 
-@takes(paths=list)
+@command(
+    takes={"paths": ["any"]},
+    answers={"models": {"*": {"format?": "str", "problems?": ["str"], "error?": "str"}}},
+    per_asked=("models", "paths"),
+)
 def model_describe_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Agent command: {paths: [folder or .gguf, ...]} -> {models: {path: describe(path) or {error}}}."""
     paths = args["paths"]

@@ -22,9 +22,9 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..core.argspec import NUMBER_OR_NULL, Opt, takes
 from ..core.errors import AgentError
 from ..core.fsutil import write_atomic
+from ..core.spec import NUMBER_OR_NULL, Opt, command
 from ..models.tinylm import (
     DTYPE_BYTES,
     DTYPE_NAMES,
@@ -213,19 +213,22 @@ def make_model(
     }
 
 
-@takes(
-    path=Opt(object, None),
-    models=Opt(object, None),
-    name=Opt(object, None),
-    size_gb=Opt(float, 1.0),
-    seed=Opt(int, 0),
-    shard_gb=Opt(NUMBER_OR_NULL, None),
-    dtype=Opt(str, "bf16"),
-    format=Opt(str, "tinylm"),
-    python=Opt(object, None),
-    kind=Opt(str, "random"),
-    hint_matters=Opt(bool, False),
-    tasks=Opt(int, 8),
+@command(
+    takes={
+        "path": Opt("any", None),
+        "models": Opt("any", None),
+        "name": Opt("any", None),
+        "size_gb": Opt("num", 1.0),
+        "seed": Opt("int", 0),
+        "shard_gb": Opt(NUMBER_OR_NULL, None),
+        "dtype": Opt("str", "bf16"),
+        "format": Opt("str", "tinylm"),
+        "python": Opt("any", None),
+        "kind": Opt("str", "random"),
+        "hint_matters": Opt("bool", False),
+        "tasks": Opt("int", 8),
+    },
+    answers={"path": "str", "files": [{}], "bytes": "int", "seconds": "num"},
 )
 def make_model_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Agent command: {models, name | path, size_gb, dtype="bf16", seed=0, shard_gb=None,

@@ -15,8 +15,11 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from ..core.argspec import Opt, takes
 from ..core.errors import AgentError
+from ..core.spec import Opt, command
+
+# What this feature's answers share (labctl/agent/core/spec.py's shape language).
+STAGE = {"bytes?": "int", "seconds?": "num", "skipped?": "str"}
 
 GB = 1e9
 
@@ -53,7 +56,10 @@ def model_files(path: str) -> List[str]:
     return files
 
 
-@takes(path=str)
+@command(
+    takes={"path": "str"},
+    answers={"bytes": "int", "seconds": "num", "fstype?": "str?"},
+)
 def read_cold_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """storage_cold: read a model's files once with their pages dropped first (stdlib only)."""
     files = model_files(args["path"])
@@ -134,7 +140,14 @@ def warm_up(torch: Any, config: Dict[str, Any], tensors: Dict[str, Any], device:
 CUDA_INIT = "import time, torch; t = time.perf_counter(); torch.cuda.init(); torch.empty(1, device=%r); torch.cuda.synchronize(); print(time.perf_counter() - t)"
 
 
-@takes(path=str, device=Opt(str, "cpu"), seq=Opt(int, 128), reps=Opt(int, 3))
+@command(
+    takes={"path": "str", "device": Opt("str", "cpu"), "seq": Opt("int", 128), "reps": Opt("int", 3)},
+    answers={
+        "stages": {"ram_cache": {"bytes": "int", "seconds?": "num"}, "*": STAGE},
+        "memcpy_gbps?": "num?",
+        "h2d_pinned_gbps?": "num?",
+    },
+)
 def load_stages_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """ram_cache, h2d, cuda_init, warmup and forward for the model at args["path"]."""
     import torch

@@ -22,14 +22,81 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..core import paths, procs
-from ..core.argspec import Opt, Or, takes
 from ..core.fsutil import write_atomic
 from ..core.gpus import GpuQueryError, gather_gpus
 from ..core.parsers import memory_from_meminfo, parse_meminfo, parse_mounts
+from ..core.spec import Opt, Or, command
+from ..facts.collect import GPU
 from ..orchestra import spend
 from ..train.limit import process_age
 from ..train.runlog import events as runlog_events
 from ..train.runlog import tail_lines
+
+# What this feature's answers share (labctl/agent/core/spec.py's shape language).
+# A training run on the host, as `monitor.status` reports it. The step figures are what the run's script
+# logged (the reference trainer's, or --script's own), so they are "any": their readers check them.
+RUN = {
+    "run_id": "str",
+    "state?": "str?",
+    "step?": "any",
+    "steps?": "any",
+    "loss?": "any",
+    "tokens_per_s?": "any",
+    "best_loss?": "num?",
+    "best_step?": "any",
+    "nccl_errors?": "int",
+    "last_nccl_error?": "str?",
+    "reward?": "any",
+    "exec_success_rate?": "any",
+    "programs_run?": "any",
+    "rotation_wait_s?": "any",
+    "orchestra_ms?": "any",
+    "gpus?": (["int"], "null"),
+    "started?": "time?",
+}
+STATUS = {
+    "time": "time",
+    "hostname?": "str?",
+    "cpu?": {"count?": "int", "load?": ["num"], "busy_pct?": "num?"},
+    "memory": {"total_bytes?": "int", "available_bytes?": "int", "used_bytes": "int"},
+    "cache?": (
+        {"path?": "str?", "mounted?": "bool", "size_bytes?": "int?", "used_bytes?": "int?"},
+        "null",
+    ),
+    "gpus?": [GPU],
+    "gpu_source?": "str?",
+    "gpu_error?": "str?",
+    "warm?": [{"model?": "str", "gpu?": "any", "port?": "any"}],  # gpu, port: as warm.json has them
+    "runs?": [RUN],
+    "history?": [
+        {
+            "t": "time",
+            "memory_used_bytes?": "int?",
+            "gpus?": [{"index?": "int?", "memory_used_pct?": "num?", "utilization_pct?": "num?"}],
+        }
+    ],
+    "history_error?": "str?",
+    "history_notes?": ["str"],
+    # agent/orchestra/spend.py status(): null on a host with no remote tier's spend or budget.
+    "remote_spend?": (
+        {
+            "month": "str",
+            "dir?": "str",
+            "tiers": [
+                {
+                    "tier": "str",
+                    "usd": "num",
+                    "prompt_tokens?": "int",
+                    "completion_tokens?": "int",
+                    "answers?": "int",
+                    "budget_per_month?": "num?",
+                }
+            ],
+            "errors?": ["str"],
+        },
+        "null",
+    ),
+}
 
 STEP = ("step",)
 
@@ -39,7 +106,7 @@ HISTORY_ANSWER_S = 65 * 60.0
 # A record's wall stamp and its age by the boot clock disagreeing by more than this: the wall
 # clock was set (stepped) since. NTP's slewing stays far below it over HISTORY_KEEP_S.
 CLOCK_STEP_S = 5.0
-# The controller's bounds on a status answer's numbers (labctl/agent/core/answers.py).
+# The controller's bounds on a status answer's numbers (STATUS below, labctl/agent/core/spec.py).
 INT_LIMIT = 2**63
 TIME_LIMIT = 253402300800.0  # 10000-01-01
 CPU_WINDOW_S = 0.2
@@ -325,7 +392,7 @@ def _utc(t: float) -> str:
 
 def _figure(value: Any, kind: str) -> bool:
     """`value` is a number of `kind` ("int", "num", "time") as the controller checks a status
-    answer (labctl/agent/core/answers.py, which the agent does not import): finite, an int within
+    answer (STATUS, in labctl/agent/core/spec.py's shape language): finite, an int within
     64 bits, a time between 1970 and the year 10000."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
@@ -486,7 +553,10 @@ def _answer(records: List[Dict[str, Any]], notes: List[str], clock: Clock) -> Li
     return out + [{"t": clock.wall, "note": n} for n in notes]
 
 
-@takes(cache_path=Opt((str, None), None), host=Or(str, ""), record=Opt(bool, True))
+@command(
+    takes={"cache_path": Opt("str?", None), "host": Or("str", ""), "record": Opt("bool", True)},
+    answers=STATUS,
+)
 def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     clock = Clock.now()
     before = cpu_times()

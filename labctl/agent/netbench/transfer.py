@@ -21,8 +21,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..cache.manifest import emit
 from ..core.accepting import Accepting, listen_on
-from ..core.argspec import Opt, Or, takes
 from ..core.errors import AgentError
+from ..core.spec import Opt, Or, command
 
 BLOCK = 1 << 20
 MAX_LINE = 4096
@@ -116,7 +116,10 @@ class _Sink(Accepting):
         _send_line(conn, {"bytes": counted, "first": first, "last": last, "total": counted + early})
 
 
-@takes(idle_timeout=Or(float, 60.0), bind=Or(str, ""))
+@command(
+    takes={"idle_timeout": Or("num", 60.0), "bind": Or("str", "")},
+    answers={"bytes?": "int", "streams?": "int", "port?": "int"},
+)
 def sink_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Count the bytes of every stream a sender opens, until it says stop or nobody sends for
     `idle_timeout` seconds (or the controller closes the channel and the agent is killed)."""
@@ -263,14 +266,28 @@ def _stop_sink(address: str, port: int, token: str) -> None:
         _connect(address, port, token, {"op": "shutdown"}).close()
 
 
-@takes(
-    address=str,
-    port=int,
-    token=Or(object, ""),
-    token_file=Or(str, ""),
-    seconds=Or(float, 5.0),
-    streams=Or(list, [1]),
-    keep_sink=Opt(bool, False),
+@command(
+    takes={
+        "address": "str",
+        "port": "int",
+        "token": Or("any", ""),
+        "token_file": Or("str", ""),
+        "seconds": Or("num", 5.0),
+        "streams": Or(["any"], [1]),
+        "keep_sink": Opt("bool", False),
+    },
+    answers={
+        "runs": [
+            {
+                "streams": "int",
+                "bytes": "int",
+                "seconds": "num",
+                "bits_per_s": "num",
+                "per_stream_bits_per_s?": ["num"],
+                "connect_ms?": "num?",
+            }
+        ]
+    },
 )
 def send_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """For each stream count in `streams`, send for `seconds` to the sink at address:port."""

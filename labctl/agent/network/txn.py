@@ -29,10 +29,10 @@ from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Set
 
 from ..core import paths
-from ..core.argspec import Opt, Or, takes
 from ..core.errors import AgentError
 from ..core.fsutil import write_atomic, write_json
 from ..core.procs import alive
+from ..core.spec import Opt, Or, command
 from . import live
 
 # The config of every way a Debian or Ubuntu host brings its network up; a change to any of
@@ -389,16 +389,18 @@ def _prune() -> None:
             shutil.rmtree(os.path.join(net_dir(), name), ignore_errors=True)
 
 
-@takes(
-    id=Or(str, ""),
-    label=Or(str, "network change"),
-    revert_after=Opt(float, 90.0),
-    files=Or(dict, {}),
-    commands=Or(list, []),
-    reapply=Or(list, []),
-    # null or left out: half of revert_after, at most 60 s
-    command_timeout=Opt((float, None), None),
-    apply_delay=Opt(float, 1.0),
+@command(
+    takes={
+        "id": Or("str", ""),
+        "label": Or("str", "network change"),
+        "revert_after": Opt("num", 90.0),
+        "files": Or({}, {}),
+        "commands": Or(["any"], []),
+        "reapply": Or(["any"], []),
+        "command_timeout": Opt("num?", None),  # null or left out: half of revert_after, at most 60 s
+        "apply_delay": Opt("num", 1.0),
+    },
+    answers={"id?": "str", "keeper_pid?": "int?", "deadline_at?": "time"},
 )
 def begin_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {id, label, revert_after, files: {path: {text, mode} | None}, commands: [argv],
@@ -450,7 +452,10 @@ def begin_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return {"id": txn_id, "keeper_pid": pid, "deadline_at": doc["deadline_at"], "dir": directory}
 
 
-@takes(id=Or(str, ""), compare=Opt(bool, False))
+@command(
+    takes={"id": Or("str", ""), "compare": Opt("bool", False)},
+    answers={"state?": "str?", "differences?": (["str"], "null")},
+)
 def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {id, compare: bool}. The transaction's record; with compare, what of the live
     state differs from the snapshot taken before the change."""
@@ -468,7 +473,10 @@ def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-@takes(id=Or(str, ""))
+@command(
+    takes={"id": Or("str", "")},
+    answers={"committed": "bool", "state?": "str?"},
+)
 def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     directory = _txn_dir(args["id"])
     with _locked():
@@ -481,7 +489,10 @@ def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
         return {"committed": False, "state": doc.get("state")}
 
 
-@takes(id=Or(str, ""), reason=Or(str, "aborted"))
+@command(
+    takes={"id": Or("str", ""), "reason": Or("str", "aborted")},
+    answers={"state?": "str?", "keeper_running?": "bool"},
+)
 def abort_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Ask the keeper to revert now (labctl's verification failed)."""
     directory = _txn_dir(args["id"])

@@ -21,16 +21,109 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, TypedDict
 
 from ..core import paths, procs
-from ..core.argspec import Opt, Or, takes
 from ..core.errors import AgentError
 from ..core.fsutil import write_atomic, write_json
 from ..core.gpus import GpuQueryError, gather_gpus
 from ..core.launch import IMPORT_ROOT, port_state, start_detached, torch_python
+from ..core.spec import Opt, Or, Time, command
+from ..facts.collect import GPU
 from ..modelload.loader import model_files
 from .engine_host import check_build_covers, find_binary, weights_file
+
+# What the orch_ commands answer, as types the controller's code can read them as (a TypedDict
+# is a shape in labctl/agent/core/spec.py's language): a total=False class adds the keys an
+# answer may lack to its base's, which every answer has (Python 3.8 has no NotRequired).
+
+
+class _Server(TypedDict):
+    model: str
+    pid: int
+
+
+class Server(_Server, total=False):
+    """A model server this host runs, as state_command finds it."""
+
+    pgid: int
+    port: Optional[int]
+    gpu: Optional[int]
+    started: Optional[Time]
+
+
+class WarmFile(TypedDict, total=False):
+    """warm.json as the host holds it, damage and all: the rotation repairs what it finds."""
+
+    models: List[Any]
+
+
+class _StateAnswer(TypedDict):
+    servers: List[Server]
+
+
+class StateAnswer(_StateAnswer, total=False):
+    warm: Optional[WarmFile]
+    warm_error: Optional[str]
+    history: List[Dict[str, Any]]
+    others: List[Dict[str, Any]]
+    gpu_source: str
+    gpus: List[GPU]
+    gpu_error: str
+
+
+class _StartAnswer(TypedDict):
+    pid: int
+    port: int
+
+
+class StartAnswer(_StartAnswer, total=False):
+    model: str
+    gpu: Optional[int]
+    log: str
+
+
+class _Health(TypedDict):
+    model: str
+    healthy: bool
+
+
+class Health(_Health, total=False):
+    """One server's health, in the order the servers were asked."""
+
+    port: int
+    pid: Optional[int]
+    state: str
+    error: Optional[str]
+    log_tail: str
+
+
+class HealthAnswer(TypedDict):
+    results: List[Health]
+
+
+class _Stopped(TypedDict):
+    model: str
+    pid: int
+
+
+class Stopped(_Stopped, total=False):
+    killed: bool
+
+
+class Remaining(TypedDict, total=False):
+    model: str
+    pid: int
+
+
+class _StopAnswer(TypedDict):
+    stopped: List[Stopped]
+    remaining: List[Remaining]
+
+
+class StopAnswer(_StopAnswer, total=False):
+    absent: List[str]
+
 
 TAGS = (
     "LABCTL_LAB",
@@ -56,10 +149,10 @@ READY_PROMPT = "Hello"
 
 
 # ---- arguments -------------------------------------------------------------------------------
-# Each command's @takes says which arguments it takes; these check what a type cannot say.
+# Each command's @command says which arguments it takes; these check what a type cannot say.
 
 # The controller tags every orch_ command with the lab and the host (see labctl/orchestra/rotate.py).
-_SERVERS_OF = {"lab": object, "host": object}
+_SERVERS_OF = {"lab": "any", "host": "any"}
 
 
 def _host(args: Dict[str, Any]) -> str:
@@ -377,7 +470,10 @@ def _append_history(entry: Dict[str, Any]) -> None:
 # ---- commands ----------------------------------------------------------------------------------
 
 
-@takes(**_SERVERS_OF, health_path=Or(str, "/health"), gpus=Opt(bool, False))
+@command(
+    takes={**_SERVERS_OF, "health_path": Or("str", "/health"), "gpus": Opt("bool", False)},
+    answers=StateAnswer,
+)
 def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_state {host, health_path="/health", gpus: bool}: warm.json, history, live servers, GPUs."""
     host, lab = _host(args), _lab(args)
@@ -446,20 +542,23 @@ def _format(
         ) from None
 
 
-@takes(
-    **_SERVERS_OF,
-    model=object,
-    gpu=Opt(object, None),
-    path=object,
-    command=Opt(object, None),
-    python=Opt(object, None),
-    health_path=Or(str, "/health"),
-    port=Opt(object, None),
-    engine=Opt(object, None),
-    binary=Opt(object, None),
-    cuda_check=Opt(object, None),
-    loading_words=Opt(object, None),
-    ready_by_completion=Opt(bool, False),
+@command(
+    takes={
+        **_SERVERS_OF,
+        "model": "any",
+        "gpu": Opt("any", None),
+        "path": "any",
+        "command": Opt("any", None),
+        "python": Opt("any", None),
+        "health_path": Or("str", "/health"),
+        "port": Opt("any", None),
+        "engine": Opt("any", None),
+        "binary": Opt("any", None),
+        "cuda_check": Opt("any", None),
+        "loading_words": Opt("any", None),
+        "ready_by_completion": Opt("bool", False),
+    },
+    answers=StartAnswer,
 )
 def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_start {host, model, gpu, path, command, python, health_path, port, engine, binary,
@@ -577,7 +676,16 @@ def _alive(lab: str, host: str, model: str, pid: Optional[int]) -> bool:
     )
 
 
-@takes(**_SERVERS_OF, servers=object, timeout=Opt((float, None), 300.0), health_path=Or(str, "/health"))
+@command(
+    takes={
+        **_SERVERS_OF,
+        "servers": "any",
+        "timeout": Opt("num?", 300.0),
+        "health_path": Or("str", "/health"),
+    },
+    answers=HealthAnswer,
+    per_asked=("results", "servers"),
+)
 def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_health {host, servers: [{model, port, pid}], timeout, health_path} -> {results}.
 
@@ -680,7 +788,10 @@ def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return {"results": results}
 
 
-@takes(**_SERVERS_OF, models=Opt(object, None), pids=Opt(object, None), grace=Opt((float, None), 30.0))
+@command(
+    takes={**_SERVERS_OF, "models": Opt("any", None), "pids": Opt("any", None), "grace": Opt("num?", 30.0)},
+    answers=StopAnswer,
+)
 def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_stop {host, models: [names] | null (all of the host's), pids: [server pids] | null,
     grace} -> {stopped, remaining, absent}.
@@ -723,7 +834,10 @@ def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-@takes(lab=Opt(object, None), host=Opt(object, None), warm=object, history=Opt(object, None))
+@command(
+    takes={"lab": Opt("any", None), "host": Opt("any", None), "warm": "any", "history": Opt("any", None)},
+    answers={"path?": "str", "updated?": "time"},
+)
 def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_commit {host, warm: warm.json without "updated", history: entry | null} -> {path, updated}.
 
@@ -752,7 +866,10 @@ def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-@takes(lab=Opt(object, None), host=Opt(object, None), endpoints=object)
+@command(
+    takes={"lab": Opt("any", None), "host": Opt("any", None), "endpoints": "any"},
+    answers={"path": "str", "updated": "time", "models": "int"},
+)
 def publish_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """orch_publish {endpoints: {lab, models: [{name, base_url, model, host}], remote: [...]}}
     -> {path, updated, models}: on a host that trains, the models to ask now.

@@ -4,6 +4,9 @@ The controller sends plain data: `provision.probe` gets a list of probes and ans
 found, in one round trip for every resource on the host; `provision.apply` gets the ops a plan
 computed and runs them in order, stopping at the first failure. Files are replaced
 atomically (temp file + fsync + rename), keeping mode and owner unless told otherwise.
+
+Which probe kinds and ops there are is declared by the features that own them (each package's
+PROBES and OPS, core/ops.py); this module holds provisioning's own and dispatches over them all.
 """
 
 from __future__ import annotations
@@ -13,16 +16,17 @@ import os
 import shlex
 import shutil
 import subprocess
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
-from ..core.argspec import Or, takes
+from .. import network, provision, sandbox
 from ..core.errors import AgentError
 from ..core.fsutil import file_state, write_atomic
+from ..core.ops import merge
 from ..core.parsers import parse_mounts
-from ..network.bondcheck import bond_probe
+from ..core.spec import Or, command
 
 
-def _mount(p: Dict[str, Any]) -> Dict[str, Any]:
+def mount_probe(p: Dict[str, Any]) -> Dict[str, Any]:
     path = os.path.realpath(p["path"])
     found: Optional[Dict[str, Any]] = None
     # Bytes, cut by parse_mounts at "\n" and " " alone: a text-mode read would also end a line at
@@ -42,7 +46,7 @@ def _mount(p: Dict[str, Any]) -> Dict[str, Any]:
     return found
 
 
-def _meminfo(p: Dict[str, Any]) -> Dict[str, Any]:
+def meminfo_probe(p: Dict[str, Any]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     with open("/proc/meminfo") as f:
         for line in f:
@@ -53,7 +57,7 @@ def _meminfo(p: Dict[str, Any]) -> Dict[str, Any]:
     return {"total_bytes": out.get("MemTotal", 0), "available_bytes": out.get("MemAvailable", 0)}
 
 
-def _command(p: Dict[str, Any]) -> Dict[str, Any]:
+def command_probe(p: Dict[str, Any]) -> Dict[str, Any]:
     try:
         proc = subprocess.run(
             p["argv"] if "argv" in p else ["/bin/sh", "-c", p["cmd"]],
@@ -72,11 +76,11 @@ def _command(p: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def _which(p: Dict[str, Any]) -> Dict[str, Any]:
+def which_probe(p: Dict[str, Any]) -> Dict[str, Any]:
     return {"path": shutil.which(p["name"])}
 
 
-def _system(p: Dict[str, Any]) -> Dict[str, Any]:
+def system_probe(p: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "systemd": os.path.isdir("/run/systemd/system"),
         "apt": shutil.which("apt-get") is not None,
@@ -84,7 +88,7 @@ def _system(p: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def _ids(p: Dict[str, Any]) -> Dict[str, Any]:
+def ids_probe(p: Dict[str, Any]) -> Dict[str, Any]:
     import grp
     import pwd
 
@@ -103,9 +107,9 @@ def _ids(p: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def _authorized_keys(p: Dict[str, Any]) -> Dict[str, Any]:
+def authorized_keys_probe(p: Dict[str, Any]) -> Dict[str, Any]:
     """A user's ~/.ssh/authorized_keys: where it is (from the passwd entry), and what it holds."""
-    out = _ids({"user": p["user"]})
+    out = ids_probe({"user": p["user"]})
     if "home" in out:
         ssh_dir = os.path.join(out["home"], ".ssh")
         out["ssh_dir"] = file_state({"path": ssh_dir})
@@ -114,57 +118,31 @@ def _authorized_keys(p: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def _sandbox(p: Dict[str, Any]) -> Dict[str, Any]:
-    from ..sandbox.daemon import probe
-
-    return probe(p)
-
-
-def _llama_cpp(p: Dict[str, Any]) -> Dict[str, Any]:
-    from .llama_cpp import probe
-
-    return probe(p)
+# The features whose PROBES and OPS `provision.probe` and `provision.apply` serve. Static
+# imports of their packages (declarations only, nothing heavy), so that agent_blob finds them.
+FEATURES = (network, provision, sandbox)
+PROBES = merge(FEATURES, "PROBES")
+OPS = merge(FEATURES, "OPS")
 
 
-def _net_txn(p: Dict[str, Any]) -> Dict[str, Any]:
-    from ..network.txn import open_probe
-
-    return open_probe(p)
-
-
-PROBES: Dict[str, Callable[[Dict[str, Any]], Dict[str, Any]]] = {
-    "llama_cpp": _llama_cpp,
-    "net_txn": _net_txn,
-    "sandbox": _sandbox,
-    "authorized_keys": _authorized_keys,
-    "ids": _ids,
-    "file": file_state,
-    "mount": _mount,
-    "meminfo": _meminfo,
-    "command": _command,
-    "which": _which,
-    "system": _system,
-    "bond": bond_probe,
-}
-
-
-@takes(probes=Or(dict, {}))
+@command(takes={"probes": Or({}, {})}, answers={"results": {"*": {}}}, per_asked=("results", "probes"))
 def probe_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {"probes": {key: {"kind": ..., ...}}} -> {"results": {key: {...}}}."""
     results: Dict[str, Any] = {}
     for key, p in args["probes"].items():
-        fn = PROBES.get(p.get("kind", ""))
-        if fn is None:
+        declared = PROBES.get(p.get("kind", ""))
+        if declared is None:
             results[key] = {"error": "unknown probe kind {!r}".format(p.get("kind"))}
             continue
         try:
-            results[key] = fn(p)
+            # Loaded inside the try: a kind whose module fails to import fails alone.
+            results[key] = declared.load()(p)
         except Exception as e:  # one unreadable thing must not hide the others
             results[key] = {"error": f"{type(e).__name__}: {e}"}
     return {"results": results}
 
 
-def _op_write_file(op: Dict[str, Any]) -> str:
+def write_file_op(op: Dict[str, Any]) -> str:
     data = base64.b64decode(op["b64"]) if "b64" in op else op.get("text", "").encode("utf-8")
     path = op["path"]
     if op.get("backup") and os.path.exists(path):
@@ -179,7 +157,7 @@ def _op_write_file(op: Dict[str, Any]) -> str:
     return f"wrote {path} ({len(data)} bytes)"
 
 
-def _op_chmod(op: Dict[str, Any]) -> str:
+def chmod_op(op: Dict[str, Any]) -> str:
     os.chmod(op["path"], op["mode"])
     if op.get("uid") is not None or op.get("gid") is not None:
         uid = op.get("uid")
@@ -188,14 +166,14 @@ def _op_chmod(op: Dict[str, Any]) -> str:
     return "set mode {:o} on {}".format(op["mode"], op["path"])
 
 
-def _op_mkdir(op: Dict[str, Any]) -> str:
+def mkdir_op(op: Dict[str, Any]) -> str:
     os.makedirs(op["path"], exist_ok=True)
     if op.get("mode") is not None:
         os.chmod(op["path"], op["mode"])
     return "made {}".format(op["path"])
 
 
-def _op_remove(op: Dict[str, Any]) -> str:
+def remove_op(op: Dict[str, Any]) -> str:
     try:
         os.unlink(op["path"])
     except FileNotFoundError:
@@ -223,8 +201,8 @@ def last_lines(text: str, n: int = 10) -> str:
     return "\n".join(lines[-n:])[-2000:]
 
 
-def _op_run(op: Dict[str, Any]) -> str:
-    r = _command({"argv": op["argv"], "timeout": op.get("timeout", 1800)})
+def run_op(op: Dict[str, Any]) -> str:
+    r = command_probe({"argv": op["argv"], "timeout": op.get("timeout", 1800)})
     cmd = short_command(op["argv"])
     if r.get("timed_out"):
         raise AgentError("{} timed out after {}s".format(cmd, op.get("timeout", 1800)), "op_failed")
@@ -245,7 +223,7 @@ def _safe_members(tar: Any, dest: str) -> List[Any]:
     return out
 
 
-def _op_install_tree(op: Dict[str, Any]) -> str:
+def install_tree_op(op: Dict[str, Any]) -> str:
     """A release of a file tree (a tar.gz), optionally completed by `pip install --target`, put
     in place atomically: unpacked beside the others, then the `current` link swapped by a rename,
     so a reader sees the old release or the new one whole. Older releases are removed after."""
@@ -272,7 +250,7 @@ def _op_install_tree(op: Dict[str, Any]) -> str:
         if pip:
             target = os.path.join(staging, "lib")
             argv = [pip["python"], "-m", "pip", "install", "--quiet", "--no-input", "--target", target]
-            _op_run({"argv": [*argv, *pip["requirements"]], "timeout": pip.get("timeout", 1800)})
+            run_op({"argv": [*argv, *pip["requirements"]], "timeout": pip.get("timeout", 1800)})
         write_atomic(
             os.path.join(staging, "install.json"),
             json.dumps(op["record"], sort_keys=True).encode(),
@@ -294,62 +272,23 @@ def _op_install_tree(op: Dict[str, Any]) -> str:
     return f"installed release {tag} in {root}"
 
 
-def _op_remove_tree(op: Dict[str, Any]) -> str:
+def remove_tree_op(op: Dict[str, Any]) -> str:
     if not os.path.lexists(op["path"]):
         return "{} was already gone".format(op["path"])
     shutil.rmtree(op["path"])
     return "removed {}".format(op["path"])
 
 
-def _op_dockerd(op: Dict[str, Any]) -> str:
-    from ..sandbox.daemon import dockerd_op
-
-    return dockerd_op(op)
-
-
-def _op_sandbox_image(op: Dict[str, Any]) -> str:
-    from ..sandbox.image import build_op
-
-    return build_op(op)
-
-
-def _op_llama_cpp(op: Dict[str, Any]) -> str:
-    from .llama_cpp import build_op
-
-    return build_op(op)
-
-
-def _op_torch_env(op: Dict[str, Any]) -> str:
-    from .torch_env import build_op
-
-    return build_op(op)
-
-
-OPS: Dict[str, Callable[[Dict[str, Any]], str]] = {
-    "llama_cpp": _op_llama_cpp,
-    "torch_env": _op_torch_env,
-    "dockerd": _op_dockerd,
-    "sandbox_image": _op_sandbox_image,
-    "install_tree": _op_install_tree,
-    "remove_tree": _op_remove_tree,
-    "write_file": _op_write_file,
-    "chmod": _op_chmod,
-    "mkdir": _op_mkdir,
-    "remove": _op_remove,
-    "run": _op_run,
-}
-
-
-@takes(ops=Or(list, []))
+@command(takes={"ops": Or(["any"], [])}, answers={"done": ["any"]})
 def apply_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {"ops": [...]}; runs them in order and stops at the first failure."""
     done: List[str] = []
     for i, op in enumerate(args["ops"]):
-        fn = OPS.get(op.get("op", ""))
-        if fn is None:
+        declared = OPS.get(op.get("op", ""))
+        if declared is None:
             raise AgentError("unknown op {!r}".format(op.get("op")), "bad_args")
         try:
-            done.append(fn(op))
+            done.append(declared.load()(op))
         except (AgentError, OSError) as e:
             message = e.message if isinstance(e, AgentError) else str(e)
             kind = e.kind if isinstance(e, AgentError) else "op_failed"

@@ -18,8 +18,8 @@ import time
 from typing import Any, Dict
 
 from ..core import paths
-from ..core.argspec import Opt, Or, takes
 from ..core.errors import AgentError
+from ..core.spec import Opt, Or, command
 
 
 def _emit(event: Dict[str, Any]) -> None:
@@ -36,7 +36,10 @@ def _holder(fd: int) -> Dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-@takes(holder=Or(dict, {}), wait=Opt(float, 600.0), path=Or(str, ""))
+@command(
+    takes={"holder": Or({}, {}), "wait": Opt("num", 600.0), "path": Or("str", "")},
+    answers={},
+)
 def lock_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {"holder": {controller, pid, user, started}, "wait": seconds, "path": for tests}."""
     path = args["path"] or paths.provision_lock()

@@ -31,9 +31,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..cache.manifest import emit
 from ..core import procs
-from ..core.argspec import Or, takes
 from ..core.errors import AgentError
 from ..core.fsutil import write_json
+from ..core.spec import NUMBER, Or, Takes, command
 
 # One folder per build: ROOT/<version>-<cpu|cuda-61_70>, where the orchestra's engine looks for
 # llama-server (labctl/agent/orchestra/host.py ENGINE_ROOTS). Programs, not labctl's state: /opt.
@@ -654,26 +654,36 @@ def build(args: Dict[str, Any]) -> Dict[str, Any]:
 
 
 BUILD_SPEC = {
-    "sdist": str,
-    "prefix": str,
-    "cuda_archs": Or(list, []),
-    "jobs": Or(int, 0),
-    "version": Or(str, ""),
-    "sha256": Or(str, ""),
-    "nvcc": Or(str, ""),
-    "timeout": Or((int, float), 0),
-    "heartbeat_s": Or((int, float), 0),
+    "sdist": "str",
+    "prefix": "str",
+    "cuda_archs": Or(["any"], []),
+    "jobs": Or("int", 0),
+    "version": Or("str", ""),
+    "sha256": Or("str", ""),
+    "nvcc": Or("str", ""),
+    "timeout": Or(NUMBER, 0),
+    "heartbeat_s": Or(NUMBER, 0),
 }
 
 
-@takes(**BUILD_SPEC)
+@command(
+    takes=BUILD_SPEC,
+    answers={"prefix": "str", "built": "bool", "manifest": {}, "server_version": "str?"},
+)
 def build_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {sdist, prefix, cuda_archs?, jobs?, version?, sha256?, nvcc?, timeout?} ->
     {prefix, built, manifest, server_version}; `built` is false when the install was kept."""
     return build(args)
 
 
-@takes(root=Or(str, ""), prefix=Or(str, ""), nvcc=Or(str, ""), sdist=Or(str, ""))
+@command(
+    takes={"root": Or("str", ""), "prefix": Or("str", ""), "nvcc": Or("str", ""), "sdist": Or("str", "")},
+    answers={
+        "installs": {"*": {"prefix": "str", "installed": "bool", "manifest": ({}, "null"), "error": "str?"}},
+        "gpus": [{"name": "str", "compute_capability": "cap"}],
+        "nvcc": ({"path": "str", "version": "str?"}, "null"),
+    },
+)
 def probe_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """args: {root?, prefix?, nvcc?, sdist?} -> see `provision.probe`."""
     return probe(args)
@@ -681,9 +691,7 @@ def probe_command(args: Dict[str, Any]) -> Dict[str, Any]:
 
 def build_op(op: Dict[str, Any]) -> str:
     """The `llama_cpp` apply op (the resource's plan): build, or keep what matches."""
-    from ..core.argspec import Spec
-
-    args = Spec(**BUILD_SPEC).apply({k: v for k, v in op.items() if k != "op"}, "llama_cpp")
+    args = Takes(BUILD_SPEC).apply({k: v for k, v in op.items() if k != "op"}, "llama_cpp")
     info = build(args)
     if not info["built"]:
         return f"kept {info['prefix']} (it matches)"

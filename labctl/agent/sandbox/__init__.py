@@ -9,6 +9,8 @@ The names every part shares (the controller imports them from here too): one ima
 language, `labctl-sandbox/LANG:latest`, labelled with its recipe's hash and its language.
 """
 
+from ..core.ops import OpKind, ProbeKind
+
 IMAGE_PREFIX = "labctl-sandbox/"
 LABEL_RECIPE = "labctl.recipe"
 LABEL_LANG = "labctl.lang"
@@ -33,3 +35,10 @@ COMMANDS = {
     "client": ".serve:client_command",
     "client_remove": ".serve:client_remove_command",
 }
+
+# What `provision.probe` reads and `provision.apply` runs for the sandbox resource (core/ops.py).
+PROBES = (ProbeKind("sandbox", ".daemon:probe", "Docker's daemon, its settings and the sandbox images"),)
+OPS = (
+    OpKind("dockerd", ".daemon:dockerd_op", "Docker's daemon settings written, the daemon restarted"),
+    OpKind("sandbox_image", ".image:build_op", "one language's sandbox image built"),
+)

@@ -17,9 +17,9 @@ import socket
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..core.argspec import Opt, Or, takes
 from ..core.errors import AgentError
 from ..core.procs import cmdline
+from ..core.spec import Opt, Or, command
 from .docker import SOCKET as DOCKER_SOCKET
 from .docker import Client, DockerError
 
@@ -201,14 +201,17 @@ def settle(
         time.sleep(interval_s)
 
 
-@takes(
-    action=Opt(str, "snapshot"),
-    socket=Or(str, DOCKER_SOCKET),
-    labels=Or(list, []),
-    before=Opt(object, None),
-    wait_s=Opt(float, 20.0),
-    disk_tolerance=Opt(int, DISK_TOLERANCE),
-    memory_tolerance=Opt(int, MEMORY_TOLERANCE),
+@command(
+    takes={
+        "action": Opt("str", "snapshot"),
+        "socket": Or("str", DOCKER_SOCKET),
+        "labels": Or(["any"], []),
+        "before": Opt("any", None),
+        "wait_s": Opt("num", 20.0),
+        "disk_tolerance": Opt("int", DISK_TOLERANCE),
+        "memory_tolerance": Opt("int", MEMORY_TOLERANCE),
+    },
+    answers={},
 )
 def hostcheck_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """`sandbox.hostcheck`: {action: snapshot, labels} → {snapshot};

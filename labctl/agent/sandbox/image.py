@@ -21,8 +21,8 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ..core import paths
-from ..core.argspec import Or, takes
 from ..core.errors import AgentError
+from ..core.spec import Or, command
 from . import LABEL_LANG, LABEL_RECIPE, image_name
 from .dockercli import docker
 
@@ -77,7 +77,10 @@ def current(lang: str) -> Optional[Dict[str, Any]]:
     return found[0] if found and found[0]["image"] else None
 
 
-@takes()
+@command(
+    takes={},
+    answers={"images": [{"image?": "str?", "lang?": "str?"}]},
+)
 def images_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Agent command `sandbox.images`: {"images": [...]} (see list_images)."""
     return {"images": list_images()}
@@ -271,7 +274,10 @@ def build_op(op: Dict[str, Any]) -> str:
     )
 
 
-@takes(images=Or(list, []))
+@command(
+    takes={"images": Or(["any"], [])},
+    answers={"results": [{}]},
+)
 def build_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Agent command `sandbox.build`: {"images": [op, ...]} → {"results": [build_image's dict, ...]}."""
     results = []

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..core import paths
-from ..core.argspec import Opt, Or, takes
 from ..core.errors import AgentError
+from ..core.spec import Opt, Or, command
 from .docker import Client, DockerError, oom_kills
 from .pool import Pool, check_lab
 
@@ -292,7 +292,7 @@ def run_programs(
 
 # What sandbox.run and sandbox.bench both take: the programs, each language's spec, the limits,
 # and the lab whose pool runs them (the inventory's lab name).
-_PROGRAMS = {"programs": list, "langs": dict, "limits": dict, "lab": str}
+_PROGRAMS = {"programs": ["any"], "langs": {}, "limits": {}, "lab": "str"}
 
 
 def _args(args: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Dict[str, Any], Dict[str, Any]]:
@@ -304,7 +304,21 @@ def _args(args: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Dict[str, Any], D
     return programs, langs, limits
 
 
-@takes(**_PROGRAMS, concurrency=Or(int, 8), pool=Or(int, 4))
+@command(
+    takes={**_PROGRAMS, "concurrency": Or("int", 8), "pool": Or("int", 4)},
+    answers={
+        "results": [
+            {
+                "exit_code?": "int?",
+                "stdout?": "str",
+                "stderr?": "str",
+                "timed_out?": "bool",
+                "wall_ms?": "num",
+            }
+        ]
+    },
+    per_asked=("results", "programs"),
+)
 def run_command(args: Dict[str, Any]) -> Dict[str, Any]:
     programs, langs, limits = _args(args)
     results = run_programs(programs, langs, limits, args["concurrency"], args["pool"], lab=args["lab"])
@@ -334,7 +348,16 @@ def _docker_run(argv: List[str], source: bytes, expect: str) -> Tuple[float, boo
     return (time.monotonic() - t0) * 1000, ok
 
 
-@takes(**_PROGRAMS, expect=Opt(str, "hello"), runs=Or(int, 32), docker_run=list, concurrency=Or(list, [1]))
+@command(
+    takes={
+        **_PROGRAMS,
+        "expect": Opt("str", "hello"),
+        "runs": Or("int", 32),
+        "docker_run": ["any"],
+        "concurrency": Or(["any"], [1]),
+    },
+    answers={"rows": [{}]},
+)
 def bench_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """The pool against `docker run --rm` with the same limits and the same hello program, at
     each concurrency: per-execution latency percentiles and executions per second."""

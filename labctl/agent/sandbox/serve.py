@@ -18,11 +18,21 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ..core import paths, procs
-from ..core.argspec import Opt, takes
 from ..core.errors import AgentError
 from ..core.fsutil import write_atomic, write_json
 from ..core.launch import IMPORT_ROOT, port_state, start_detached
+from ..core.spec import Opt, command
 from .pool import check_lab
+
+# What this feature's answers share (labctl/agent/core/spec.py's shape language).
+SANDBOX_SERVICE = {
+    "state": "str",
+    "pid": "int",
+    "port": "int",
+    "bind": "str",
+    "langs": {"*": "str"},
+    "token_made": "bool",
+}
 
 MODULE = "labctl.agent.sandbox.service"
 TAGS = ("LABCTL_LAB", "LABCTL_HOST", "LABCTL_SANDBOX_PORT", "LABCTL_SANDBOX_CONFIG")
@@ -112,7 +122,19 @@ def _view(r: Dict[str, Any], state: str) -> Dict[str, Any]:
     }
 
 
-@takes(lab=str, host=str, bind=str, port=int, langs=dict, limits=dict, pool=int, concurrency=int)
+@command(
+    takes={
+        "lab": "str",
+        "host": "str",
+        "bind": "str",
+        "port": "int",
+        "langs": {},
+        "limits": {},
+        "pool": "int",
+        "concurrency": "int",
+    },
+    answers=SANDBOX_SERVICE,
+)
 def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """sandbox_serve {lab, host, bind, port, langs, limits, pool, concurrency} ->
     {state: started | running | restarted, pid, port, bind, health, langs, token_made}.
@@ -180,14 +202,20 @@ def _stop(lab: str, host: str, grace: float) -> List[int]:
     return sorted({p["pid"] for p in found})
 
 
-@takes(lab=str, host=str, grace=Opt(float, 30.0))
+@command(
+    takes={"lab": "str", "host": "str", "grace": Opt("num", 30.0)},
+    answers={"stopped": ["int"]},
+)
 def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """sandbox_serve_stop {lab, host, grace} -> {stopped: [pids]}: SIGTERM (the batches in
     flight finish), SIGKILL what is left after `grace` s. Nothing running: stopped is []."""
     return {"stopped": _stop(args["lab"], args["host"], args["grace"])}
 
 
-@takes(lab=str, host=str)
+@command(
+    takes={"lab": "str", "host": "str"},
+    answers={"state": "str", "pid?": "int", "port?": "int", "bind?": "str"},
+)
 def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """sandbox_serve_state {lab, host} -> {state: running | stopped, ...}."""
     r = _running(args["lab"], args["host"])
@@ -196,7 +224,10 @@ def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return _view(r, "running")
 
 
-@takes()
+@command(
+    takes={},
+    answers={"token": "str"},
+)
 def token_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """sandbox_token {} -> {token}: the service's token, for the controller to hand on to the
     training hosts' agents (it is never shown or logged)."""
@@ -207,7 +238,10 @@ def token_command(args: Dict[str, Any]) -> Dict[str, Any]:
         raise AgentError("no sandbox token here: start the service first", "no_token") from None
 
 
-@takes(service=dict)
+@command(
+    takes={"service": {}},
+    answers={"service": "str", "token_file": "str"},
+)
 def client_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """sandbox_client {service: {url, host, langs}} -> {service, token_file}: on a training
     host, the service's address (0644) where the trainer's client reads it. The token itself
@@ -230,7 +264,10 @@ def client_command(args: Dict[str, Any]) -> Dict[str, Any]:
     return {"service": paths.SANDBOX_CLIENT, "token_file": paths.SANDBOX_CLIENT_TOKEN}
 
 
-@takes()
+@command(
+    takes={},
+    answers={"removed": ["str"]},
+)
 def client_remove_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """sandbox_client_remove {} -> {removed}: the service is gone; so is its address here."""
     removed = []

@@ -15,11 +15,12 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..core import paths, procs
-from ..core.argspec import Opt, Or, takes
 from ..core.errors import AgentError
 from ..core.fsutil import write_json
 from ..core.gpus import GpuQueryError, gather_gpus
 from ..core.launch import IMPORT_ROOT, port_state, torch_python
+from ..core.spec import Opt, Or, command
+from ..facts.collect import GPU, TORCH
 from ..facts.nics import gather_nics
 from . import fatal, runlog
 
@@ -190,14 +191,29 @@ def sandbox_client_state() -> Dict[str, Any]:
     return out
 
 
-@takes(
-    python=Opt((str, None), None),
-    address=Or(str, ""),
-    checkpoint_dir=Or(str, ""),
-    port=Opt((int, None), None),
-    orchestra=Opt(bool, False),
-    endpoints=Opt(bool, False),
-    sandbox=Opt(bool, False),
+@command(
+    takes={
+        "python": Opt("str?", None),
+        "address": Or("str", ""),
+        "checkpoint_dir": Or("str", ""),
+        "port": Opt("int?", None),
+        "orchestra": Opt("bool", False),
+        "endpoints": Opt("bool", False),
+        "sandbox": Opt("bool", False),
+    },
+    answers={
+        "python?": "str",
+        "torch?": TORCH,
+        "cpu_count?": "int",
+        "iface?": {"name?": "str?", "is_bond?": "bool", "speed_mbps?": "num?"},
+        "disk?": {"free_bytes?": "int", "writable?": "bool", "error?": "str"},
+        "gpus?": [GPU],
+        "gpu_error?": "str",
+        "rendezvous?": {"port?": "int", "free?": "bool", "error?": "str"},
+        "orchestra?": {"present?": "bool", "path?": "str", "error?": "str", "state?": {"models?": [{}]}},
+        "endpoints?": {"present": "bool", "path": "str", "error?": "str", "models?": "int"},
+        "sandbox?": {"present": "bool", "path": "str", "error?": "str", "url?": "str", "token?": "str"},
+    },
 )
 def preflight_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Everything the controller's preflight checks, in one round trip."""
@@ -237,8 +253,20 @@ def run_processes(run_id: str, host: str) -> List[Dict[str, Any]]:
     return [{"pid": p["pid"], "pgid": p["pgid"], "cmd": p["cmd"]} for p in found]
 
 
-@takes(
-    run_id=Or(str, ""), host=Or(str, ""), stop=Opt(bool, False), grace=Opt(float, 10.0), log_dir=Or(str, "")
+@command(
+    takes={
+        "run_id": Or("str", ""),
+        "host": Or("str", ""),
+        "stop": Opt("bool", False),
+        "grace": Opt("num", 10.0),
+        "log_dir": Or("str", ""),
+    },
+    answers={
+        "processes": [{"pid": "int"}],
+        "remaining": [{"pid": "int"}],
+        "killed?": "bool",
+        "fatal?": "str",
+    },
 )
 def ps_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """The run's processes here; with stop: SIGTERM, wait `grace` s, SIGKILL, and report what is left."""
@@ -286,7 +314,10 @@ def _mark_stopped(log_dir: Any) -> None:
         f.write(str(time.time()))
 
 
-@takes(line=Or(str, ""), log_dir=Or(str, ""), env=Or(dict, {}))
+@command(
+    takes={"line": Or("str", ""), "log_dir": Or("str", ""), "env": Or({}, {})},
+    answers={"pid": "int", "pgid?": "int", "started?": "time"},
+)
 def spawn_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """Start `line` detached from the SSH session (for --detach); output to LOG_DIR/console.log."""
     line = args["line"]
@@ -328,7 +359,17 @@ def _last_event(console: str) -> Optional[Dict[str, Any]]:
     return newest_event(runlog.tail_lines(console, 65536), "[rank0]:")
 
 
-@takes(run_id=Or(str, ""), log_dir=Or(str, ""), host=Or(str, ""))
+@command(
+    takes={"run_id": Or("str", ""), "log_dir": Or("str", ""), "host": Or("str", "")},
+    answers={
+        "state": "str",
+        "fatal?": "str",
+        "processes?": "int",
+        "rc?": "int?",
+        "last_event?": ({}, "null"),
+        "resume_step?": "any",
+    },
+)
 def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     """State of a detached run here: running, exited (rc), or stopped; and its newest event."""
     run_id = args["run_id"]

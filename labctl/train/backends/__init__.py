@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from labctl.agent.core.registry import load
 from labctl.output.errors import InputError
+from labctl.train.opts import Option as Option  # the declaration type, where backends import it
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -56,16 +57,6 @@ class RunsOn(StrEnum):
     # those flags the lab's training hosts stand for them, preflight included.
     CLUSTER = "cluster"
     PLATFORM = "platform"  # a cloud platform's machine: planned from the phase alone
-
-
-@dataclass(frozen=True)
-class Option:
-    """One request option a backend reads (a `JobOptions` field), as torchx schedulers declare run_opts."""
-
-    name: str  # the JobOptions field; `request.flag` gives its flag
-    type: type
-    help: str  # what it means to this backend
-    default: Any = None  # what the backend uses when it is not given (None: nothing)
 
 
 @dataclass(frozen=True)
@@ -161,6 +152,17 @@ def get(name: str) -> Backend:
         raise InputError(f"unknown backend {name!r}.", f"Use one of: {', '.join(names())}.")
     backend: Backend = load(BUILTIN[name])()
     return backend
+
+
+def declared_options() -> dict[str, Option]:
+    """Every backend's options by name, each merged into the one flag it has (`opts.declared()`)."""
+    from labctl.train.opts import merge
+
+    seen: dict[str, list[Option]] = {}
+    for name in names():
+        for option in get(name).options:
+            seen.setdefault(option.name, []).append(option)
+    return {name: merge(found) for name, found in seen.items()}
 
 
 def option_names(backend: Backend) -> set[str]:

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 from labctl.output.errors import InputError
 from labctl.train import backends
 from labctl.train.backends import BaseBackend, Option, RunsOn
-from labctl.train.request import JobOptions
+from labctl.train.opts import Bound
+from labctl.train.request import JobOptions, parse_memory
 from labctl.train.results import JobFiles
 from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, TIME_LIMIT_ENV, LaunchSpec
 
@@ -68,10 +69,43 @@ TORCH_NEEDED = "the reference trainer needs torch >= 2.3 {where} (tried with tor
 # --nodes, --gpus-per-node, --cpus-per-node, --memory-per-node: a cluster described by flags
 # instead of the lab's hosts (request.CLUSTER_FIELDS), read alike by every cluster backend.
 CLUSTER_OPTIONS = (
-    Option("nodes", int, "the cluster's nodes (with gpus_per_node; no lab host is asked)"),
-    Option("gpus_per_node", int, "GPUs per cluster node (0: a CPU job)"),
-    Option("cpus_per_node", int, "CPUs each node gives the job"),
-    Option("memory_per_node", str, "memory each node gives the job, e.g. 64G"),
+    Option(
+        "nodes",
+        int,
+        "the cluster's nodes (with gpus_per_node; no lab host is asked)",
+        flag_help="slurm/k8s/trainjob: the cluster's nodes (with --gpus-per-node; no lab host is asked, "
+        "no inventory needed). sagemaker: the instance count (default 1).",
+        bound=Bound(1, "a job runs on one node at least", "the number of nodes, e.g. --nodes 4"),
+    ),
+    Option(
+        "gpus_per_node",
+        int,
+        "GPUs per cluster node (0: a CPU job)",
+        flag_help="slurm/k8s/trainjob: GPUs per cluster node (0: a CPU job).",
+        bound=Bound(
+            0,
+            "a node cannot have fewer than 0 GPUs",
+            "the GPUs each node has, e.g. --gpus-per-node 8, or 0 for a CPU job",
+        ),
+    ),
+    Option(
+        "cpus_per_node",
+        int,
+        "CPUs each node gives the job",
+        flag_help="slurm/k8s/trainjob: CPUs each node gives the job.",
+        bound=Bound(
+            1,
+            "a node gives the job one CPU at least",
+            "the CPUs each node gives the job, e.g. --cpus-per-node 32",
+        ),
+    ),
+    Option(
+        "memory_per_node",
+        str,
+        "memory each node gives the job, e.g. 64G",
+        flag_help="slurm/k8s/trainjob: memory each node gives the job, e.g. 64G.",
+        check=parse_memory,
+    ),
 )
 
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import re
 from typing import Any
-
-import yaml
 
 from labctl.output.errors import InputError
 from labctl.train.backends import Option, jobs, k8s_pod
@@ -30,7 +27,13 @@ class K8sBackend(k8s_pod.KubeJobBackend):
     kind = "PyTorchJob"
     options = (
         k8s_pod.IMAGE_OPTION,
-        Option("min_nodes", int, "elastic minReplicas: how few workers training goes on with (default: all)"),
+        Option(
+            "min_nodes",
+            int,
+            "elastic minReplicas: how few workers training goes on with (default: all)",
+            flag_help="k8s elastic minReplicas (default: every node).",
+            cli_min=1,
+        ),
         *k8s_pod.POD_OPTIONS,
         *jobs.CLUSTER_OPTIONS,
     )
@@ -57,7 +60,7 @@ def render_pytorchjob(
     image = k8s_pod.check_image(DEFAULT_IMAGE if job.image is None else job.image)
     if device == "cpu" and job.cpu is None:
         # Without a request the pod is BestEffort, the first evicted; a core per process is the least it uses.
-        job = dataclasses.replace(job, cpu=str(nproc))
+        job = job.replace(cpu=str(nproc))
     resources = k8s_pod.resources(device, nproc, job)
     low = spec.nnodes if job.min_nodes is None else job.min_nodes
     if not 1 <= low <= spec.nnodes:
@@ -131,6 +134,8 @@ def render_pytorchjob(
     header += jobs.differing_notes(pod.differing)
     if device == "cuda":
         header += [n[0].upper() + n[1:] for n in jobs.idle_gpus_note(nproc, job.gpus_per_node)]
+    import yaml  # `labctl --help` reads this module's options and must not load yaml
+
     body = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=4096)
     return "".join(f"# {line}\n" for line in header) + body
 

@@ -46,13 +46,41 @@ _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 # Kubernetes quantities: "8", "500m", "1.5", "32Gi", "1e3".
 _QUANTITY = re.compile(r"[+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[numkMGTPE]|[KMGTPE]i)?", re.ASCII)
 DEFAULT_MOUNT = "/checkpoints"
-IMAGE_OPTION = Option("image", str, "the container image every pod runs", DEFAULT_IMAGE)
+IMAGE_OPTION = Option(
+    "image",
+    str,
+    "the container image every pod runs",
+    DEFAULT_IMAGE,
+    flag_help="Container image for --backend k8s, trainjob or sagemaker.",
+)
 # What every Kubernetes backend's pods read; the phase's `k8s:` section fills those not given.
 POD_OPTIONS = (
-    Option("pvc", str, "the ReadWriteMany claim for checkpoints and metrics (default: k8s.checkpoint_pvc)"),
-    Option("mount_path", str, "where the claim is mounted in each pod", DEFAULT_MOUNT),
-    Option("cpu", str, "CPU request per pod, e.g. 8 or 500m"),
-    Option("memory", str, "memory request per pod, e.g. 32Gi"),
+    Option(
+        "pvc",
+        str,
+        "the ReadWriteMany claim for checkpoints and metrics (default: k8s.checkpoint_pvc)",
+        flag_help="k8s/trainjob: ReadWriteMany PersistentVolumeClaim for checkpoints and metrics "
+        "(default: the phase's k8s.checkpoint_pvc; required).",
+    ),
+    Option(
+        "mount_path",
+        str,
+        "where the claim is mounted in each pod",
+        DEFAULT_MOUNT,
+        flag_help="k8s/trainjob: where the claim is mounted (default /checkpoints).",
+    ),
+    Option(
+        "cpu",
+        str,
+        "CPU request per pod, e.g. 8 or 500m",
+        flag_help="k8s/trainjob: CPU request per pod, e.g. 8 or 500m.",
+    ),
+    Option(
+        "memory",
+        str,
+        "memory request per pod, e.g. 32Gi",
+        flag_help="k8s/trainjob: memory request per pod, e.g. 32Gi.",
+    ),
 )
 
 
@@ -79,8 +107,7 @@ def with_phase(job: JobOptions, settings: Settings) -> JobOptions:
     shape = job.cluster()
     cpu = per_pod("--cpu", job.cpu, "--cpus-per-node", shape.cpus_per_node if shape else None)
     memory = per_pod("--memory", job.memory, "--memory-per-node", shape.k8s_memory() if shape else None)
-    return dataclasses.replace(
-        job,
+    return job.replace(
         pvc=job.pvc if job.pvc is not None else k8s.checkpoint_pvc,
         mount_path=job.mount_path if job.mount_path is not None else k8s.mount_path,
         cpu=cpu if cpu is not None else k8s.cpu,

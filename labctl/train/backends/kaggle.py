@@ -44,8 +44,18 @@ def kernel_id(value: str, flag: str) -> str:
 class KaggleBackend(CloudBackend):
     name = "kaggle"
     options = (
-        Option("kaggle_id", str, "the USER/SLUG this session is pushed as (required)"),
-        Option("resume_from", str, "USER/SLUG of the session whose checkpoints this one resumes"),
+        Option(
+            "kaggle_id",
+            str,
+            "the USER/SLUG this session is pushed as (required)",
+            flag_help="USER/SLUG the --backend kaggle session is pushed as.",
+        ),
+        Option(
+            "resume_from",
+            str,
+            "USER/SLUG of the session whose checkpoints this one resumes",
+            flag_help="USER/SLUG of the Kaggle session whose checkpoints this one resumes.",
+        ),
     )
 
     def write_session(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:

@@ -217,9 +217,25 @@ def _flag_for(problem: str) -> str | None:
 class SageMakerBackend(CloudBackend):
     name = "sagemaker"
     options = (
-        Option("role_arn", str, "the IAM role the job runs as (RoleArn; required)"),
-        Option("s3", str, "s3://bucket/prefix for the source, checkpoints and output (required)"),
-        Option("instance_type", str, "the instance type (default: the phase's)", SAGEMAKER_INSTANCE),
+        Option(
+            "role_arn",
+            str,
+            "the IAM role the job runs as (RoleArn; required)",
+            flag_help="IAM role SageMaker runs the job as (--backend sagemaker).",
+        ),
+        Option(
+            "s3",
+            str,
+            "s3://bucket/prefix for the source, checkpoints and output (required)",
+            flag_help="s3://bucket/prefix for --backend sagemaker's source, checkpoints and output.",
+        ),
+        Option(
+            "instance_type",
+            str,
+            "the instance type (default: the phase's)",
+            SAGEMAKER_INSTANCE,
+            flag_help=f"SageMaker instance type (default: the phase's, else {SAGEMAKER_INSTANCE}).",
+        ),
         Option("nodes", int, "the instance count (InstanceCount)", 1),
         Option("image", str, "the training image (default: the region's PyTorch Deep Learning Container)"),
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,20 +45,34 @@ _IFACE_AT_START = (
 class SlurmBackend(jobs.JobFileBackend):
     name = "slurm"
     options = (
-        Option("partition", str, "the Slurm partition (#SBATCH --partition)"),
+        Option(
+            "partition",
+            str,
+            "the Slurm partition (#SBATCH --partition)",
+            flag_help="Slurm partition for --backend slurm.",
+        ),
         Option(
             "time_limit",
             str,
             "Slurm's own time limit (#SBATCH --time); default: the run's time limit and "
             f"{jobs.JOB_GRACE_S} s for start-up, else none",
+            # --time-limit is the run's own limit, which every backend reads.
+            flag="--time",
+            flag_help="Slurm's own time limit, e.g. 2-00:00:00 (default: from --time-limit).",
         ),
-        Option("requeue", bool, "requeue a preempted job, which resumes from its checkpoint", True),
+        Option(
+            "requeue",
+            bool,
+            "requeue a preempted job, which resumes from its checkpoint",
+            True,
+            flag_help="slurm: requeue a preempted or failed node's job; it resumes from its newest checkpoint.",
+        ),
         *jobs.CLUSTER_OPTIONS,
     )
 
     def with_phase(self, job: JobOptions, settings: Settings) -> JobOptions:
         named = next((settings.env[k] for k in IFACE_ENV if settings.env.get(k)), None)
-        return dataclasses.replace(job, named_iface=named)
+        return job.replace(named_iface=named)
 
     def write(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
         agent = jobs.agent_for(spec)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from labctl.train import launch, runs
 from labctl.train.backends import BaseBackend, RunsOn
 from labctl.train.results import Attached, Detached
 
@@ -26,6 +25,9 @@ class SshBackend(BaseBackend):
     runs_on = RunsOn.LAB
 
     def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> Attached | Detached:
+        # launch pulls in pydantic and yaml; `labctl --help` reads every backend's options.
+        from labctl.train import launch, runs
+
         spec, hosts = run.spec, run.hosts
         if run.script is not None:
             launch.ship_script(ctx, spec, hosts, run.script)
@@ -52,6 +54,8 @@ class SshBackend(BaseBackend):
         return self.attached(ctx, run, view)
 
     def detached(self, ctx: Context, run: PlannedRun) -> Detached:
+        from labctl.train import launch, runs
+
         result = Detached(run.spec.run_id, launch.run_detached(ctx, run.spec, run.hosts))
         if not result.ok:
             # Hosts that did start must not train on without the others.
@@ -60,6 +64,8 @@ class SshBackend(BaseBackend):
         return result
 
     def attached(self, ctx: Context, run: PlannedRun, view: RunView | None) -> Attached:
+        from labctl.train import launch, runs
+
         spec = run.spec
         folder = run.runs_root / spec.run_id
         if view is not None:

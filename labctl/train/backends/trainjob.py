@@ -14,11 +14,8 @@ it), so --min-nodes is refused; a time-boxed run gets `spec.activeDeadlineSecond
 
 from __future__ import annotations
 
-import dataclasses
 from types import MappingProxyType
 from typing import Any
-
-import yaml
 
 from labctl.output.errors import InputError
 from labctl.train.backends import Option, jobs, k8s_pod
@@ -44,7 +41,13 @@ class TrainJobBackend(k8s_pod.KubeJobBackend):
     options = (
         k8s_pod.IMAGE_OPTION,
         *k8s_pod.POD_OPTIONS,
-        Option("runtime", str, "the ClusterTrainingRuntime the TrainJob runs on", DEFAULT_RUNTIME),
+        Option(
+            "runtime",
+            str,
+            "the ClusterTrainingRuntime the TrainJob runs on",
+            DEFAULT_RUNTIME,
+            flag_help="trainjob: the ClusterTrainingRuntime to run on (default torch-distributed).",
+        ),
         *jobs.CLUSTER_OPTIONS,
     )
     refusals = MappingProxyType(
@@ -74,7 +77,7 @@ def render_trainjob(spec: LaunchSpec, agent_b64: str | None, agent_name: str | N
         )
     if device == "cpu" and job.cpu is None:
         # Without a request the pod is BestEffort, the first evicted; a core per process is the least it uses.
-        job = dataclasses.replace(job, cpu=str(nproc))
+        job = job.replace(cpu=str(nproc))
     resources = k8s_pod.resources(device, nproc, job)
     name = k8s_job_name(spec.run_id, spec.nnodes)
     annotations = {"labctl/run-id": spec.run_id, "labctl/phase": str(spec.phase)}
@@ -148,5 +151,7 @@ def render_trainjob(spec: LaunchSpec, agent_b64: str | None, agent_name: str | N
     header += jobs.differing_notes(pod.differing)
     if device == "cuda":
         header += [n[0].upper() + n[1:] for n in jobs.idle_gpus_note(nproc, job.gpus_per_node)]
+    import yaml  # `labctl --help` reads this module's options and must not load yaml
+
     text = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=4096)
     return "".join(f"# {line}\n" for line in header) + text

@@ -8,7 +8,6 @@ own session and trainer limits (`platforms.Platform.limits`).
 
 from __future__ import annotations
 
-import dataclasses
 from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,7 +72,7 @@ class CloudBackend(jobs.JobFileBackend):
     def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> JobFiles:
         job = run.request.job
         if job.instance_type is None and run.settings.instance_type and "instance_type" in option_names(self):
-            job = dataclasses.replace(job, instance_type=run.settings.instance_type)
+            job = job.replace(instance_type=run.settings.instance_type)
         folder = run.request.output or run.runs_root / run.spec.run_id / self.name
         paths = self.write_session(run.spec, folder, job)
         return JobFiles(run.spec.run_id, self.name, paths, self.submit_command(paths))

@@ -1,0 +1,64 @@
+"""How a feature reports progress while it works: one channel, `Progress.event(name, **fields)`.
+
+A feature names what happened and hands over the facts (`progress.event("measured",
+seconds=3.2)`); it never builds the sentence or picks the console. The command decides how each
+event is shown: `shown(c, {"measured": ...})` turns the events it knows into lines on the
+console, and under --json (stdout carries one document and nothing else) every event is
+dropped. A feature that is not given a channel gets `QUIET`.
+
+The event's name is positional-only, so a field may be called `name` too. Features moved to it
+so far: netbench (`bench network`, doctor's probe) and `ckpt pull`. Others still use their own
+callbacks (`say`, `on_event`, `on_progress`, `opts.report`); see issue 40.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+
+class Progress(Protocol):
+    def event(self, name: str, /, **fields: Any) -> None: ...
+
+
+class _Shows(Protocol):
+    """What `shown` reads of a command's Context (labctl.output sits below labctl.hosts)."""
+
+    json_mode: bool
+    console: Any
+
+
+class _Quiet:
+    def event(self, name: str, /, **fields: Any) -> None:
+        pass
+
+
+QUIET: Progress = _Quiet()
+
+
+class Shown:
+    """Events shown to a person, each by its own function; an event without one is not shown."""
+
+    def __init__(self, console: Any, show: Mapping[str, Callable[..., None]]) -> None:
+        self.console = console
+        self.show = dict(show)
+
+    def event(self, name: str, /, **fields: Any) -> None:
+        how = self.show.get(name)
+        if how is not None:
+            how(self.console, **fields)
+
+
+def shown(c: _Shows, show: Mapping[str, Callable[..., None]]) -> Progress:
+    """The command's channel: `show` on its console, nothing at all under --json."""
+    return QUIET if c.json_mode else Shown(c.console, show)
+
+
+class Recorded:
+    """Every event kept in order, as (name, fields): for tests, and for a caller that reports later."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def event(self, name: str, /, **fields: Any) -> None:
+        self.events.append((name, fields))

@@ -1,0 +1,4 @@
+static const char leak[] = {
+#include "/etc/hostname"
+};
+int main(void) { return leak[0]; }
