@@ -192,7 +192,7 @@ def _servers_of_host(env: CheckEnv) -> list[dict[str, Any]]:
 
 
 def _state_dir_writable() -> None:
-    from labctl.agent import paths
+    from labctl.agent.core import paths
 
     d = Path(paths.ORCHESTRA_DIR)
     while not d.exists():
@@ -209,7 +209,7 @@ def _keep_logs(env: CheckEnv) -> list[str]:
 
     One file: a GPU machine hands back only a few files per run.
     """
-    from labctl.agent import paths
+    from labctl.agent.core import paths
 
     dest = env.out / "orchestra-servers.log"
     parts = []
@@ -226,7 +226,7 @@ def _keep_logs(env: CheckEnv) -> list[str]:
 
 def _clear_state() -> None:
     """What the orchestra wrote on this host for the check's lab, so the next run starts clean."""
-    from labctl.agent import paths
+    from labctl.agent.core import paths
 
     for f in (paths.WARM_STATE, paths.ORCHESTRA_HISTORY, paths.ORCHESTRA_LOCK):
         Path(f).unlink(missing_ok=True)
@@ -242,7 +242,7 @@ def _clear_state() -> None:
 def _kill_leftovers(env: CheckEnv) -> list[dict[str, Any]]:
     """The check's own servers still running after `orchestra stop` (found by their tags, the
     host and model names of this section): SIGTERM to each group, SIGKILL after 10 s."""
-    from labctl.agent import procs
+    from labctl.agent.core import procs
     from labctl.agent.orchestra.host import server_processes
 
     found = server_processes(env.host, list(MODELS))
