@@ -83,10 +83,10 @@ def exec_(
     connection, the --verify command passed and labctl confirmed. If labctl cannot get back in,
     it waits for the revert, reconnects and reports what it saw (exit 1).
     """
-    from labctl.cli.lines import HostLinePrinter
     from labctl.hosts.fanout import HostResult, HostRun, exit_code, fan_out
     from labctl.hosts.recap import print_recap
     from labctl.inventory.select import select_hosts
+    from labctl.output.lines import HostLinePrinter
     from labctl.transport.base import still_running_hint
 
     line = " ".join(command)

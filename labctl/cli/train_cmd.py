@@ -17,8 +17,6 @@ from labctl.train.opts import Option
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
-    from labctl.train.results import Attached, Detached, JobPreview, RunsStatus, Stopped, TrainResult
-    from labctl.train.spec import LaunchSpec
 
 app = typer.Typer(no_args_is_help=False, invoke_without_command=True)
 
@@ -204,7 +202,7 @@ def train(
     if ctx.invoked_subcommand is not None:
         return
     from labctl.output.errors import InputError
-    from labctl.train import run
+    from labctl.train import render, run
     from labctl.train.duration import parse_duration
     from labctl.train.request import JobOptions, TrainRequest, parse_ranks
     from labctl.transport.shell import split_words
@@ -231,123 +229,16 @@ def train(
     )
 
     def work(c: Context) -> Outcome:
-        result = run.start(c, request, None if c.json_mode else _LiveView(c))
+        result = run.start(c, request, None if c.json_mode else render.LiveView(c.console))
         from labctl.train import results
 
         if isinstance(result, results.Attached) and result.interrupted:
             from labctl.cli.interrupted import carry_on
 
             carry_on("train", result.carry_on())  # what the run really wrote, for the Ctrl-C message
-        return Outcome(result.to_json(), lambda: _render(c, result), result.exit_code)
+        return Outcome(result.to_json(), lambda: render.render_result(c.console, result), result.exit_code)
 
     run_command(ctx, work, inventory, json_out, verbose)
-
-
-class _LiveView:
-    """An attached run on the terminal: a header, then the chosen ranks' lines as they come."""
-
-    def __init__(self, c: Context) -> None:
-        self.c = c
-
-    def started(self, spec: LaunchSpec, log_dir: Path) -> None:
-        from labctl.cli.lines import HostLinePrinter
-
-        self.printer = HostLinePrinter(self.c.console, max(len(n.host) for n in spec.nodes) + 3)
-        self.c.console.print(
-            f"[bold]train {spec.run_id}[/]: phase {spec.phase}, {spec.world_size} processes on "
-            f"{', '.join(f'{n.host} ({n.nproc} {n.device})' for n in spec.nodes)}; "
-            f"rendezvous {spec.head_address}:{spec.port}; logs {log_dir}"
-        )
-
-    def line(self, label: str, text: str, stream: str) -> None:
-        self.printer.print(label, text, stream)
-
-
-def _render(c: Context, result: TrainResult) -> None:
-    from labctl.train import results
-
-    if isinstance(result, results.DryRun):
-        _print_dry_run(c, result.spec)
-    elif isinstance(result, results.JobPreview):
-        _print_job_preview(c, result)
-    elif isinstance(result, results.JobFiles):
-        for p in result.files:
-            c.console.print(f"wrote {p}")
-        for note in result.notes:
-            c.console.print(f"Note: {note}", markup=False)
-        c.console.print(f"Submit with: {result.submit}")
-    elif isinstance(result, results.Detached):
-        _print_detached(c, result)
-    else:
-        _print_attached(c, result)
-
-
-def _print_detached(c: Context, result: Detached) -> None:
-    from labctl.hosts.recap import print_recap
-
-    print_recap(c.console, result.results, title=f"train {result.run_id} (detached)")
-    if result.ok:
-        c.console.print(
-            f"Follow with: labctl train status {result.run_id}    End with: labctl train stop {result.run_id}"
-        )
-
-
-def _print_attached(c: Context, result: Attached) -> None:
-    from labctl.hosts.recap import print_recap
-
-    run_id, steps, left = result.run_id, result.steps, result.remaining
-    if result.results:
-        print_recap(c.console, result.results, title=f"train {run_id}")
-    if steps and steps[0].get("loss") is not None and steps[-1].get("loss") is not None:
-        c.console.print(
-            f"loss {steps[0]['loss']:.4f} at step {steps[0]['step']} → {steps[-1]['loss']:.4f} at step {steps[-1]['step']}"
-            + (f"; {result.restarts} restart(s)" if result.restarts else "")
-        )
-    if left:
-        c.console.print(f"[red]processes of {run_id} still running: {left}[/]")
-    else:
-        c.console.print(f"[dim]no process of {run_id} remains on {', '.join(result.checked)}[/]")
-    if result.resume_step is not None:
-        c.console.print(
-            f"[yellow]time limit reached, resumable at step {result.resume_step}: "
-            "run the same command again to resume[/]"
-        )
-
-
-def _print_dry_run(c: Context, spec: LaunchSpec) -> None:
-    from labctl.train.duration import format_duration
-
-    limit = spec.time_limit_s
-    c.console.print(
-        f"[bold]dry run[/] {spec.run_id}: phase {spec.phase}, {spec.world_size} processes, {spec.dist_backend}, "
-        f"rendezvous {spec.head_address}:{spec.port}"
-        + (f", time limit {format_duration(limit)} (pauses with a checkpoint before it)" if limit else "")
-        + f". Preflight passed on {', '.join(n.host for n in spec.nodes)}; nothing launched."
-    )
-    for n in spec.nodes:
-        gpus = f" GPUs {', '.join(n.gpu_names)}" if n.gpu_names else ""
-        c.console.print(f"\n[cyan]{n.host}[/] ({n.nproc} × {n.device}{gpus}):")
-        typer.echo(spec.shell_line(n))
-
-
-def _print_job_preview(c: Context, result: JobPreview) -> None:
-    spec = result.spec
-    node = spec.nodes[0]
-    gpus = f"{result.gpus_per_node} GPUs" if result.gpus_per_node else "CPUs"
-    c.console.print(
-        f"[bold]dry run[/] {spec.run_id}: phase {spec.phase} as a {result.backend} job on {spec.nnodes} "
-        f"node{'s' if spec.nnodes != 1 else ''} × {gpus}, {node.nproc} {node.device} process"
-        f"{'es' if node.nproc != 1 else ''} each ({spec.world_size} in all, {spec.dist_backend}). "
-        "No lab host asked; nothing written."
-    )
-    for f in result.files:
-        if f.text is None:
-            c.console.print(f"\n[cyan]{f.name}[/] ({f.size} bytes, not text: not shown)")
-            continue
-        c.console.print(f"\n[cyan]{f.name}[/]:")
-        typer.echo(f.text, nl=not f.text.endswith("\n"))
-    for note in result.notes:
-        c.console.print(f"Note: {note}", markup=False)
 
 
 @app.command("settings")
@@ -358,10 +249,9 @@ def settings(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     Nested settings are dotted as --set takes them (model.d_model); in the file they nest
     (model: {d_model: 512}).
     """
-    from rich.table import Table
-
     from labctl.output.console import emit_json, make_console
     from labctl.train.phases import PROFILES, describe_settings
+    from labctl.train.render import render_settings
 
     rows = describe_settings()
     profiles: list[dict[str, Any]] = [
@@ -371,19 +261,7 @@ def settings(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     if json_out or root.get("json"):
         emit_json({"settings": rows, "profiles": profiles})
         return
-    table = Table(title="training settings (playbooks/train.yaml, --set KEY=VALUE)", title_justify="left")
-    for col in ("setting", "default", "e.g.", "what it is"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(r["setting"], r["default"], r["example"], r["meaning"])
-    console = make_console()
-    console.print(table, markup=False)
-    shown = Table(title="profiles (--profile NAME; --set wins over them)", title_justify="left")
-    for col in ("profile", "sets", "what it is for"):
-        shown.add_column(col, overflow="fold")
-    for p in profiles:
-        shown.add_row(p["profile"], " ".join(p["sets"]), p["meaning"])
-    console.print(shown, markup=False)
+    render_settings(make_console(), rows, profiles)
 
 
 @app.command("backends")
@@ -400,10 +278,9 @@ def backends_cmd(
 
         labctl --json train backends
     """
-    from rich.table import Table
-
     from labctl.output.console import emit_json, make_console
     from labctl.output.errors import InputError
+    from labctl.train.render import render_backends
 
     known = backends.names()
     if name is not None and name not in known:
@@ -416,16 +293,7 @@ def backends_cmd(
     if json_out or root.get("json"):
         emit_json(rows)
         return
-    table = Table(title="train backends (--backend NAME) and their options", title_justify="left")
-    for col in ("backend", "option", "type", "default", "what it is"):
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        if not row["options"]:
-            table.add_row(row["backend"], "(none)", "", "", "")
-        for o in row["options"]:
-            default = "" if o["default"] is None else str(o["default"])
-            table.add_row(row["backend"], o["flag"], o["type"], default, o["help"])
-    make_console().print(table, markup=False)
+    render_backends(make_console(), rows)
 
 
 @app.command("status")
@@ -438,46 +306,13 @@ def status(
 ) -> None:
     """Runs recorded here and, for those still running, what their hosts say (step, loss, state)."""
     from labctl.train import run
+    from labctl.train.render import render_status
 
     def work(c: Context) -> Outcome:
         result = run.status(c, run_id)
-        return Outcome(result.to_json(), lambda: _print_status(c, result))
+        return Outcome(result.to_json(), lambda: render_status(c.console, result))
 
     run_command(ctx, work, inventory, json_out, verbose)
-
-
-def _print_status(c: Context, result: RunsStatus) -> None:
-    from rich.table import Table
-
-    from labctl.train.launch import format_event
-
-    if not result.rows:
-        c.console.print(f"No runs recorded in {result.root}.")
-        return
-    table = Table(title="training runs")
-    table.add_column("run", no_wrap=True)
-    for col in ("phase", "state", "hosts", "last event"):
-        table.add_column(col)
-    for r in result.rows:
-        event = result.last_event(r)
-        # A host that could not say (unreachable, failed) says why beside its state.
-        per_host = ", ".join(
-            f"{h}: {s.get('state')}" + (f" ({s['error']})" if s.get("error") else "")
-            for h, s in r["host_state"].items()
-        ) or ", ".join(r["hosts"])
-        state = r.get("state", "?")
-        if state == "paused" and r.get("resume_step") is not None:
-            state = f"paused (resumable at step {r['resume_step']})"
-        if state == "failed" and r.get("reason"):
-            state = f"failed: {r['reason']}"
-        table.add_row(
-            r["run_id"],
-            str(r.get("phase")),
-            state,
-            per_host,
-            format_event(event, r["run_id"]) if event else "",
-        )
-    c.console.print(table)
 
 
 @app.command("show")
@@ -507,6 +342,7 @@ def show(
         labctl --json train show p3-20250101-120000-ab12 --samples -n 10
     """
     from labctl.train import runs
+    from labctl.train.render import render_show
     from labctl.train.results import _last_local_event
 
     def work(c: Context) -> Outcome:
@@ -516,26 +352,9 @@ def show(
         doc: dict[str, Any] = {"run": record, "last_event": event}
         if samples:
             doc["samples"] = runs.samples(root, run_id, last)
-        return Outcome(doc, lambda: _print_show(c, doc))
+        return Outcome(doc, lambda: render_show(c.console, doc))
 
     run_command(ctx, work, inventory, json_out, verbose)
-
-
-def _print_show(c: Context, doc: dict[str, Any]) -> None:
-    from labctl.train.launch import format_event, format_sample
-
-    rec = doc["run"]
-    c.console.print(
-        f"[bold]{rec['run_id']}[/]: phase {rec.get('phase')}, {rec.get('state', '?')}, "
-        f"hosts {', '.join(rec.get('hosts') or [])}; logs {rec.get('log_dir')}",
-        soft_wrap=True,
-        highlight=False,
-    )
-    if doc.get("last_event"):
-        c.console.print(format_event(doc["last_event"], rec["run_id"]), markup=False, soft_wrap=True)
-    for sample in doc.get("samples") or []:
-        c.console.print("")
-        c.console.print(format_sample(sample), markup=False, soft_wrap=True, highlight=False)
 
 
 @app.command("stop")
@@ -548,16 +367,10 @@ def stop(
 ) -> None:
     """Stop a run on every host: SIGTERM, SIGKILL after its grace period, then check nothing is left."""
     from labctl.train import run
+    from labctl.train.render import render_stopped
 
     def work(c: Context) -> Outcome:
         result = run.stop(c, run_id)
-        return Outcome(result.to_json(), lambda: _print_stopped(c, result), result.exit_code)
+        return Outcome(result.to_json(), lambda: render_stopped(c.console, result), result.exit_code)
 
     run_command(ctx, work, inventory, json_out, verbose)
-
-
-def _print_stopped(c: Context, result: Stopped) -> None:
-    if result.remaining:
-        c.console.print(f"[red]still running after SIGKILL: {result.remaining}[/]")
-    else:
-        c.console.print(f"stopped {result.run_id}: no process of it remains on {', '.join(result.checked)}")

@@ -5,7 +5,7 @@ Two runs at once would both read the host's state before either changed it, and 
 changing run holds the host's lock (the agent's `provision.host_lock`, a flock held by a process on its
 own channel) from before it reads the host's state until the host is done, so a second run
 plans from what the first one left. The second run waits, saying for whom, and after `wait`
-seconds gives up naming the holder. `--check` and `--dry-run` change nothing and take no lock.
+seconds gives up naming the holder. `--check` changes nothing and takes no lock.
 """
 
 from __future__ import annotations

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from labctl.output.errors import HostError
 
 if TYPE_CHECKING:
+    from labctl.agent.orchestra.host import StateAnswer
     from labctl.hosts.context import Context
     from labctl.inventory.model import Host
 
@@ -33,13 +34,16 @@ class HostView:
     others: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def from_answer(cls, host: str, answer: dict[str, Any]) -> HostView:
-        detected = answer.get("gpus") or None
+    def from_answer(cls, host: str, answer: StateAnswer) -> HostView:
+        # Kept as plain dicts: repair and status read keys the agent adds beyond the declaration
+        # (a server's `healthy`), which the checker allows.
+        detected = cast("list[dict[str, Any]] | None", answer.get("gpus") or None)
+        warm = answer.get("warm")
         return cls(
             host,
-            answer.get("warm") if isinstance(answer.get("warm"), dict) else None,
+            cast("dict[str, Any]", warm) if isinstance(warm, dict) else None,
             answer.get("warm_error"),
-            list(answer.get("servers") or []),
+            cast("list[dict[str, Any]]", list(answer["servers"])),
             list(answer.get("history") or []),
             detected,
             [o for o in answer.get("others") or [] if isinstance(o, dict)],
@@ -129,7 +133,7 @@ def read_views(
     from labctl.hosts.fanout import HostResult, HostRun, fan_out
 
     def step(run: HostRun) -> HostResult:
-        answer = call_agent(
+        answer: StateAnswer = call_agent(
             run,
             "orchestra.state",
             {"lab": ctx.inventory.lab, "host": run.host.name, "health_path": health_path, "gpus": gpus},
@@ -145,7 +149,7 @@ def read_views(
             f"The orchestra cannot read its serving hosts: {lines}",
             failed[0].hint or "Check the hosts with `labctl facts`, then run again.",
         )
-    return {r.host: HostView.from_answer(r.host, r.data or {}) for r in results}
+    return {r.host: HostView.from_answer(r.host, r.data) for r in results}
 
 
 def gone_hosts(views: Mapping[str, HostView], serving: Sequence[str], lab: str) -> dict[str, dict[str, Any]]:

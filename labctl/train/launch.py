@@ -45,7 +45,7 @@ class PreflightFailed(HostError):
         n = len(problems)
         super().__init__(
             f"Preflight found {n} problem{'s' if n != 1 else ''}; nothing was launched:\n  {lines}",
-            "Fix them and run again; `--dry-run` repeats the checks without launching.",
+            "Fix them and run again; `--check` repeats the checks without launching.",
         )
         self.problems = problems
 

@@ -580,7 +580,7 @@ def phases_error(path: Path, problems: list[Problem], phase: int = 1) -> Documen
     """`phase`: one the file declares, for a check command that runs as written."""
     from labctl.documents.defaults import shown_path
 
-    again = f"labctl train --phase {phase} -f {shlex.quote(shown_path(path))} --dry-run"
+    again = f"labctl train --phase {phase} -f {shlex.quote(shown_path(path))} --check"
     return DocumentError(
         "phases file", path, problems, fix_the_lines(len(problems), f"`{again}` validates without launching")
     )

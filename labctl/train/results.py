@@ -90,7 +90,7 @@ class PreviewFile:
 
 @dataclass(frozen=True)
 class JobPreview:
-    """A job for a cluster that --nodes describes, as it would be written (`--dry-run`); nothing was."""
+    """A job for a cluster that --nodes describes, as it would be written (`--check`); nothing was."""
 
     spec: LaunchSpec
     backend: str

@@ -94,7 +94,7 @@ def _start_offline(
     from labctl.train.backends.cloud.backend import offline_spec
 
     for flag, given in (
-        ("--dry-run", request.dry_run),
+        ("--check", request.dry_run),
         ("--limit", request.limit),
         ("--device", request.device),
     ):

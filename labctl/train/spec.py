@@ -1,7 +1,7 @@
 """A training run as data: what runs where, computed before anything is launched.
 
 `LaunchSpec` is the one description every backend renders: the SSH launcher turns each
-node into a `torch.distributed.run` command line, `--dry-run` prints those, and the Slurm
+node into a `torch.distributed.run` command line, `--check` prints those, and the Slurm
 and Kubeflow backends write the same run as a job file.
 
 `time_limit_s` (--time-limit) is the one place the run's time limit lives for the backends:
@@ -104,7 +104,7 @@ class LaunchSpec:
         return argv + self.entry_argv()
 
     def shell_line(self, node: NodeSpec) -> str:
-        """The exact command line for one host, environment included (what --dry-run prints)."""
+        """The exact command line for one host, environment included (what --check prints)."""
         from labctl.transport.shell import command_line, env_assignments
 
         env = env_assignments(dict(sorted(node.env.items())), f"{node.host}'s environment")

@@ -125,7 +125,7 @@ def test_the_kernel_metadata_carries_what_kaggle_needs(lab: Path, tmp_path: Path
             ("--kaggle-id", "alice/cet-p1-s1", "--role-arn", "arn:aws:iam::123456789012:role/x"),
             "--role-arn applies to --backend sagemaker, not kaggle",
         ),
-        (("--kaggle-id", "alice/cet-p1-s1", "--dry-run"), "--dry-run does not apply to --backend kaggle"),
+        (("--kaggle-id", "alice/cet-p1-s1", "--dry-run"), "--check does not apply to --backend kaggle"),
     ],
 )
 def test_a_broken_kaggle_session_is_refused_naming_the_flag(

@@ -1,4 +1,4 @@
-"""The host-prefixed line printer that `exec` and an attached `train` share (cli/lines.py)."""
+"""The host-prefixed line printer that `exec` and an attached `train` share (output/lines.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 import pytest
 from rich.console import Console
 
-from labctl.cli.lines import HostLinePrinter
 from labctl.output.console import has_no_reader
+from labctl.output.lines import HostLinePrinter
 
 
 def test_host_lines_are_padded_barred_and_split_by_stream(capsys: pytest.CaptureFixture[str]) -> None:

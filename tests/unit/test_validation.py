@@ -156,7 +156,7 @@ def test_each_document_kind_names_itself_and_its_check_command(tmp_path: Path) -
     )
     # the file's own phase and -f: the command runs as written and checks this file again
     assert e_ph.value.hint == (
-        f"Fix the lines named above; `labctl train --phase 1 -f {phases} --dry-run` validates without launching."
+        f"Fix the lines named above; `labctl train --phase 1 -f {phases} --check` validates without launching."
     )
 
 

@@ -96,6 +96,8 @@ class Health(_Health, total=False):
     state: str
     error: Optional[str]
     log_tail: str
+    seconds: float
+    health: Any
 
 
 class HealthAnswer(TypedDict):

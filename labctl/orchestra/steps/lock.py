@@ -25,7 +25,7 @@ ROTATION = LockKind(
     "is rotating the orchestra here",
     "is in the middle of another rotation",
     "Let that rotation finish (`labctl orchestra status` shows it), then run again; "
-    "--wait SECONDS waits longer, --dry-run takes no lock.",
+    "--wait SECONDS waits longer, --check takes no lock.",
     "LABCTL_ROTATE_LOCK_WAIT",
     paths.ORCHESTRA_LOCK,
 )

@@ -19,6 +19,7 @@ from labctl.output.errors import HostError
 from labctl.provision.hint import provision_fix
 
 if TYPE_CHECKING:
+    from labctl.agent.orchestra.host import Health, HealthAnswer, StartAnswer
     from labctl.orchestra.spec import Orchestra
 
 
@@ -74,7 +75,8 @@ def start_batch(rot: Rotation, host: str, batch: Sequence[Any]) -> None:
             spec = rot.orch.model(s.model)
             t = time.monotonic()
             rot.say(f"{host}: starting {s.model} on GPU {s.gpu if s.gpu is not None else '-'}")
-            info = rot.call(
+            # rot.call answers Any; the agent's checker has held each answer to its declaration
+            info: StartAnswer = rot.call(
                 host,
                 "orchestra.start",
                 {
@@ -101,7 +103,7 @@ def start_batch(rot: Rotation, host: str, batch: Sequence[Any]) -> None:
                 }
             )
         t = time.monotonic()
-        answer = rot.call(
+        answer: HealthAnswer = rot.call(
             host,
             "orchestra.health",
             {
@@ -128,12 +130,12 @@ def start_batch(rot: Rotation, host: str, batch: Sequence[Any]) -> None:
             stop_quietly(rot, host, [int(x["pid"]) for x in started])
         raise
     waited = time.monotonic() - t
-    results = {r["model"]: r for r in answer.get("results") or []}
-    bad = [r for r in results.values() if not r.get("healthy")]
+    results = {r["model"]: r for r in answer["results"]}
+    bad = [r for r in results.values() if not r["healthy"]]
     if bad or len(results) < len(started):
         stop_quietly(rot, host, [int(x["pid"]) for x in started])
         commit(rot, host)
-        r = bad[0] if bad else {"model": "?", "error": "no answer"}
+        r: Health = bad[0] if bad else {"model": "?", "healthy": False, "error": "no answer"}
         tail = (r.get("log_tail") or "").strip()[-600:]
         error = str(r.get("error") or "no health answer")
         torch_fix = None

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from labctl.orchestra.steps.commit import commit
 from labctl.orchestra.steps.publish import publish
 from labctl.orchestra.steps.state import Rotation, Timing
 from labctl.output.errors import HostError, LabctlError
+
+if TYPE_CHECKING:
+    from labctl.agent.orchestra.host import StopAnswer
 
 
 def stop(rot: Rotation, host: str, models: Sequence[str], pids: Sequence[int] = ()) -> list[Timing]:
@@ -18,7 +22,8 @@ def stop(rot: Rotation, host: str, models: Sequence[str], pids: Sequence[int] = 
     t = time.monotonic()
     if models:
         rot.say(f"{host}: stopping {', '.join(models)}")
-    answer = rot.call(
+    # rot.call answers Any; the agent's checker has held the answer to StopAnswer
+    answer: StopAnswer = rot.call(
         host,
         "orchestra.stop",
         {
@@ -28,7 +33,7 @@ def stop(rot: Rotation, host: str, models: Sequence[str], pids: Sequence[int] = 
         },
         timeout=rot.orch.server.stop_grace + 60,
     )
-    if answer.get("remaining"):
+    if answer["remaining"]:
         left = ", ".join(f"{r.get('model')} (pid {r.get('pid')})" for r in answer["remaining"])
         raise HostError(
             f"{host}: servers still run after SIGKILL: {left}.",
@@ -56,15 +61,15 @@ def stop_rest(rot: Rotation) -> None:
     """`orchestra stop`: whatever of this lab still runs on a serving host (recorded or not)
     is stopped too, not only what warm.json listed."""
     for host in sorted(rot.hosts):
-        answer = rot.call(
+        answer: StopAnswer = rot.call(
             host,
             "orchestra.stop",
             {"models": None, "pids": None, "grace": rot.orch.server.stop_grace},
             timeout=rot.orch.server.stop_grace + 60,
         )
-        stopped = answer.get("stopped") or []
+        stopped = answer["stopped"]
         if stopped:
-            listed = ", ".join(f"{s.get('model')} (pid {s.get('pid')})" for s in stopped)
+            listed = ", ".join(f"{s['model']} (pid {s['pid']})" for s in stopped)
             note = f"{host}: stopped {listed}: running, but not in warm.json"
             rot.result.repairs.append(note)
             rot.say(f"repaired {note}")

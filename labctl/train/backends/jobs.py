@@ -2,7 +2,7 @@
 
 `labctl train` launches torchrun over SSH, which suits a handful of lab hosts. When the lab
 outgrows that (a scheduler owns the GPUs, hosts come and go), `--backend slurm` and
-`--backend k8s` hand the SAME run, the same `LaunchSpec` the SSH launcher and `--dry-run`
+`--backend k8s` hand the SAME run, the same `LaunchSpec` the SSH launcher and `--check`
 use, to the cluster's own launcher as a job file.
 
 The output is self-contained: with the reference trainer, the agent zipapp that holds it
