@@ -13,7 +13,7 @@ callbacks (`say`, `on_event`, `on_progress`, `opts.report`); see issue 40.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 
@@ -49,9 +49,14 @@ class Shown:
             how(self.console, **fields)
 
 
-def shown(c: _Shows, show: Mapping[str, Callable[..., None]]) -> Progress:
-    """The command's channel: `show` on its console, nothing at all under --json."""
-    return QUIET if c.json_mode else Shown(c.console, show)
+def shown(c: _Shows, show: Mapping[str, Callable[..., None]], *, under_json: Iterable[str] = ()) -> Progress:
+    """The command's channel: `show` on its console, nothing at all under --json but the events
+    named in `under_json` (the console is stderr: a person running --json in a terminal still
+    needs to hear that a command is waiting on another, and stdout's document is untouched)."""
+    if not c.json_mode:
+        return Shown(c.console, show)
+    kept = {name: show[name] for name in under_json if name in show}
+    return Shown(c.console, kept) if kept else QUIET
 
 
 class Recorded:

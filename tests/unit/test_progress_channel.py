@@ -94,3 +94,118 @@ def test_an_event_field_may_be_called_name() -> None:
     rec = Recorded()
     rec.event("model present", name="tiny", host="irina")
     assert rec.events == [("model present", {"name": "tiny", "host": "irina"})]
+
+
+def _lock_waiting(progress: Any, kind: Any = None) -> None:
+    """HostLock hearing the agent say another command holds the host."""
+    from labctl.hosts.hostlock import PROVISION, HostLock
+
+    run = SimpleNamespace(host=SimpleNamespace(name="m5"), ctx=None)
+    lock = HostLock(run, 30, progress, kind or PROVISION)  # type: ignore[arg-type]
+    holder = '{"command": "labctl provision", "pid": 7, "controller": "ctl", "user": "ana"}'
+    lock._line("stderr", '{"event": "waiting", "holder": ' + holder + "}")
+
+
+def test_a_host_lock_reports_its_wait_as_an_event() -> None:
+    rec = Recorded()
+    _lock_waiting(rec)
+    assert rec.events == [
+        (
+            "waiting",
+            {
+                "host": "m5",
+                "command": "labctl provision",
+                "doing": "is changing this host",
+                "holder": "labctl provision pid 7 on ctl (ana), holding it since ?",
+                "wait": 30,
+            },
+        )
+    ]
+
+
+def test_provision_shows_its_events_as_the_lines_it_always_printed() -> None:
+    from labctl.provision.engine import ResourceResult
+    from labctl.provision.render import provision_progress
+
+    console, buf = _console()
+    progress = Shown(console, provision_progress(check=True, diff=False))
+    changed = ResourceResult(
+        "m5",
+        "cache /dev/shm",
+        "model_cache",
+        "changed",
+        changed=True,
+        summary=["mount tmpfs [64G]"],
+        seconds=1.234,
+    )
+    progress.event("resource", result=changed)
+    failed = ResourceResult(
+        "m5", "cron x", "cron", "failed", error="no [cron]", hint="install it", seconds=0.5
+    )
+    progress.event("resource", result=failed)
+    _lock_waiting(progress)
+    # What HEAD printed through on_event / on_wait for the same results and the same wait.
+    assert buf.getvalue() == (
+        "would change m5 cache /dev/shm 1.23s\n"
+        "              - mount tmpfs [64G]\n"
+        "      failed m5 cron x 0.50s\n"
+        "              no [cron] install it\n"
+        "m5: another labctl provision is changing this host (labctl provision pid 7 on ctl (ana), "
+        "holding it since ?); waiting for it, up to 30 s\n"
+    )
+
+
+def test_provision_under_json_still_says_it_waits_and_nothing_else() -> None:
+    from labctl.provision.engine import ResourceResult
+    from labctl.provision.render import provision_progress
+
+    console, buf = _console()
+    c = SimpleNamespace(json_mode=True, console=console)
+    progress = shown(c, provision_progress(check=False, diff=False), under_json=("waiting",))
+    progress.event("resource", result=ResourceResult("m5", "x", "file", "ok"))
+    _lock_waiting(progress)
+    assert buf.getvalue().startswith("m5: another labctl provision") and buf.getvalue().count("\n") == 1
+    assert shown(c, provision_progress(check=False, diff=False)) is QUIET
+
+
+def test_cron_install_passes_on_only_the_resources_that_are_news() -> None:
+    from labctl.cron.install import _Only
+    from labctl.provision.engine import ResourceResult
+
+    rec = Recorded()
+    key = ResourceResult("orch", "key", "ssh_keypair", "ok")
+    cron = ResourceResult("orch", "cron", "cron", "changed")
+    only = _Only(rec, lambda r: r.type != "ssh_keypair")
+    only.event("resource", result=key)
+    only.event("resource", result=cron)
+    only.event("waiting", host="orch")
+    assert rec.events == [("resource", {"result": cron}), ("waiting", {"host": "orch"})]
+
+
+def test_the_rotation_shows_its_events_as_the_lines_it_always_printed() -> None:
+    from labctl.hosts.hostlock import ROTATION
+    from labctl.orchestra.render import ROTATION_PROGRESS
+
+    console, buf = _console()
+    progress = Shown(console, ROTATION_PROGRESS)
+    progress.event("warming first")
+    progress.event("syncing", host="gpu1", models=["a", "b"], source="irina")
+    progress.event("starting", host="gpu1", model="a", gpu=0)
+    progress.event("starting", host="gpu1", model="b", gpu=None)
+    progress.event("health", host="gpu1", model="a", state="ready")
+    progress.event("stopping", host="gpu1", models=["c", "d"])
+    progress.event("repaired", note="gpu1: [x] gone")
+    progress.event("not published", host="trainer", error="unreachable")
+    _lock_waiting(progress, ROTATION)
+    assert buf.getvalue().splitlines() == [
+        "nothing is warm yet: starting the warm set first (not counted in the rotation)",
+        "gpu1: syncing a, b into the RAM cache from irina",
+        "gpu1: starting a on GPU 0",
+        "gpu1: starting b on GPU -",
+        "gpu1: a ready",
+        "gpu1: stopping c, d",
+        "repaired gpu1: [x] gone",
+        "trainer: the trainers' endpoints could not be rewritten: unreachable",
+        f"m5: another {ROTATION.command} {ROTATION.doing} (labctl provision pid 7 on ctl (ana), "
+        "holding it since ?); waiting for it, up to 30 s",
+    ]
