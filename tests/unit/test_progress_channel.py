@@ -183,8 +183,8 @@ def test_cron_install_passes_on_only_the_resources_that_are_news() -> None:
 
 
 def test_the_rotation_shows_its_events_as_the_lines_it_always_printed() -> None:
-    from labctl.hosts.hostlock import ROTATION
     from labctl.orchestra.render import ROTATION_PROGRESS
+    from labctl.orchestra.steps.lock import ROTATION
 
     console, buf = _console()
     progress = Shown(console, ROTATION_PROGRESS)
