@@ -209,3 +209,51 @@ def test_the_rotation_shows_its_events_as_the_lines_it_always_printed() -> None:
         f"m5: another {ROTATION.command} {ROTATION.doing} (labctl provision pid 7 on ctl (ana), "
         "holding it since ?); waiting for it, up to 30 s",
     ]
+
+
+def _pull(monkeypatch: Any, progress: Any, what: str | None = None) -> None:
+    """pull_from against an agent that reports two progress lines (and a line that is no event)."""
+    import labctl.hosts.agent_ship as ship
+    from labctl.cache.sync import pull_from
+
+    def call_agent(run: Any, command: str, args: Any, timeout: Any, on_line: Any) -> dict[str, Any]:
+        on_line("stderr", '{"event": "progress", "done": 10, "total": 100}')
+        on_line("stdout", "not an event")
+        on_line("stderr", '{"event": "progress", "done": 100, "total": 100}')
+        return {}
+
+    monkeypatch.setattr(ship, "call_agent", call_agent)
+    monkeypatch.setattr(ship, "agent_dir", lambda host: "/agent")
+    run = SimpleNamespace(
+        host=SimpleNamespace(name="m5"), conn=SimpleNamespace(put_bytes=lambda *a, **k: None)
+    )
+    server = SimpleNamespace(source=SimpleNamespace(address="10.0.0.2"))
+    pull_from(run, server, {"token": "t", "port": 1}, {}, {}, progress, what)  # type: ignore[arg-type]
+
+
+def test_a_cache_pull_reports_each_progress_line_as_copied_in_order(monkeypatch: Any) -> None:
+    rec = Recorded()
+    _pull(monkeypatch, rec)
+    assert rec.events == [
+        ("copied", {"what": "m5", "done": 10, "total": 100}),
+        ("copied", {"what": "m5", "done": 100, "total": 100}),
+    ]
+    rec = Recorded()
+    _pull(monkeypatch, rec, what="r1 step 200")  # ckpt backup and restore name the checkpoint
+    assert [f["what"] for _, f in rec.events] == ["r1 step 200", "r1 step 200"]
+
+
+def test_bars_render_copied_events_as_the_bar_the_old_update_drew() -> None:
+    from labctl.output.bars import Bars
+
+    console, _ = _console()
+    with Bars(console, enabled=True) as bars:
+        progress = shown(SimpleNamespace(json_mode=False, console=console), bars.shows())
+        progress.event("copied", what="m5", done=512 << 20, total=1 << 30)
+        progress.event("copied", what="r1 step 200", done=0, total=0)
+        tasks = {t.description: t for t in bars.progress.tasks}
+    assert list(tasks) == ["m5", "r1 step 200"]
+    m5, ckpt = tasks["m5"], tasks["r1 step 200"]
+    assert (m5.completed, m5.total, m5.fields["sizes"]) == (512 << 20, 1 << 30, "512.0 MiB/1.0 GiB")
+    assert (ckpt.completed, ckpt.total) == (0, 1.0)  # an unknown total draws as 1 byte, as before
+    assert Bars(console, enabled=False).shows()["copied"](console, what="x", done=1, total=2) is None
