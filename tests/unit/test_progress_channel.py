@@ -257,3 +257,29 @@ def test_bars_render_copied_events_as_the_bar_the_old_update_drew() -> None:
     assert (m5.completed, m5.total, m5.fields["sizes"]) == (512 << 20, 1 << 30, "512.0 MiB/1.0 GiB")
     assert (ckpt.completed, ckpt.total) == (0, 1.0)  # an unknown total draws as 1 byte, as before
     assert Bars(console, enabled=False).shows()["copied"](console, what="x", done=1, total=2) is None
+
+
+def test_a_network_transaction_reports_each_step_it_saw_in_order_and_keeps_it() -> None:
+    import time
+
+    from labctl.network.txn import TxnReport, _Transaction
+
+    rec = Recorded()
+    txn = _Transaction.__new__(_Transaction)
+    txn.report, txn.t0, txn.progress = TxnReport("m5", "bond bond0", "id", 90.0), time.monotonic(), rec
+    txn.saw("applied on the host")
+    txn.saw("verified and committed")
+    assert rec.events == [
+        ("seen", {"what": "applied on the host"}),
+        ("seen", {"what": "verified and committed"}),
+    ]
+    assert [s.split(" ", 1)[1] for s in txn.report.seen] == ["applied on the host", "verified and committed"]
+
+
+def test_the_bond_resource_shows_a_transaction_step_as_the_line_it_always_printed() -> None:
+    from labctl.provision.resources.network import BondResource
+
+    console, buf = _console()
+    bond = SimpleNamespace(label=lambda: "bond bond0")
+    Shown(console, {"seen": BondResource._seen(bond, "m5")}).event("seen", what="applied on the host")  # type: ignore[arg-type]
+    assert buf.getvalue() == "m5: bond bond0: applied on the host\n"
