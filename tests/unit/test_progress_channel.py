@@ -283,3 +283,49 @@ def test_the_bond_resource_shows_a_transaction_step_as_the_line_it_always_printe
     bond = SimpleNamespace(label=lambda: "bond bond0")
     Shown(console, {"seen": BondResource._seen(bond, "m5")}).event("seen", what="applied on the host")  # type: ignore[arg-type]
     assert buf.getvalue() == "m5: bond bond0: applied on the host\n"
+
+
+def test_bench_phase3_shows_its_events_as_the_lines_it_always_printed() -> None:
+    from labctl.phase3.render import PHASE3_PROGRESS
+
+    console, buf = _console()
+    progress = Shown(console, PHASE3_PROGRESS)
+    for part in ("cycle", "sandbox", "training", "learning"):
+        progress.event("measuring", part=part)
+    progress.event("rotating", step=5)
+    progress.event("learning", tasks=["t1", "t2"], coders=["c"], others=[])
+    progress.event("learning", tasks=["t1"], coders=["c", "d"], others=["e"])
+    progress.event("left behind", folder="/x/bench", hosts=[("m5", "exit 1"), ("m6", "gone")])
+    assert buf.getvalue().splitlines() == [
+        "the orchestra cycle, k = 1 .. warm models",
+        "sandbox executions through the service, then docker run --rm and the pool",
+        "a phase-3 run with a rotation in its middle",
+        "learning: a phase-3 run against a warm coder model whose hint matters",
+        "step 5 logged: rotating now",
+        "learning: 2 tasks t1, t2 against c",
+        "learning: 1 tasks t1 against c, d (also warm, whatever the hint: e)",
+        "/x/bench is left on m5 (exit 1), m6 (gone): remove it there by hand",
+    ]
+
+
+def test_bench_phase3_says_it_rotates_before_the_rotation_reports(monkeypatch: Any) -> None:
+    import labctl.orchestra.rotate as rotate_mod
+    import labctl.phase3.bench as pb
+
+    rec = Recorded()
+
+    def run_phase3(ctx: Any, args: Any, label: str, poll: Any, progress: Any) -> list[dict[str, Any]]:
+        poll([{"event": "step", "step": 1}])
+        poll([{"event": "step", "step": 2}])
+        poll([{"event": "step", "step": 3}])  # one rotation only
+        return [{"event": "step", "step": 1, "time": 1.0}, {"event": "step", "step": 3, "time": 2.0}]
+
+    def rotate(ctx: Any, orch: Any, opts: Any) -> Any:
+        rec.event("rotated")
+        doc = {"joined": [], "left": [], "seconds": 1.0}
+        return SimpleNamespace(to_json=lambda: doc)
+
+    monkeypatch.setattr(pb, "run_phase3", run_phase3)
+    monkeypatch.setattr(rotate_mod, "rotate", rotate)
+    pb.training_figure(None, None, [], None, 2, rec)  # type: ignore[arg-type]
+    assert rec.events == [("rotating", {"step": 2}), ("rotated", {})]
