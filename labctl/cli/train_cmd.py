@@ -204,6 +204,7 @@ def train(
     if ctx.invoked_subcommand is not None:
         return
     from labctl.output.errors import InputError
+    from labctl.output.progress import shown
     from labctl.train import run
     from labctl.train.duration import parse_duration
     from labctl.train.request import JobOptions, TrainRequest, parse_ranks
@@ -231,7 +232,7 @@ def train(
     )
 
     def work(c: Context) -> Outcome:
-        result = run.start(c, request, None if c.json_mode else _LiveView(c))
+        result = run.start(c, request, shown(c, _LiveView(c).shows()))
         from labctl.train import results
 
         if isinstance(result, results.Attached) and result.interrupted:
@@ -261,6 +262,13 @@ class _LiveView:
 
     def line(self, label: str, text: str, stream: str) -> None:
         self.printer.print(label, text, stream)
+
+    def shows(self) -> dict[str, Callable[..., None]]:
+        """The attached run's events (labctl.train.backends.Backend.submit) on this view."""
+        return {
+            "started": lambda _console, spec, log_dir: self.started(spec, log_dir),
+            "line": lambda _console, label, text, stream: self.line(label, text, stream),
+        }
 
 
 def _render(c: Context, result: TrainResult) -> None:

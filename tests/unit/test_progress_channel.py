@@ -329,3 +329,53 @@ def test_bench_phase3_says_it_rotates_before_the_rotation_reports(monkeypatch: A
     monkeypatch.setattr(rotate_mod, "rotate", rotate)
     pb.training_figure(None, None, [], None, 2, rec)  # type: ignore[arg-type]
     assert rec.events == [("rotating", {"step": 2}), ("rotated", {})]
+
+
+def test_an_attached_train_run_shows_its_events_as_the_lines_it_always_printed(capsys: Any) -> None:
+    from pathlib import Path
+
+    from labctl.cli.train_cmd import _LiveView
+
+    console, buf = _console()
+    spec = SimpleNamespace(
+        run_id="p2-x",
+        phase=2,
+        world_size=2,
+        nodes=[SimpleNamespace(host="m5", nproc=2, device="cuda")],
+        head_address="10.0.0.2",
+        port=29500,
+    )
+    progress = shown(
+        SimpleNamespace(json_mode=False, console=console), _LiveView(SimpleNamespace(console=console)).shows()
+    )  # type: ignore[arg-type]
+    progress.event("started", spec=spec, log_dir=Path("/runs/p2-x"))
+    progress.event("line", label="m5/0", text="step 1/10 loss 2.0", stream="stdout")
+    progress.event("line", label="m5/torchrun", text="ERROR x", stream="stderr")
+    # What HEAD's RunView printed for the same start and lines: stderr's on the console, a
+    # rank's stdout on stdout.
+    assert buf.getvalue() == (
+        "train p2-x: phase 2, 2 processes on m5 (2 cuda); rendezvous 10.0.0.2:29500; logs /runs/p2-x\n"
+        "m5/torchrun │ ERROR x\n"
+    )
+    assert capsys.readouterr().out == "m5/0  │ step 1/10 loss 2.0\n"
+
+
+def test_the_train_stream_reports_the_lines_it_shows_in_order(tmp_path: Any) -> None:
+    from labctl.train.launch import Stream
+
+    rec = Recorded()
+    stream = Stream(tmp_path, {0}, rec)
+    stream.open(["m5"])
+    try:
+        stream.line("m5", "stdout", "[rank0]:hello")
+        stream.line("m5", "stdout", "[rank1]:not a shown rank")
+        stream.line("m5", "stderr", "[rank1]:" + '{"event": "fatal", "reason": "no token"}')
+        stream.line("m5", "stderr", "torchrun ERROR: it broke")
+    finally:
+        stream.close()
+    assert [(f["label"], f["stream"]) for _, f in rec.events] == [
+        ("m5/0", "stdout"),
+        ("m5/1", "stderr"),
+        ("m5/torchrun", "stderr"),
+    ]
+    assert {name for name, _ in rec.events} == {"line"} and rec.events[0][1]["text"] == "hello"
