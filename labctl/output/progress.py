@@ -6,9 +6,11 @@ event is shown: `shown(c, {"measured": ...})` turns the events it knows into lin
 console, and under --json (stdout carries one document and nothing else) every event is
 dropped. A feature that is not given a channel gets `QUIET`.
 
-The event's name is positional-only, so a field may be called `name` too. Features moved to it
-so far: netbench (`bench network`, doctor's probe) and `ckpt pull`. Others still use their own
-callbacks (`say`, `on_event`, `on_progress`, `opts.report`); see issue 40.
+The event's name is positional-only, so a field may be called `name` too. Every feature that
+reports while it works does so here: netbench, ckpt pull, provision and cron (and the host lock's
+wait), the rotation and `bench rotation`, cache sync / verify and ckpt backup / restore (bars are
+a renderer of their "copied" events: labctl.output.bars), network transactions, `bench phase3`
+and an attached train run. A host's output lines (`on_line`) are a stream, not progress.
 """
 
 from __future__ import annotations
