@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from labctl.hosts.agent_ship import agent_event
 from labctl.hosts.listening import Listener
 from labctl.output.errors import HostError, InputError, LabctlError
 from labctl.output.fmt import fmt_bytes
+from labctl.output.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -38,8 +39,6 @@ DEFAULT_STREAMS = 4
 LONG = 7 * 24 * 3600.0  # "no timeout" for copies: the transfer itself has stall timeouts
 READY_TIMEOUT = 300.0  # listing a large library (hash caches read) before the server answers
 STOP_AFTER_ENV = "LABCTL_CACHE_TEST_STOP_AFTER"
-
-ProgressFn = Callable[[str, dict[str, Any]], None]
 
 
 class FileServer(Listener):
@@ -101,12 +100,14 @@ def pull_from(
     info: Mapping[str, Any],
     args: dict[str, Any],
     last: dict[str, Any],
-    on_progress: ProgressFn | None = None,
+    progress: Progress = QUIET,
+    what: str | None = None,
 ) -> dict[str, Any]:
     """`cache.pull` on `run`'s host from `server` (announced as `info`): host to host.
 
     `args` names what to pull and where (`cache` or `into`, `models`, ...); the address,
     port and token are added here. `last` keeps the latest progress event, for errors.
+    `progress` hears "copied" (what: `what`, else the host's name; done, total: bytes).
     """
     from labctl.hosts.agent_ship import agent_dir, call_agent
 
@@ -116,8 +117,9 @@ def pull_from(
         event = agent_event(stream, line, "progress")
         if event is not None:
             last.update(event)
-            if on_progress is not None:
-                on_progress(host, event)
+            progress.event(
+                "copied", what=what or host, done=event.get("done", 0), total=event.get("total", 0)
+            )
 
     # The token goes in a 0600 file, never on a command line other users can read.
     token_file = f"{agent_dir(run.host)}/cache-token-{uuid.uuid4().hex}"
@@ -147,7 +149,7 @@ class Prepared:
         run: HostRun,
         *,
         streams: int = DEFAULT_STREAMS,
-        on_progress: ProgressFn | None = None,
+        progress: Progress = QUIET,
         protect: Collection[str] = (),
     ) -> dict[str, Any]:
         """Bring the models into the target's cache (`run` is the cache host); returns what
@@ -209,7 +211,7 @@ class Prepared:
                 "source": f"{target.source.name}:{target.root}",  # the agent appends /MODEL
             }
             try:
-                pulled = pull_from(run, server, info, args, last, on_progress)
+                pulled = pull_from(run, server, info, args, last, progress)
             except HostError as e:
                 raise _pull_failed(e, host, target, last) from None
         finally:
@@ -332,13 +334,13 @@ def sync(
     *,
     streams: int = DEFAULT_STREAMS,
     chunk_size: int = DEFAULT_CHUNK,
-    on_progress: ProgressFn | None = None,
+    progress: Progress = QUIET,
     protect: Collection[str] = (),
 ) -> dict[str, Any]:
     """`labctl cache sync` for one cache host (`run`'s) as a function: raises a LabctlError.
     `protect`: cached models never evicted for room (as if pinned)."""
     p = prepare(run.ctx, [target], models, chunk_size)[target.host.name]
-    return p.sync(run, streams=streams, on_progress=on_progress, protect=protect)
+    return p.sync(run, streams=streams, progress=progress, protect=protect)
 
 
 def verify_host(
@@ -347,7 +349,7 @@ def verify_host(
     *,
     repair: bool = True,
     streams: int = DEFAULT_STREAMS,
-    on_progress: ProgressFn | None = None,
+    progress: Progress = QUIET,
 ) -> dict[str, Any]:
     """Re-hash cached models; re-fetch the corrupt ones from the storage host (resuming
     from their good chunks, so only the bad ones cross the network)."""
@@ -380,7 +382,7 @@ def verify_host(
         cs = next(
             int(m.get("chunk_size") or DEFAULT_CHUNK) for m in verified["models"] if m["name"] in corrupt
         )
-        synced = sync(run, target, corrupt, streams=streams, chunk_size=cs, on_progress=on_progress)
+        synced = sync(run, target, corrupt, streams=streams, chunk_size=cs, progress=progress)
     except LabctlError as e:
         for m in out["models"]:
             if m["name"] in corrupt:

@@ -25,7 +25,6 @@ its incoming folder, which the next backup resumes.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -41,12 +40,11 @@ from labctl.ckpt.library import (
     superseded,
 )
 from labctl.output.errors import HostError, InputError, LabctlError
+from labctl.output.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
     from labctl.inventory.model import Host
-
-ProgressFn = Callable[[str, dict[str, Any]], None]
 
 
 def choose(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -119,7 +117,7 @@ def copy_step(
     chunk_size: int,
     streams: int,
     backed_up_at: str,
-    on_progress: ProgressFn | None = None,
+    progress: Progress = QUIET,
 ) -> dict[str, Any]:
     """Copy one checkpoint from `src:folder` into the library and commit it; what happened."""
     from labctl.agent.ckpt.library import LibraryError, incoming_dir
@@ -155,12 +153,10 @@ def copy_step(
             "source": f"{src.name}:{folder}",
         }
 
-        def progress(_host: str, event: dict[str, Any]) -> None:
-            if on_progress is not None:
-                on_progress(label, event)
-
         try:
-            pulled = on_host(ctx, lib.host, lambda run: pull_from(run, server, info, args, last, progress))
+            pulled = on_host(
+                ctx, lib.host, lambda run: pull_from(run, server, info, args, last, progress, what=label)
+            )
         except HostError as e:
             where = ""
             if last.get("total"):
@@ -206,7 +202,7 @@ def backup(
     dry_run: bool = False,
     chunk_size: int,
     streams: int,
-    on_progress: ProgressFn | None = None,
+    progress: Progress = QUIET,
 ) -> dict[str, Any]:
     """Back up each run's newest checkpoint, then prune; JSON-ready. Per run: `action` is
     copied, present, would copy, replaced / would replace (the library's copy was `damaged`),
@@ -252,7 +248,7 @@ def backup(
                     chunk_size=chunk_size,
                     streams=streams,
                     backed_up_at=stamp,
-                    on_progress=on_progress,
+                    progress=progress,
                 )
             )
         except LabctlError as e:

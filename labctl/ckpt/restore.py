@@ -13,11 +13,11 @@ manifest, never sees a half-copied or damaged one. A copy that arrives damaged i
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from labctl.ckpt.library import Library, checkpoint_dir, copies, rehash, repair_hints
 from labctl.output.errors import HostError, InputError
+from labctl.output.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -99,7 +99,7 @@ def restore(
     folder: str | None,
     chunk_size: int,
     streams: int,
-    on_progress: Callable[[str, dict[str, Any]], None] | None = None,
+    progress: Progress = QUIET,
 ) -> dict[str, Any]:
     from labctl.agent.ckpt.library import step_dir_name
     from labctl.agent.train.ckpt import manifest_name, pt_name
@@ -162,12 +162,10 @@ def restore(
         }
         label = f"{run_id} step {n}"
 
-        def progress(_host: str, event: dict[str, Any]) -> None:
-            if on_progress is not None:
-                on_progress(label, event)
-
         try:
-            pulled = on_host(ctx, to, lambda run: pull_from(run, server, info, args, last, progress))
+            pulled = on_host(
+                ctx, to, lambda run: pull_from(run, server, info, args, last, progress, what=label)
+            )
         except HostError as e:
             raise HostError(
                 f"the restore of {label} from {lib.host.name} to {to.name}:{folder} stopped: {e.message}",

@@ -98,8 +98,9 @@ def phase3(
         labctl bench phase3 -f inventory/examples/orchestra-learn.yaml --learn --limit m5 --device cpu --profile cpu-demo
     """
     from labctl.output.errors import InputError
+    from labctl.output.progress import shown
     from labctl.phase3 import bench as pb
-    from labctl.phase3.render import render_phase3
+    from labctl.phase3.render import PHASE3_PROGRESS, render_phase3
 
     if learn and only:
         raise InputError(
@@ -127,23 +128,23 @@ def phase3(
     def work(c: Context) -> Outcome:
         from labctl.cli.orchestra_cmd import load
 
-        say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{text}[/]"))
+        progress = shown(c, PHASE3_PROGRESS)
         orch = load(c, file)
         doc: dict[str, Any] = {}
         if "cycle" in parts:
-            say and say("the orchestra cycle, k = 1 .. warm models")
+            progress.event("measuring", part="cycle")
             doc["cycle"] = pb.cycle_figure(c, orch, rounds, max_tokens)
         if "sandbox" in parts:
-            say and say("sandbox executions through the service, then docker run --rm and the pool")
+            progress.event("measuring", part="sandbox")
             doc["sandbox"] = pb.sandbox_figure(c, programs, batches, concurrency)
         if "training" in parts:
-            say and say("a phase-3 run with a rotation in its middle")
-            doc["training"] = pb.training_figure(c, orch, args, python, rotate_at, say)
+            progress.event("measuring", part="training")
+            doc["training"] = pb.training_figure(c, orch, args, python, rotate_at, progress)
         if "learning" in parts:
             from labctl.phase3.learn import learning_figure
 
-            say and say("learning: a phase-3 run against a warm coder model whose hint matters")
-            doc["learning"] = learning_figure(c, orch, args, learn_steps, say)
+            progress.event("measuring", part="learning")
+            doc["learning"] = learning_figure(c, orch, args, learn_steps, progress)
         failed = bool(doc.get("training", {}).get("failed_steps"))
         return Outcome(doc, lambda: render_phase3(c.console, doc), 1 if failed else 0)
 

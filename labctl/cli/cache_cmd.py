@@ -86,6 +86,7 @@ def sync_cmd(
     from labctl.hosts.fanout import HostResult, HostRun
     from labctl.inventory.select import select_hosts
     from labctl.output.bars import Bars
+    from labctl.output.progress import shown
 
     names = check_models(models, "sync")
     chunk = chunk_mb << 20
@@ -97,9 +98,10 @@ def sync_cmd(
         # Servers start on the storage hosts while the caches' states are read: one round trip.
         prepared = prepare(c, targets, names, chunk, port)
         bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
+        progress = shown(c, bars.shows())
 
         def step(run: HostRun) -> HostResult:
-            data = prepared[run.host.name].sync(run, streams=streams, on_progress=bars.update)
+            data = prepared[run.host.name].sync(run, streams=streams, progress=progress)
             return HostResult(run.host.name, "changed" if data["changed"] else "ok", data=data)
 
         return _fan(
@@ -226,15 +228,17 @@ def verify_cmd(
     from labctl.cache.targets import cache_hosts, check_models
     from labctl.hosts.fanout import HostResult, HostRun
     from labctl.output.bars import Bars
+    from labctl.output.progress import shown
 
     names = check_models(models, "verify") if models else []
 
     def work(c: Context) -> Outcome:
         hosts = cache_hosts(c.inventory, host)
         bars = Bars(c.console, enabled=not c.json_mode and c.console.is_terminal)
+        progress = shown(c, bars.shows())
 
         def step(run: HostRun) -> HostResult:
-            data = verify_host(run, names, repair=repair, streams=streams, on_progress=bars.update)
+            data = verify_host(run, names, repair=repair, streams=streams, progress=progress)
             bad = [m for m in data["models"] if m["status"] != "ok"]
             unrepaired = [m["name"] for m in bad if not m.get("repaired")]
             if unrepaired:

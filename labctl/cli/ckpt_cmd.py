@@ -147,6 +147,7 @@ def backup_cmd(
     from labctl.ckpt.library import find_storage, run_records
     from labctl.ckpt.render import render_backup
     from labctl.output.bars import Bars
+    from labctl.output.progress import shown
 
     def work(c: Context) -> Outcome:
         lib = find_storage(c.inventory, storage)
@@ -160,7 +161,7 @@ def backup_cmd(
                 dry_run=check,
                 chunk_size=chunk_mb << 20,
                 streams=streams,
-                on_progress=bars.update,
+                progress=shown(c, bars.shows()),
             )
 
         return Outcome(
@@ -272,6 +273,7 @@ def restore_cmd(
     from labctl.ckpt.render import render_restore
     from labctl.ckpt.restore import restore
     from labctl.output.bars import Bars
+    from labctl.output.progress import shown
 
     def work(c: Context) -> Outcome:
         lib = find_storage(c.inventory, storage)
@@ -287,7 +289,7 @@ def restore_cmd(
                 folder=folder,
                 chunk_size=chunk_mb << 20,
                 streams=streams,
-                on_progress=bars.update,
+                progress=shown(c, bars.shows()),
             )
 
         return Outcome(data, lambda: render_restore(c.console, data), 0)

@@ -102,7 +102,7 @@ def install(
             )
         when = resolve_schedule(period, schedule)
         out = run_install(
-            c, job, when, host, check, on_event=_events(c, check, diff), orchestra_file=orchestra_file
+            c, job, when, host, check, progress=_events(c, check, diff), orchestra_file=orchestra_file
         )
         return _outcome(c, out, check, f"cron install {job}")
 
@@ -162,20 +162,18 @@ def remove(
     from labctl.cron.install import remove as run_remove
 
     def work(c: Context) -> Outcome:
-        out = run_remove(c, name, host, purge, check, on_event=_events(c, check, False))
+        out = run_remove(c, name, host, purge, check, progress=_events(c, check, False))
         return _outcome(c, out, check, f"cron remove {name}")
 
     run_command(ctx, work, inventory, json_out, verbose)
 
 
 def _events(c: Any, check: bool, diff: bool) -> Any:
-    from labctl.provision.render import print_event
+    from labctl.output.progress import shown
+    from labctl.provision.render import provision_progress
 
-    def on_event(r: Any) -> None:
-        if not c.json_mode:
-            print_event(c.console, r, check, diff)
-
-    return on_event
+    # Only the resources' lines: cron has never said that it waits for another provision's lock.
+    return shown(c, {"resource": provision_progress(check, diff)["resource"]})
 
 
 def _outcome(c: Context, out: Any, check: bool, title: str) -> Outcome:

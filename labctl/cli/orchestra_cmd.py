@@ -233,26 +233,20 @@ def run_rotation(
     in_: Optional[list[str]] = None,
 ) -> None:
     """Rotate, start or stop; print or emit; exit 1 on a host failure (the error is raised)."""
-    from labctl.orchestra.render import render_rotation
+    from labctl.orchestra.render import ROTATION_PROGRESS, render_rotation
     from labctl.orchestra.rotate import Options, rotate
+    from labctl.output.progress import shown
 
     def work(c: Context) -> Outcome:
-        say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{_esc(text)}[/]", soft_wrap=True))
         orch = load(c, file)
         result = rotate(
             c,
             orch,
-            Options(kind, out or (), in_ or (), check, python, wait, say),
+            Options(kind, out or (), in_ or (), check, python, wait, shown(c, ROTATION_PROGRESS)),
         )
         return Outcome(result.to_json(), lambda: render_rotation(c.console, result, orch))
 
     run_command(ctx, work, inventory, json_out, verbose)
-
-
-def _esc(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
 
 
 @app.command("start")
@@ -358,12 +352,12 @@ def bench_rotation(
     Example: labctl bench rotation --json
     """
     from labctl.orchestra.bench import rotation_bench
-    from labctl.orchestra.render import render_bench
+    from labctl.orchestra.render import ROTATION_PROGRESS, render_bench
+    from labctl.output.progress import shown
 
     def work(c: Context) -> Outcome:
-        say = None if c.json_mode else (lambda text: c.console.print(f"[dim]{_esc(text)}[/]", soft_wrap=True))
         orch = load(c, file)
-        report = rotation_bench(c, orch, python, say)
+        report = rotation_bench(c, orch, python, shown(c, ROTATION_PROGRESS))
         return Outcome(report, lambda: render_bench(c.console, report))
 
     run_command(ctx, work, inventory, json_out, verbose)

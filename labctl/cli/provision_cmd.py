@@ -55,19 +55,15 @@ def provision(
     """
     from labctl.hosts.fanout import exit_code
     from labctl.inventory.select import select_hosts
-    from labctl.provision.engine import ResourceResult
+    from labctl.output.progress import shown
     from labctl.provision.engine import provision as run_provision
     from labctl.provision.playbook import load_playbook, parse_tags, skipped_plays
-    from labctl.provision.render import print_event, print_recap, print_skipped_plays, print_wait
+    from labctl.provision.render import print_recap, print_skipped_plays, provision_progress
 
     def work(c: Context) -> Outcome:
         book = load_playbook(playbook, c.inventory_path)
         hosts = select_hosts(c.inventory, limit)
         skipped = skipped_plays(book, c.inventory)
-
-        def on_event(r: ResourceResult) -> None:
-            if not c.json_mode:
-                print_event(c.console, r, check, diff)
 
         results, host_results = run_provision(
             c,
@@ -76,8 +72,8 @@ def provision(
             tags=parse_tags(tags, "--tags"),
             skip_tags=parse_tags(skip_tags, "--skip-tags"),
             check=check,
-            on_event=on_event,
-            on_wait=lambda msg: print_wait(c.console, msg),
+            # The wait goes to stderr even under --json: a run that seems stuck says why.
+            progress=shown(c, provision_progress(check, diff), under_json=("waiting",)),
         )
         data = {
             "playbook": str(book.path),

@@ -202,6 +202,7 @@ def train(
     if ctx.invoked_subcommand is not None:
         return
     from labctl.output.errors import InputError
+    from labctl.output.progress import shown
     from labctl.train import render, run
     from labctl.train.duration import parse_duration
     from labctl.train.request import JobOptions, TrainRequest, parse_ranks
@@ -229,7 +230,7 @@ def train(
     )
 
     def work(c: Context) -> Outcome:
-        result = run.start(c, request, None if c.json_mode else render.LiveView(c.console))
+        result = run.start(c, request, shown(c, render.LiveView(c.console).shows()))
         from labctl.train import results
 
         if isinstance(result, results.Attached) and result.interrupted:

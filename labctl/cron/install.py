@@ -4,6 +4,7 @@ provision engine, and every host's labctl jobs read back in one agent round trip
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,8 @@ from labctl.cron.jobs import JOBS, ORCHESTRA_COPY, companions, get_job
 from labctl.hosts.agent_ship import ask_agent, call_agent
 from labctl.hosts.fanout import HostResult, HostRun, fan_out
 from labctl.output.errors import InputError
-from labctl.provision.engine import Event, ResourceResult, provision
+from labctl.output.progress import QUIET, Progress
+from labctl.provision.engine import ResourceResult, provision
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -54,13 +56,24 @@ def public_key(ctx: Context, orch: Any) -> str | None:
     return " ".join(str(text).split()[:2]) if text else None
 
 
+class _Only:
+    """`progress` less the resources that are not news (the keypair's second look)."""
+
+    def __init__(self, progress: Progress, news: Callable[[ResourceResult], bool]) -> None:
+        self.progress, self.news = progress, news
+
+    def event(self, name: str, /, **fields: Any) -> None:
+        if name != "resource" or self.news(fields["result"]):
+            self.progress.event(name, **fields)
+
+
 def install(
     ctx: Context,
     job_name: str,
     schedule: str,
     host_name: str | None,
     check: bool,
-    on_event: Event | None = None,
+    progress: Progress = QUIET,
     orchestra_file: Path | None = None,
 ) -> Outcome:
     """`orchestra_file`: the file the rotate job rotates by, copied into the lab copy in place
@@ -90,7 +103,7 @@ def install(
         )
     key = public_key(ctx, orch)
     if key is None and not check:
-        out.add(*provision(ctx, plan.keypair_playbook(orch), [orch], on_event=on_event))
+        out.add(*provision(ctx, plan.keypair_playbook(orch), [orch], progress=progress))
         if any(r.status == "failed" for r in out.results):
             return out
         key = public_key(ctx, orch)
@@ -114,12 +127,8 @@ def install(
     def news(r: ResourceResult) -> bool:  # the key made first: its second look (ok) is not news
         return not (made_first and r.host == orch.name and r.type == "ssh_keypair")
 
-    def shown(r: ResourceResult) -> None:
-        if on_event and news(r):
-            on_event(r)
-
     targets = [orch, *(h for h in hosts if h.name != orch.name)]
-    results, host_results = provision(ctx, book, targets, check=check, on_event=shown)
+    results, host_results = provision(ctx, book, targets, check=check, progress=_Only(progress, news))
     for hr in host_results:
         hr.extra["ok"] = hr.extra.get("ok", 0) - sum(not news(r) for r in hr.data or [])
     out.add([r for r in results if news(r)], host_results)
@@ -130,7 +139,7 @@ def install(
             f"The {job.name} entry was not installed on {orch.name}: fix what failed, then run again."
         )
         return out
-    out.add(*provision(ctx, plan.cron_playbook(job, schedule, orch), [orch], check=check, on_event=on_event))
+    out.add(*provision(ctx, plan.cron_playbook(job, schedule, orch), [orch], check=check, progress=progress))
     return out
 
 
@@ -169,7 +178,7 @@ def idle_text(host: str, jobs: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 def remove(
-    ctx: Context, name: str, host_name: str | None, purge: bool, check: bool, on_event: Event | None = None
+    ctx: Context, name: str, host_name: str | None, purge: bool, check: bool, progress: Progress = QUIET
 ) -> Outcome:
     orch = plan.orchestrator(ctx.inventory, host_name)
     hosts = plan.driven_hosts(ctx.inventory)
@@ -201,7 +210,7 @@ def remove(
     targets = [orch, *(h for h in hosts if h.name != orch.name)] if purge else [orch]
     out.add(
         *provision(
-            ctx, plan.remove_playbook(name, orch, hosts, purge), targets, check=check, on_event=on_event
+            ctx, plan.remove_playbook(name, orch, hosts, purge), targets, check=check, progress=progress
         )
     )
     return out

@@ -15,12 +15,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from labctl.output.errors import HostError, LabctlError
+from labctl.output.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from labctl.hosts.fanout import HostRun
@@ -63,6 +63,11 @@ def describe(holder: dict[str, Any]) -> str:
     return f"{holder.get('command', 'labctl')} pid {holder.get('pid', '?')} on {holder.get('controller', '?')}{user}, holding it since {at}"
 
 
+def waiting_text(host: str, command: str, doing: str, holder: str, wait: float) -> str:
+    """The "waiting" event said in words; each command shows it in its own style."""
+    return f"{host}: another {command} {doing} ({holder}); waiting for it, up to {wait:g} s"
+
+
 class HostLock:
     """`with HostLock(run):` the host's provision lock (or `kind`'s) is held for the block."""
 
@@ -70,13 +75,13 @@ class HostLock:
         self,
         run: HostRun,
         wait: float | None = None,
-        on_wait: Callable[[str], None] | None = None,
+        progress: Progress = QUIET,
         kind: LockKind = PROVISION,
     ) -> None:
         self.run = run
         self.kind = kind
         self.wait = wait if wait is not None else _wait_from_env(kind.wait_env)
-        self.on_wait = on_wait
+        self.progress = progress
         self.release = threading.Event()
         self.locked = threading.Event()
         self.ended = threading.Event()
@@ -119,10 +124,14 @@ class HostLock:
         if event.get("event") in ("waiting", "busy"):
             holder = event.get("holder")
             self.holder = holder if isinstance(holder, dict) else {}
-        if event.get("event") == "waiting" and self.on_wait is not None:
-            self.on_wait(
-                f"{self.run.host.name}: another {self.kind.command} {self.kind.doing} ({describe(self.holder)}); "
-                f"waiting for it, up to {self.wait:g} s"
+        if event.get("event") == "waiting":
+            self.progress.event(
+                "waiting",
+                host=self.run.host.name,
+                command=self.kind.command,
+                doing=self.kind.doing,
+                holder=describe(self.holder),
+                wait=self.wait,
             )
         elif event.get("event") == "locked":
             self.locked.set()

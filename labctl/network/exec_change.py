@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from labctl.network.txn import FreshRun, NetChange, TxnReport, keep_connection, transact
+from labctl.output.progress import Shown
 
 if TYPE_CHECKING:
     from labctl.hosts.fanout import HostResult, HostRun
@@ -55,7 +56,8 @@ def run_network_command(
         change,
         revert_after=revert_after,
         verify=verify_command(verify),
-        on_event=lambda what: on_line("stderr", f"net: {what}"),
+        # An exec's lines go where its host's output goes, not to the console.
+        progress=Shown(None, {"seen": lambda _console, what: on_line("stderr", f"net: {what}")}),
     )
     outputs = _outputs(report)
     for text in outputs:

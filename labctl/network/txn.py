@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from labctl.hosts.agent_ship import AgentFailed, call_agent
 from labctl.hosts.fanout import HostRun
 from labctl.output.errors import LabctlError
+from labctl.output.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Host
@@ -34,7 +35,6 @@ POLL_S = 0.3
 FINAL = ("committed", "reverted", "revert_incomplete")
 
 Verify = Callable[["FreshRun", float], list[str]]
-Event = Callable[[str], None]
 
 
 @dataclass
@@ -218,16 +218,17 @@ def transact(
     *,
     revert_after: float = DEFAULT_REVERT_AFTER,
     verify: Verify | None = None,
-    on_event: Event | None = None,
+    progress: Progress = QUIET,
     apply_delay: float = 1.0,
 ) -> TxnReport:
     """Carry `change` out on `run.host` in a transaction; the report says how it ended.
+    `progress` hears "seen" (what) as each step happens: the words the report's `seen` keeps.
 
     Raises only for what happens before the host is touched (it cannot be reached, the agent
     fails); every outcome after the keeper started is in the report.
     """
     with NETWORK_CHANGES:
-        return _Transaction(run, change, revert_after, verify, on_event, apply_delay).carry_out()
+        return _Transaction(run, change, revert_after, verify, progress, apply_delay).carry_out()
 
 
 class _Transaction:
@@ -237,14 +238,14 @@ class _Transaction:
         change: NetChange,
         revert_after: float,
         verify: Verify | None,
-        on_event: Event | None,
+        progress: Progress,
         apply_delay: float,
     ) -> None:
         self.run = run
         self.host = run.host
         self.change = change
         self.verify = verify
-        self.on_event = on_event
+        self.progress = progress
         self.apply_delay = apply_delay
         self.id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         self.report = TxnReport(self.host.name, change.label, self.id, revert_after)
@@ -259,8 +260,7 @@ class _Transaction:
 
     def saw(self, what: str) -> None:
         self.report.seen.append(f"+{time.monotonic() - self.t0:.1f}s {what}")
-        if self.on_event:
-            self.on_event(what)
+        self.progress.event("seen", what=what)
 
     def left(self) -> float:
         return self.deadline - self.margin - time.monotonic()

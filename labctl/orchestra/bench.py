@@ -9,8 +9,9 @@ shown beside it. Seed 000 §12.3's figures are per model 15 s load from RAM + 40
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from labctl.output.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -60,15 +61,15 @@ def report_from(
 
 
 def rotation_bench(
-    ctx: Context, orch: Orchestra, python: str | None, say: Callable[[str], None] | None
+    ctx: Context, orch: Orchestra, python: str | None, progress: Progress = QUIET
 ) -> dict[str, Any]:
+    """`progress` hears the rotations' events, and "warming first" before a start it makes."""
     from labctl.orchestra.rotate import Options, rotate
     from labctl.orchestra.status import orchestra_status
 
     startup = None
     if not orchestra_status(ctx, orch).rows:
-        if say:
-            say("nothing is warm yet: starting the warm set first (not counted in the rotation)")
-        startup = rotate(ctx, orch, Options("start", python=python, report=say)).to_json()
-    result = rotate(ctx, orch, Options("rotate", python=python, report=say)).to_json()
+        progress.event("warming first")
+        startup = rotate(ctx, orch, Options("start", python=python, progress=progress)).to_json()
+    result = rotate(ctx, orch, Options("rotate", python=python, progress=progress)).to_json()
     return report_from(result, orch.every_s, startup)

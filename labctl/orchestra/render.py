@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
@@ -334,3 +335,54 @@ def render_answers(console: Console, result: AskResult) -> None:
 def _printable(text: str) -> str:
     # These answers are raw model output: keep a terminal's control sequences out of the table.
     return "".join(c if c.isprintable() else "·" for c in text)
+
+
+def _said(console: Console, text: str) -> None:
+    console.print(f"[dim]{escape(text)}[/]", soft_wrap=True)
+
+
+def _starting(console: Console, host: str, model: str, gpu: int | None) -> None:
+    _said(console, f"{host}: starting {model} on GPU {gpu if gpu is not None else '-'}")
+
+
+def _health(console: Console, host: str, model: Any, state: Any) -> None:
+    _said(console, f"{host}: {model} {state}")
+
+
+def _stopping(console: Console, host: str, models: list[str]) -> None:
+    _said(console, f"{host}: stopping {', '.join(models)}")
+
+
+def _syncing(console: Console, host: str, models: list[str], source: str) -> None:
+    _said(console, f"{host}: syncing {', '.join(models)} into the RAM cache from {source}")
+
+
+def _repaired(console: Console, note: str) -> None:
+    _said(console, f"repaired {note}")
+
+
+def _not_published(console: Console, host: str, error: Any) -> None:
+    _said(console, f"{host}: the trainers' endpoints could not be rewritten: {error}")
+
+
+def _waiting(console: Console, **fields: Any) -> None:
+    from labctl.hosts.hostlock import waiting_text
+
+    _said(console, waiting_text(**fields))
+
+
+def _warming_first(console: Console) -> None:
+    _said(console, "nothing is warm yet: starting the warm set first (not counted in the rotation)")
+
+
+# How rotate / start / stop and `bench rotation` show the rotation's events: each one dim line.
+ROTATION_PROGRESS: dict[str, Callable[..., None]] = {
+    "starting": _starting,
+    "health": _health,
+    "stopping": _stopping,
+    "syncing": _syncing,
+    "repaired": _repaired,
+    "not published": _not_published,
+    "waiting": _waiting,
+    "warming first": _warming_first,
+}

@@ -33,7 +33,7 @@ from labctl.orchestra.steps.lock import ROTATION, Locks, reach_gone
 from labctl.orchestra.steps.publish import publish
 from labctl.orchestra.steps.repair import left_behind, repair, retire, retire_note
 from labctl.orchestra.steps.start import failed_start_hint, lacks_torch, start_args, start_batch
-from labctl.orchestra.steps.state import Options, Report, Rotation, RotationResult, Timing
+from labctl.orchestra.steps.state import Options, Rotation, RotationResult, Timing
 from labctl.orchestra.steps.stop import stop, stop_rest
 from labctl.orchestra.steps.verify import verify
 from labctl.output.errors import InputError
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ROTATION",
     "Options",
-    "Report",
     "RotationResult",
     "Timing",
     "failed_start_hint",

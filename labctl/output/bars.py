@@ -4,6 +4,7 @@ and restore): one rich bar per host, on stderr, gone when the copy ends."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -38,12 +39,16 @@ class Bars:
         if self.progress is not None:
             self.progress.stop()
 
-    def update(self, host: str, event: dict[str, Any]) -> None:
+    def shows(self) -> dict[str, Callable[..., None]]:
+        """The bars as a renderer of a copy's "copied" events (labctl.output.progress)."""
+        return {"copied": lambda _console, what, done, total: self.update(what, done, total)}
+
+    def update(self, host: str, done: Any, total: Any) -> None:
         if self.progress is None:
             return
         from labctl.output.fmt import RateMeter, fmt_bytes, fmt_duration, fmt_rate
 
-        done, total = float(event.get("done", 0)), float(event.get("total", 0)) or 1.0
+        done, total = float(done), float(total) or 1.0
         if host not in self.tasks:
             self.meters[host] = RateMeter()
             self.tasks[host] = self.progress.add_task(host, total=total, sizes="", rate="", eta="")

@@ -6,14 +6,16 @@ event is shown: `shown(c, {"measured": ...})` turns the events it knows into lin
 console, and under --json (stdout carries one document and nothing else) every event is
 dropped. A feature that is not given a channel gets `QUIET`.
 
-The event's name is positional-only, so a field may be called `name` too. Features moved to it
-so far: netbench (`bench network`, doctor's probe) and `ckpt pull`. Others still use their own
-callbacks (`say`, `on_event`, `on_progress`, `opts.report`); see issue 40.
+The event's name is positional-only, so a field may be called `name` too. Every feature that
+reports while it works does so here: netbench, ckpt pull, provision and cron (and the host lock's
+wait), the rotation and `bench rotation`, cache sync / verify and ckpt backup / restore (bars are
+a renderer of their "copied" events: labctl.output.bars), network transactions, `bench phase3`
+and an attached train run. A host's output lines (`on_line`) are a stream, not progress.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 
@@ -49,9 +51,14 @@ class Shown:
             how(self.console, **fields)
 
 
-def shown(c: _Shows, show: Mapping[str, Callable[..., None]]) -> Progress:
-    """The command's channel: `show` on its console, nothing at all under --json."""
-    return QUIET if c.json_mode else Shown(c.console, show)
+def shown(c: _Shows, show: Mapping[str, Callable[..., None]], *, under_json: Iterable[str] = ()) -> Progress:
+    """The command's channel: `show` on its console, nothing at all under --json but the events
+    named in `under_json` (the console is stderr: a person running --json in a terminal still
+    needs to hear that a command is waiting on another, and stdout's document is untouched)."""
+    if not c.json_mode:
+        return Shown(c.console, show)
+    kept = {name: show[name] for name in under_json if name in show}
+    return Shown(c.console, kept) if kept else QUIET
 
 
 class Recorded:

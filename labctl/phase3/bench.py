@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from labctl.output.errors import HostError, InputError
+from labctl.output.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
     from labctl.orchestra.spec import Orchestra
-
-Say = Optional[Callable[[str], None]]
 
 
 def _warm_endpoints(ctx: Context, orch: Orchestra) -> list[Any]:
@@ -149,7 +148,7 @@ def run_phase3(
     train_args: list[str],
     label: str,
     poll: Optional[Callable[[list[dict[str, Any]]], None]] = None,
-    say: Say = None,
+    progress: Progress = QUIET,
 ) -> list[dict[str, Any]]:
     """A phase-3 run (`labctl train --phase 3 TRAIN_ARGS`) in a checkpoint folder of its own,
     removed afterwards from the hosts that trained; its step events. `poll(events)` is called
@@ -187,7 +186,7 @@ def run_phase3(
         if run.poll() is None:
             run.kill()
             run.wait()
-        _remove(ctx, folder, train_args, say)
+        _remove(ctx, folder, train_args, progress)
     if run.returncode != 0:
         raise HostError(
             f"The phase-3 run failed (exit {run.returncode}): {err.strip()[-600:] or out.strip()[-600:]}",
@@ -197,7 +196,12 @@ def run_phase3(
 
 
 def training_figure(
-    ctx: Context, orch: Orchestra, train_args: list[str], python: Optional[str], rotate_at: int, say: Say
+    ctx: Context,
+    orch: Orchestra,
+    train_args: list[str],
+    python: Optional[str],
+    rotate_at: int,
+    progress: Progress = QUIET,
 ) -> dict[str, Any]:
     """A phase-3 run, a rotation once it logged step `rotate_at`, then steps/s inside the
     rotation's window against outside it, and the run's mean reward."""
@@ -208,8 +212,7 @@ def training_figure(
     def poll(events: list[dict[str, Any]]) -> None:
         if window or not any(e.get("event") == "step" and e.get("step", 0) >= rotate_at for e in events):
             return
-        if say:
-            say(f"step {rotate_at} logged: rotating now")
+        progress.event("rotating", step=rotate_at)
         t0 = time.time()
         doc = rotate(ctx, orch, Options(python=python)).to_json()
         summary = {
@@ -219,7 +222,7 @@ def training_figure(
         }
         window.append((t0, time.time(), summary))
 
-    steps = run_phase3(ctx, train_args, "phase3", poll, say)
+    steps = run_phase3(ctx, train_args, "phase3", poll, progress)
     if not window:
         raise InputError(
             f"The run ended before step {rotate_at}: no rotation happened inside it.",
@@ -234,11 +237,11 @@ def training_figure(
     }
 
 
-def _remove(ctx: Context, folder: str, train_args: list[str], say: Say) -> None:
+def _remove(ctx: Context, folder: str, train_args: list[str], progress: Progress) -> None:
     """The measured run's checkpoint folder off the hosts that trained (--limit's, else role train).
 
-    Called from a `finally`: a host that fails, or a --limit that names none, is said (when
-    `say`), never raised, so it cannot hide how the run itself ended."""
+    Called from a `finally`: a host that fails, or a --limit that names none, is said (a "left
+    behind" event), never raised, so it cannot hide how the run itself ended."""
     from shlex import quote
 
     from labctl.hosts.fanout import HostResult, HostRun, fan_out
@@ -259,12 +262,8 @@ def _remove(ctx: Context, folder: str, train_args: list[str], say: Say) -> None:
     except LabctlError as e:
         results = [HostResult(limit, "failed", error=e.message.rstrip("."))]
     failed = [r for r in results if not r.ok]
-    if failed and say:
-        say(
-            f"{folder} is left on "
-            + ", ".join(f"{r.host} ({r.error})" for r in failed)
-            + ": remove it there by hand"
-        )
+    if failed:
+        progress.event("left behind", folder=folder, hosts=[(r.host, r.error) for r in failed])
 
 
 def window_rates(steps: list[dict[str, Any]], w0: float, w1: float) -> dict[str, Any]:

@@ -20,11 +20,11 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from labctl.output.errors import InputError
+from labctl.output.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
     from labctl.orchestra.spec import Orchestra
-    from labctl.phase3.bench import Say
 
 WINDOW = 10  # steps averaged at the start, at the end, and in the moving mean
 # What the run needs to show learning in a hundred steps (about 80 s on two cores); --set wins.
@@ -105,17 +105,13 @@ def learning_curve(rewards: list[float | None], window: int = WINDOW) -> dict[st
 
 
 def learning_figure(
-    ctx: Context, orch: Orchestra, train_args: list[str], steps: int, say: Say
+    ctx: Context, orch: Orchestra, train_args: list[str], steps: int, progress: Progress = QUIET
 ) -> dict[str, Any]:
     from labctl.phase3.bench import run_phase3
 
     coders, others, tasks = hint_coders(ctx, orch)
-    if say:
-        say(
-            f"learning: {len(tasks)} tasks {', '.join(tasks)} against {', '.join(coders)}"
-            + (f" (also warm, whatever the hint: {', '.join(others)})" if others else "")
-        )
-    events = run_phase3(ctx, learn_args(train_args, tasks, steps), "learn", say=say)
+    progress.event("learning", tasks=tasks, coders=coders, others=others)
+    events = run_phase3(ctx, learn_args(train_args, tasks, steps), "learn", progress=progress)
     rewards = [None if e.get("reward") is None else float(e["reward"]) for e in events]
     return {
         "models": coders,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -85,3 +86,50 @@ def _render_learning(console: Any, lr: dict[str, Any]) -> None:
             f"[yellow]also warm, passing whatever the CET writes: {', '.join(lr['other_models'])} "
             "(the reward's floor)[/]"
         )
+
+
+def _said(console: Any, text: str) -> None:
+    # Not escaped and not soft-wrapped: as `bench phase3` has always printed these.
+    console.print(f"[dim]{text}[/]")
+
+
+_PARTS = {
+    "cycle": "the orchestra cycle, k = 1 .. warm models",
+    "sandbox": "sandbox executions through the service, then docker run --rm and the pool",
+    "training": "a phase-3 run with a rotation in its middle",
+    "learning": "learning: a phase-3 run against a warm coder model whose hint matters",
+}
+
+
+def _measuring(console: Any, part: str) -> None:
+    _said(console, _PARTS[part])
+
+
+def _rotating(console: Any, step: int) -> None:
+    _said(console, f"step {step} logged: rotating now")
+
+
+def _learning(console: Any, tasks: list[str], coders: list[str], others: list[str]) -> None:
+    _said(
+        console,
+        f"learning: {len(tasks)} tasks {', '.join(tasks)} against {', '.join(coders)}"
+        + (f" (also warm, whatever the hint: {', '.join(others)})" if others else ""),
+    )
+
+
+def _left_behind(console: Any, folder: str, hosts: list[tuple[str, Any]]) -> None:
+    _said(
+        console,
+        f"{folder} is left on "
+        + ", ".join(f"{h} ({error})" for h, error in hosts)
+        + ": remove it there by hand",
+    )
+
+
+# How `bench phase3` shows its events: each one dim line.
+PHASE3_PROGRESS: dict[str, Callable[..., None]] = {
+    "measuring": _measuring,
+    "rotating": _rotating,
+    "learning": _learning,
+    "left behind": _left_behind,
+}

@@ -10,7 +10,7 @@ other hosts. `check` plans and reports and changes nothing anywhere.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from labctl.hosts.fanout import HostResult, HostRun, fan_out
 from labctl.hosts.hostlock import HostLock
 from labctl.inventory.model import Host, Inventory
 from labctl.output.errors import LabctlError
+from labctl.output.progress import QUIET, Progress
 from labctl.provision.playbook import Entry, Playbook, check_tags, play_members
 from labctl.provision.resource import Change, NotApplicable, PlanError, Resource, resource_class
 
@@ -44,9 +45,6 @@ class ResourceResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-Event = Callable[[ResourceResult], None]
 
 
 def wanted(entry: Entry, tags: set[str], skip: set[str]) -> bool:
@@ -103,15 +101,14 @@ def _read(run: HostRun, res: Resource) -> dict[str, dict[str, Any]]:
 
 
 def provision_host(
-    run: HostRun, entries: Sequence[Entry], check: bool, on_event: Event | None
+    run: HostRun, entries: Sequence[Entry], check: bool, progress: Progress = QUIET
 ) -> list[ResourceResult]:
     host = run.host
     results: list[ResourceResult] = []
 
     def emit(r: ResourceResult) -> None:
         results.append(r)
-        if on_event:
-            on_event(r)
+        progress.event("resource", result=r)
 
     resources: list[tuple[Entry, Resource | None, str | None]] = []
     for e in entries:
@@ -201,20 +198,21 @@ def provision(
     tags: set[str] | None = None,
     skip_tags: set[str] | None = None,
     check: bool = False,
-    on_event: Event | None = None,
-    on_wait: Callable[[str], None] | None = None,
+    progress: Progress = QUIET,
 ) -> tuple[list[ResourceResult], list[HostResult]]:
+    """`progress` hears "resource" (result=ResourceResult) as each resource finishes, and
+    "waiting" (HostLock's fields) while another provision holds a host."""
     plan = entries_for_hosts(hosts, playbook, ctx.inventory, tags or set(), skip_tags or set())
     chosen = [h for h in hosts if plan[h.name]]
 
     def step(run: HostRun) -> HostResult:
         if check or run.host.is_windows:  # --check changes nothing; the lock is a POSIX flock
-            res = provision_host(run, plan[run.host.name], check, on_event)
+            res = provision_host(run, plan[run.host.name], check, progress)
         else:
             # Held from before the host's state is read: a run that waited plans from what the
             # other one left.
-            with HostLock(run, on_wait=on_wait):
-                res = provision_host(run, plan[run.host.name], check, on_event)
+            with HostLock(run, progress=progress):
+                res = provision_host(run, plan[run.host.name], check, progress)
         counts = {s: sum(r.status == s for r in res) for s in ("ok", "changed", "failed", "skipped")}
         status = "failed" if counts["failed"] else ("changed" if counts["changed"] else "ok")
         return HostResult(run.host.name, status, data=res, extra=counts)

@@ -3,6 +3,7 @@ one line per resource as it finishes, then a recap table per host (rich, on stde
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,22 @@ def print_event(console: Any, r: Any, check: bool, diff: bool) -> None:
         console.print(Syntax(r.diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True))
 
 
-def print_wait(console: Any, message: str) -> None:
+def _waiting(console: Any, **fields: Any) -> None:
     from rich.markup import escape
 
-    console.print(f"[yellow]{escape(message)}[/]", soft_wrap=True)
+    from labctl.hosts.hostlock import waiting_text
+
+    console.print(f"[yellow]{escape(waiting_text(**fields))}[/]", soft_wrap=True)
+
+
+def provision_progress(check: bool, diff: bool) -> dict[str, Callable[..., None]]:
+    """How `provision` and `cron` show labctl.provision.engine's events: a resource's lines as
+    it finishes (a change as "would change" under --check, with its diff under --diff), and a
+    yellow line while another provision holds a host."""
+    return {
+        "resource": lambda console, result: print_event(console, result, check, diff),
+        "waiting": _waiting,
+    }
 
 
 def print_skipped_plays(console: Any, path: Path, skipped: list[dict[str, Any]]) -> None:

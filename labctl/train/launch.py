@@ -29,6 +29,7 @@ from labctl.hosts.context import Context
 from labctl.hosts.fanout import HostResult, HostRun, fan_out
 from labctl.inventory.model import Host
 from labctl.output.errors import HostError, InputError
+from labctl.output.progress import QUIET, Progress
 from labctl.train.failure import TorchrunText, failure_line, fatal_event, fatal_line
 from labctl.train.phases import Settings
 from labctl.train.plan import Problem, plan_run
@@ -306,7 +307,7 @@ class Stream:
 
     folder: Path
     ranks: Collection[int] | None  # None: every rank
-    show: Callable[[str, str, str], None] | None  # (host/rank label, text, stream)
+    progress: Progress = QUIET  # "line" (label: host/rank or host/torchrun, text, stream)
     events: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     files: dict[str, IO[str]] = field(default_factory=dict)
@@ -346,8 +347,7 @@ class Stream:
             self.files[host].write(text + "\n")
             if reason is not None:
                 self.fatal.setdefault(host, reason)
-                if self.show is not None:
-                    self.show(f"{host}/{rank}", fatal_line(reason), "stderr")
+                self.progress.event("line", label=f"{host}/{rank}", text=fatal_line(reason), stream="stderr")
                 return
             if event is not None and event.get("event") == "sample":
                 # Phase 3's sample of a step: `train show RUN --samples` reads it; too long to show.
@@ -361,7 +361,7 @@ class Stream:
                 self.metrics.write(json.dumps(event) + "\n")
                 if event.get("event") == "step" and self.first_step_at is None:
                     self.first_step_at = time.monotonic()
-            if self.show is None:
+            if self.progress is QUIET:  # the torchrun filter below keeps state for the screen only
                 return
             if rank is None:
                 # torchrun's own lines: restarts, rendezvous and failures matter; its INFO chatter
@@ -372,10 +372,11 @@ class Stream:
                     w in text
                     for w in ("ERROR", "Traceback", "Error", "WARNING", "restart", "Restart", "failed")
                 ):
-                    self.show(f"{host}/torchrun", text, "stderr")
+                    self.progress.event("line", label=f"{host}/torchrun", text=text, stream="stderr")
                 return
             if self.ranks is None or rank in self.ranks:
-                self.show(f"{host}/{rank}", format_event(event, self.folder.name) if event else body, stream)
+                shown = format_event(event, self.folder.name) if event else body
+                self.progress.event("line", label=f"{host}/{rank}", text=shown, stream=stream)
 
 
 @dataclass

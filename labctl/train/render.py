@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,13 @@ class LiveView:
 
     def line(self, label: str, text: str, stream: str) -> None:
         self.printer.print(label, text, stream)
+
+    def shows(self) -> dict[str, Callable[..., None]]:
+        """The attached run's events (labctl.train.backends.Backend.submit) on this view."""
+        return {
+            "started": lambda _console, spec, log_dir: self.started(spec, log_dir),
+            "line": lambda _console, label, text, stream: self.line(label, text, stream),
+        }
 
 
 def render_result(console: Console, result: TrainResult) -> None:

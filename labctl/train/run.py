@@ -3,7 +3,7 @@
 `start` turns a `TrainRequest` into a planned run (phase settings, hosts, preflight, the
 `LaunchSpec`, which carries the run's time limit) and hands it to the chosen backend
 (train/backends/), asking of it only what the `Backend` protocol declares. Nothing here prints:
-live output of an attached run goes to the `RunView` the caller passes, the rest comes back
+live output of an attached run goes to the progress channel the caller passes, the rest comes back
 as a result (train/results.py) for the CLI to render.
 """
 
@@ -18,15 +18,16 @@ from labctl.documents.validation import path_component
 from labctl.hosts.context import Context
 from labctl.inventory.select import require_role_hosts, select_hosts
 from labctl.output.errors import InputError
+from labctl.output.progress import QUIET, Progress
 from labctl.train import backends, launch, runs
-from labctl.train.backends import PlannedRun, RunsOn, RunView
+from labctl.train.backends import PlannedRun, RunsOn
 from labctl.train.phases import Settings, load_phases
 from labctl.train.plan import plan_cluster_run
 from labctl.train.request import ClusterShape, TrainRequest
 from labctl.train.results import DryRun, JobFiles, JobPreview, RunsStatus, Stopped, TrainResult
 
 
-def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> TrainResult:
+def start(ctx: Context, request: TrainRequest, progress: Progress = QUIET) -> TrainResult:
     """Preflight and plan the run, then launch it or write it down as `request.backend` does."""
     backend = backends.get(request.backend)
     settings = load_phases(request.file, ctx.inventory_path).settings(
@@ -84,7 +85,7 @@ def start(ctx: Context, request: TrainRequest, view: RunView | None = None) -> T
     if request.dry_run:
         return DryRun(spec)
     planned = PlannedRun(request, settings, spec, hosts, script, runs.runs_dir(ctx.inventory_file()))
-    return backend.submit(ctx, planned, view)
+    return backend.submit(ctx, planned, progress)
 
 
 def _start_offline(
@@ -112,7 +113,7 @@ def _start_offline(
         request.time_limit_s,
     )
     planned = PlannedRun(request, settings, spec, [], script, runs.runs_dir(ctx.inventory_file()))
-    return backend.submit(ctx, planned, None)
+    return backend.submit(ctx, planned, QUIET)
 
 
 def _start_cluster(
@@ -151,12 +152,12 @@ def _start_cluster(
     inventory = ctx.inventory_path
     root = runs.runs_dir(inventory) if inventory.is_file() else Path.cwd() / ".labctl" / "runs"
     if not request.dry_run:
-        return backend.submit(ctx, PlannedRun(request, settings, spec, [], script, root), None)
+        return backend.submit(ctx, PlannedRun(request, settings, spec, [], script, root), QUIET)
     # The backend writes the job as it would, into a folder that goes away: every check it makes
     # is made, and nothing is left.
     with tempfile.TemporaryDirectory(prefix="labctl-dry-run-") as tmp:
         planned = PlannedRun(dataclasses.replace(request, output=Path(tmp)), settings, spec, [], script, root)
-        written = backend.submit(ctx, planned, None)
+        written = backend.submit(ctx, planned, QUIET)
         if not isinstance(written, JobFiles):
             raise TypeError(f"--backend {request.backend} runs on a cluster but wrote no job files")
         return JobPreview.read(written, Path(tmp), cluster.gpus_per_node, spec)

@@ -9,8 +9,8 @@ The 90 s bound is a guard against a hang, not a speed measurement.
 
 from __future__ import annotations
 
-import json
 import contextlib
+import json
 import os
 import signal
 import subprocess

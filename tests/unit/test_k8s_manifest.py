@@ -22,6 +22,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
+from labctl.output.progress import QUIET
 from labctl.train import backends
 from labctl.train.backends import PlannedRun
 from labctl.train.backends.k8s import CLEAN_POD_POLICY, TORCH_NOTE, K8sBackend
@@ -81,7 +82,7 @@ def write(run: PlannedRun, backend: Any = None) -> tuple[list[dict[str, Any]], s
     # What train/run.py does before preflight.
     backends.check_options(backend, run.request.job)
     backend.check_request(run.request, run.settings)
-    result = backend.submit(cast(Any, None), run, None)
+    result = backend.submit(cast(Any, None), run, QUIET)
     [path] = result.files
     text = path.read_text()
     return list(yaml.safe_load_all(text)), text, result

@@ -439,7 +439,7 @@ def test_the_resource_end_to_end_on_this_machine(tmp_path: Path, monkeypatch: py
         h = Host(name="here", address="127.0.0.1", connection="local", python=sys.executable, gpus=[])
         try:
             [result] = provision_host(
-                HostRun(ctx, h, threading.Event()), [Entry("llama_cpp", params, [], None)], False, None
+                HostRun(ctx, h, threading.Event()), [Entry("llama_cpp", params, [], None)], False
             )
         finally:
             ctx.close()

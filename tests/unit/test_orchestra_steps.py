@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from rich.text import Text
 
 import labctl.orchestra.steps.cache as cache_step
 import labctl.orchestra.steps.lock as lock_step
@@ -18,6 +19,7 @@ import labctl.orchestra.steps.state as state
 from labctl.hosts.fanout import HostResult
 from labctl.inventory.model import Host, Inventory, ModelCache, Storage
 from labctl.orchestra.decide import PlanStep
+from labctl.orchestra.render import ROTATION_PROGRESS
 from labctl.orchestra.rotate import _Executor
 from labctl.orchestra.spec import load_orchestra
 from labctl.orchestra.steps.cache import sync_cache
@@ -27,6 +29,7 @@ from labctl.orchestra.steps.start import start_batch
 from labctl.orchestra.steps.state import Options, Rotation, RotationResult
 from labctl.orchestra.steps.stop import stop
 from labctl.output.errors import HostError
+from labctl.output.progress import QUIET, Shown
 
 ORCHESTRA = """\
 warm: 2
@@ -94,6 +97,16 @@ def agent(monkeypatch: pytest.MonkeyPatch) -> Agent:
     return fake
 
 
+class _Lines:
+    """A console that keeps each line as a person reads it, markup gone."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def print(self, text: str, **kw: Any) -> None:
+        self.lines.append(Text.from_markup(text).plain)
+
+
 def _rotation(
     tmp_path: Path, steps: list[PlanStep] | None = None, report: list[str] | None = None
 ) -> Rotation:
@@ -102,7 +115,7 @@ def _rotation(
     inv = _inventory()
     ctx = SimpleNamespace(inventory=inv, inventory_path=inv.path)
     plan = SimpleNamespace(steps=steps or [], cursor=None, to_json=lambda: {})
-    opts = Options(report=report.append if report is not None else None)
+    opts = Options(progress=Shown(_Lines(report), ROTATION_PROGRESS) if report is not None else QUIET)
     result = RotationResult("rotate", plan, False)  # type: ignore[arg-type]
     return Rotation(ctx, orch, opts, {"gpu1": inv.hosts["gpu1"]}, {}, plan, result)  # type: ignore[arg-type]
 
@@ -244,7 +257,7 @@ def test_a_gone_host_held_by_another_rotation_is_reported_unreachable_not_retire
     taken: list[str] = []
 
     class FakeLock:
-        def __init__(self, run: Any, wait: Any, report: Any, kind: Any) -> None:
+        def __init__(self, run: Any, wait: Any, progress: Any, kind: Any) -> None:
             assert kind is ROTATION
             self.name = run.host.name
 

@@ -143,10 +143,13 @@ def test_rank_0_writes_its_sample_beside_the_metrics_and_on_stdout_not_in_the_me
 
 
 def test_the_controller_keeps_rank_0s_samples_apart_and_does_not_print_them(tmp_path: Path) -> None:
+    from labctl.output.progress import Shown
     from labctl.train.launch import Stream
 
     shown: list[str] = []
-    stream = Stream(tmp_path / "p3-run", {0}, lambda label, text, s: shown.append(text))
+    stream = Stream(
+        tmp_path / "p3-run", {0}, Shown(None, {"line": lambda _c, label, text, stream: shown.append(text)})
+    )
     stream.open(["m5"])
     stream.line("m5", "stdout", '[rank0]:{"event": "sample", "step": 2, "model": "bad"}')
     stream.line("m5", "stdout", '[rank0]:{"event": "step", "step": 2, "steps": 3, "loss": 1.0}')

@@ -243,7 +243,7 @@ def run_engine(
     host = Host(name="here", address="127.0.0.1", connection="local", python=sys.executable, gpus=[])
     try:
         [result] = provision_host(
-            HostRun(ctx, host, threading.Event()), [Entry("torch_env", params, [], None)], False, None
+            HostRun(ctx, host, threading.Event()), [Entry("torch_env", params, [], None)], False
         )
     finally:
         ctx.close()

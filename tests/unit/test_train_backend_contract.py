@@ -16,6 +16,7 @@ import yaml
 from labctl.agent.train.settings import EXIT_PAUSED
 from labctl.hosts.context import Context
 from labctl.output.errors import InputError
+from labctl.output.progress import QUIET
 from labctl.train import backends, run
 from labctl.train.backends import BUILTIN, Backend, BaseBackend, Option, PlannedRun, RunsOn, jobs
 from labctl.train.backends.cloud import session
@@ -137,7 +138,7 @@ def cluster_run(backend: str, out: Path, job: JobOptions) -> PlannedRun:
 
 
 def written(backend: str, planned: PlannedRun) -> list[Path]:
-    result = backends.get(backend).submit(cast(Any, None), planned, None)
+    result = backends.get(backend).submit(cast(Any, None), planned, QUIET)
     assert isinstance(result, JobFiles)
     return result.files
 

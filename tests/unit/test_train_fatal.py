@@ -16,6 +16,7 @@ import pytest
 
 from labctl.agent.train import fatal
 from labctl.agent.train import host as train_host
+from labctl.output.progress import Shown
 from labctl.train.failure import TorchrunText, failure_line, fatal_event
 from labctl.train.launch import Stream
 from labctl.train.spec import LOG_PREFIX_TEMPLATE
@@ -90,7 +91,9 @@ def test_only_a_fatal_event_carries_a_reason() -> None:
 
 def test_the_stream_shows_the_reason_from_any_rank_and_no_torchrun_traceback(tmp_path: Path) -> None:
     shown: list[tuple[str, str]] = []
-    stream = Stream(tmp_path, None, lambda label, text, _s: shown.append((label, text)))
+    stream = Stream(
+        tmp_path, None, Shown(None, {"line": lambda _c, label, text, stream: shown.append((label, text))})
+    )
     stream.open(["m5"])
     try:
         stream.line(

@@ -87,7 +87,7 @@ def test_run_attached_on_a_local_host_trains_and_streams_rank_0(
     monkeypatch.setattr(launch, "fan_out", fan_out)
     monkeypatch.setattr(launch, "stop_everywhere", lambda *a, **k: {"here": []})
     s = spec(tmp_path, RANK0_LINE)
-    stream = launch.Stream(tmp_path / "runs", ranks=None, show=None)
+    stream = launch.Stream(tmp_path / "runs", ranks=None)
     stream.open(["here"])
     try:
         outcome = launch.run_attached(None, s, [host], stream, grace=1, timeout=60)  # type: ignore[arg-type]

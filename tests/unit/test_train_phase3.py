@@ -469,11 +469,15 @@ def test_steps_inside_a_rotations_window_are_timed_against_the_others() -> None:
 
 def test_the_measured_runs_checkpoints_are_removed_and_a_failure_is_said_not_raised(tmp_path: Any) -> None:
     import io
+    from types import SimpleNamespace
 
     from rich.console import Console
+    from rich.text import Text
 
     from labctl.hosts.context import Context
+    from labctl.output.progress import QUIET, Shown
     from labctl.phase3.bench import _remove
+    from labctl.phase3.render import PHASE3_PROGRESS
 
     inv = tmp_path / "lab.yaml"
     inv.write_text(
@@ -483,12 +487,15 @@ def test_the_measured_runs_checkpoints_are_removed_and_a_failure_is_said_not_rai
     (folder / "step-1").mkdir(parents=True)
     ctx = Context(console=Console(file=io.StringIO()), inventory_path=inv)
     said: list[str] = []
+    # The lines a person reads, markup gone.
+    lines = SimpleNamespace(print=lambda text, **kw: said.append(Text.from_markup(text).plain))
+    progress = Shown(lines, PHASE3_PROGRESS)
     try:
-        _remove(ctx, str(folder), [], said.append)
+        _remove(ctx, str(folder), [], progress)
         assert not folder.exists() and said == []
         # Called from a `finally`: a --limit that names no host is said, never raised.
-        _remove(ctx, str(folder), ["--limit", "nosuch"], said.append)
-        _remove(ctx, str(folder), ["--limit", "nosuch"], None)
+        _remove(ctx, str(folder), ["--limit", "nosuch"], progress)
+        _remove(ctx, str(folder), ["--limit", "nosuch"], QUIET)
     finally:
         ctx.close()
     assert len(said) == 1 and said[0].startswith(

@@ -17,8 +17,9 @@ from labctl.cli.train_cmd import Backend as BackendChoice
 from labctl.hosts.context import Context
 from labctl.hosts.fanout import HostResult
 from labctl.output.errors import EXIT_HOST, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, InputError
+from labctl.output.progress import Progress
 from labctl.train import backends, launch, run
-from labctl.train.backends import BaseBackend, PlannedRun, RunsOn, RunView
+from labctl.train.backends import BaseBackend, PlannedRun, RunsOn
 from labctl.train.backends.jobs import for_cluster
 from labctl.train.backends.k8s import K8sBackend
 from labctl.train.backends.slurm import SlurmBackend
@@ -264,7 +265,7 @@ class FakeBackend(BaseBackend):
         self.name = name
         self.runs: list[PlannedRun] = []
 
-    def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> JobFiles:
+    def submit(self, ctx: Context, run: PlannedRun, progress: Progress) -> JobFiles:
         self.runs.append(run)
         path = (run.request.output or run.runs_root) / "job.json"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,7 @@ def sync_missing(rot: Rotation, run: HostRun, folders: list[str]) -> dict[str, A
     missing = [f for f in folders if f not in cached]
     if not missing:
         return {"missing": [], "seconds": 0.0}
-    rot.say(f"{host}: syncing {', '.join(missing)} into the RAM cache from {target.source.name}")
+    rot.progress.event("syncing", host=host, models=list(missing), source=target.source.name)
     t = time.monotonic()
     names = set(rot.orch.names)
     warm = {rot.orch.model(m["name"]).folder for m in rot.warm[host] if m["name"] in names}

@@ -44,7 +44,7 @@ class Locks:
         for h in sorted(chosen, key=lambda h: h.name):
             self.stack.enter_context(
                 HostLock(
-                    HostRun(self.ctx, h, threading.Event()), self.opts.lock_wait, self.opts.report, ROTATION
+                    HostRun(self.ctx, h, threading.Event()), self.opts.lock_wait, self.opts.progress, ROTATION
                 )
             )
 

@@ -30,7 +30,7 @@ def publish(rot: Rotation, why: str, without: dict[str, list[str]] | None = None
     results = fan_out(rot.ctx, rot.consumers, step, label="publishing endpoints", progress=False)
     for r in results:
         if not r.ok:
-            rot.say(f"{r.host}: the trainers' endpoints could not be rewritten: {r.error}")
+            rot.progress.event("not published", host=r.host, error=r.error)
     rot.result.published.append(
         {
             "at": round(time.time(), 3),

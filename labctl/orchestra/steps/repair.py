@@ -27,7 +27,7 @@ def repair(rot: Rotation, repairs: dict[str, Repair]) -> None:
             notes = rep.notes()
             rot.result.repairs += notes
             for n in notes:
-                rot.say(f"repaired {n}")
+                rot.progress.event("repaired", note=n)
             commit(rot, host, {"at": time.time(), "kind": "repair", "notes": notes, "ok": True})
 
 
@@ -41,7 +41,7 @@ def retire(rot: Rotation, views: dict[str, HostView]) -> None:
             stop(rot, host, [], ())
         note = retire_note(host, view, rot.orch)
         rot.result.repairs.append(note)
-        rot.say(f"repaired {note}")
+        rot.progress.event("repaired", note=note)
         commit(rot, host, {"at": time.time(), "kind": "repair", "notes": [note], "ok": True})
 
 

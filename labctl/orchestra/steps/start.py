@@ -74,7 +74,7 @@ def start_batch(rot: Rotation, host: str, batch: Sequence[Any]) -> None:
         for s in batch:
             spec = rot.orch.model(s.model)
             t = time.monotonic()
-            rot.say(f"{host}: starting {s.model} on GPU {s.gpu if s.gpu is not None else '-'}")
+            rot.progress.event("starting", host=host, model=s.model, gpu=s.gpu)
             # rot.call answers Any; the agent's checker has held each answer to its declaration
             info: StartAnswer = rot.call(
                 host,
@@ -184,6 +184,6 @@ def health_line(rot: Rotation, host: str) -> Callable[[str, str], None]:
     def on_line(stream: str, line: str) -> None:
         ev = agent_event(stream, line, "health")
         if ev is not None and ev.get("state") in ("ready", "loading", "warming", "failed"):
-            rot.say(f"{host}: {ev.get('model')} {ev.get('state')}")
+            rot.progress.event("health", host=host, model=ev.get("model"), state=ev.get("state"))
 
     return on_line

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +12,7 @@ from labctl.cache.targets import resolve_target
 from labctl.hosts.agent_ship import call_agent
 from labctl.hosts.fanout import on_host
 from labctl.orchestra.endpoints import consumers
+from labctl.output.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     from labctl.cache.targets import Target
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
     from labctl.orchestra.decide import RotationPlan
     from labctl.orchestra.hoststate import HostView
     from labctl.orchestra.spec import Orchestra
-
-Report = Callable[[str], None]
 
 
 @dataclass
@@ -97,7 +96,9 @@ class Options:
     dry_run: bool = False
     python: str | None = None
     lock_wait: float | None = None
-    report: Report | None = None
+    # What the rotation says as it goes: "starting", "health", "stopping", "syncing",
+    # "repaired", "not published", and HostLock's "waiting" (labctl.orchestra.render shows them).
+    progress: Progress = QUIET
 
 
 class Rotation:
@@ -134,9 +135,9 @@ class Rotation:
         # model → (seconds of the cache sync it shared, whether it was cached already)
         self.cache_times: dict[str, tuple[float, bool]] = {}
 
-    def say(self, text: str) -> None:
-        if self.opts.report is not None:
-            self.opts.report(text)
+    @property
+    def progress(self) -> Progress:
+        return self.opts.progress
 
     def call(self, host: str, command: str, args: dict[str, Any], timeout: float = 120.0, **kw: Any) -> Any:
         """`command` on `host`'s agent, tagged with the lab and the host: the agent tags servers with them."""

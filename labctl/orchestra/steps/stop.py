@@ -21,7 +21,7 @@ def stop(rot: Rotation, host: str, models: Sequence[str], pids: Sequence[int] = 
     that outlives SIGKILL is an error."""
     t = time.monotonic()
     if models:
-        rot.say(f"{host}: stopping {', '.join(models)}")
+        rot.progress.event("stopping", host=host, models=list(models))
     # rot.call answers Any; the agent's checker has held the answer to StopAnswer
     answer: StopAnswer = rot.call(
         host,
@@ -72,7 +72,7 @@ def stop_rest(rot: Rotation) -> None:
             listed = ", ".join(f"{s['model']} (pid {s['pid']})" for s in stopped)
             note = f"{host}: stopped {listed}: running, but not in warm.json"
             rot.result.repairs.append(note)
-            rot.say(f"repaired {note}")
+            rot.progress.event("repaired", note=note)
         rot.warm[host] = []
         commit(rot, host)
     publish(rot, "stopped")

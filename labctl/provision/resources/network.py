@@ -13,6 +13,7 @@ up, and for 802.3ad one aggregator with a real LACP partner.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -20,6 +21,7 @@ from pydantic import Field
 from labctl.network.bond_preflight import preflight
 from labctl.network.bond_render import bond_file, render_bond, switch_reminder
 from labctl.network.bond_verify import verify_bond
+from labctl.output.progress import Shown
 from labctl.provision.resource import (
     Change,
     NotApplicable,
@@ -72,6 +74,14 @@ class BondResource(Resource):
 
     def label(self) -> str:
         return f"bond {self.bond.name}"
+
+    def _seen(self, host: str) -> Callable[..., None]:
+        """The transaction's "seen" events, each a dim line naming the host and the bond."""
+
+        def show(console: Any, what: str) -> None:
+            console.print(f"[dim]{host}: {self.label()}: {what}[/]")
+
+        return show
 
     def text(self) -> str:
         return render_bond(self.bond, self.host.name)
@@ -165,7 +175,7 @@ class BondResource(Resource):
             NetChange(label=op["label"], files=op["files"], commands=op["commands"], reapply=op["reapply"]),
             revert_after=self.params.revert_after,
             verify=self.verify,
-            on_event=lambda what: run.ctx.console.print(f"[dim]{run.host.name}: {self.label()}: {what}[/]"),
+            progress=Shown(run.ctx.console, {"seen": self._seen(run.host.name)}),
         )
         if not report.ok:
             raise PlanError(

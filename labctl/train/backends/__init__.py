@@ -33,6 +33,7 @@ from labctl.train.opts import Option as Option  # the declaration type, where ba
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
     from labctl.inventory.model import Host
+    from labctl.output.progress import Progress
     from labctl.train.phases import Settings
     from labctl.train.request import JobOptions, TrainRequest
     from labctl.train.results import TrainResult
@@ -76,15 +77,6 @@ class PlannedRun:
         return self.settings.checkpoint_dir == type(self.settings).model_fields["checkpoint_dir"].default
 
 
-class RunView(Protocol):
-    """Where an attached run's live output goes while it runs (the CLI's console)."""
-
-    def started(self, spec: LaunchSpec, log_dir: Path) -> None: ...
-
-    def line(self, label: str, text: str, stream: str) -> None:
-        """One line of a host's output; `label` is "host/rank" or "host/torchrun", `stream` stdout/stderr."""
-
-
 @runtime_checkable
 class Backend(Protocol):
     """Everything `labctl train` asks of a backend; train/run.py probes for nothing else."""
@@ -103,8 +95,10 @@ class Backend(Protocol):
         """Refuse what it cannot do with the request, before any host is asked."""
         ...
 
-    def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> TrainResult:
-        """Start the run, or write it down for another launcher; `view` is None in --json mode."""
+    def submit(self, ctx: Context, run: PlannedRun, progress: Progress) -> TrainResult:
+        """Start the run, or write it down for another launcher. An attached run's live output
+        goes to `progress` (QUIET in --json mode): "started" (spec, log_dir) once, then "line"
+        (label: "host/rank" or "host/torchrun", text, stream: stdout/stderr) per line shown."""
         ...
 
 
@@ -120,7 +114,7 @@ class BaseBackend:
     def check_request(self, request: TrainRequest, settings: Settings) -> None:
         return None
 
-    def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> TrainResult:
+    def submit(self, ctx: Context, run: PlannedRun, progress: Progress) -> TrainResult:
         raise NotImplementedError
 
 

@@ -38,7 +38,8 @@ from labctl.train.spec import FRESH_STORE_ENV, LOG_PREFIX_TEMPLATE, RUN_ENV, TIM
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
-    from labctl.train.backends import PlannedRun, RunView
+    from labctl.output.progress import Progress
+    from labctl.train.backends import PlannedRun
     from labctl.train.phases import Settings
 
 LOG_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
@@ -131,7 +132,7 @@ class JobFileBackend(BaseBackend, ABC):
         """The job options with the phase file's defaults for those no flag gave (none by default)."""
         return job
 
-    def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> JobFiles:
+    def submit(self, ctx: Context, run: PlannedRun, progress: Progress) -> JobFiles:
         spec = for_cluster(run.spec, run.default_checkpoint)
         folder = run.request.output or run.runs_root / spec.run_id / self.name
         job = self.with_phase(run.request.job, run.settings)

@@ -14,7 +14,8 @@ from labctl.train.results import Attached, Detached
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
-    from labctl.train.backends import PlannedRun, RunView
+    from labctl.output.progress import Progress
+    from labctl.train.backends import PlannedRun
 
 
 class SshBackend(BaseBackend):
@@ -24,7 +25,7 @@ class SshBackend(BaseBackend):
     name = "ssh"
     runs_on = RunsOn.LAB
 
-    def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> Attached | Detached:
+    def submit(self, ctx: Context, run: PlannedRun, progress: Progress) -> Attached | Detached:
         # launch pulls in pydantic and yaml; `labctl --help` reads every backend's options.
         from labctl.train import launch, runs
 
@@ -51,7 +52,7 @@ class SshBackend(BaseBackend):
         )
         if run.request.detach:
             return self.detached(ctx, run)
-        return self.attached(ctx, run, view)
+        return self.attached(ctx, run, progress)
 
     def detached(self, ctx: Context, run: PlannedRun) -> Detached:
         from labctl.train import launch, runs
@@ -63,14 +64,13 @@ class SshBackend(BaseBackend):
         runs.update(run.runs_root, run.spec.run_id, state="running" if result.ok else "failed")
         return result
 
-    def attached(self, ctx: Context, run: PlannedRun, view: RunView | None) -> Attached:
+    def attached(self, ctx: Context, run: PlannedRun, progress: Progress) -> Attached:
         from labctl.train import launch, runs
 
         spec = run.spec
         folder = run.runs_root / spec.run_id
-        if view is not None:
-            view.started(spec, folder)
-        stream = launch.Stream(folder, run.request.ranks, view.line if view is not None else None)
+        progress.event("started", spec=spec, log_dir=folder)
+        stream = launch.Stream(folder, run.request.ranks, progress)
         stream.open([n.host for n in spec.nodes])
         try:
             outcome = launch.run_attached(ctx, spec, run.hosts, stream, run.settings.stop_grace)

@@ -20,7 +20,8 @@ from labctl.train.spec import LaunchSpec
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
-    from labctl.train.backends import PlannedRun, RunView
+    from labctl.output.progress import Progress
+    from labctl.train.backends import PlannedRun
     from labctl.train.phases import Settings
 
 
@@ -69,7 +70,7 @@ class CloudBackend(jobs.JobFileBackend):
     def write(self, spec: LaunchSpec, folder: Path, job: JobOptions) -> list[Path]:
         return self.write_session(spec, folder, job)
 
-    def submit(self, ctx: Context, run: PlannedRun, view: RunView | None) -> JobFiles:
+    def submit(self, ctx: Context, run: PlannedRun, progress: Progress) -> JobFiles:
         job = run.request.job
         if job.instance_type is None and run.settings.instance_type and "instance_type" in option_names(self):
             job = job.replace(instance_type=run.settings.instance_type)
