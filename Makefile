@@ -88,7 +88,7 @@ demo: install deps
 	-$(BIN)/labctl -i $(SIM_INV) exec -l pharaoh --network --revert-after 10 -- 'ip addr flush dev eth0 && ip addr add 10.99.0.5/24 dev eth0'
 	$(BIN)/labctl -i $(SIM_INV) exec -l pharaoh -- 'ip -br addr show dev eth0'
 	@echo "== training, phase 1: the preflight refuses m5 (it declares a V100; the sim has no GPU and a CPU torch) =="
-	-$(BIN)/labctl -i $(SIM_INV) train --phase 1 --dry-run --python $(CURDIR)/$(BIN)/python
+	-$(BIN)/labctl -i $(SIM_INV) train --phase 1 --check --python $(CURDIR)/$(BIN)/python
 	@echo "== training, phase 1 on m5 + irina as CPU processes (gloo), a small model, checkpoints every 20 steps =="
 	@# A fresh start each time: a re-run with the same checkpoint_dir would resume at its last step.
 	$(BIN)/labctl -i $(SIM_INV) exec -l m5,irina -- rm -rf /var/lib/labctl/train/demo-phase1
