@@ -43,7 +43,7 @@ class HostFound:
     images_error: str | None = None
     alerts: list[Alert] | None = None  # seed 004's alerts firing on this host (None: not sampled)
     alerts_error: str | None = None
-    cron: dict[str, Any] | None = None  # cron_list's answer: labctl's jobs and the daemons running
+    cron: dict[str, Any] | None = None  # cron.list's answer: labctl's jobs and the daemons running
     cron_error: str | None = None
     error: str | None = None  # the host could not be asked at all
     hint: str | None = None

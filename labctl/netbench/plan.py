@@ -224,7 +224,7 @@ def build_report(
     links: list[HostLink],
     sink: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON `bench network --json` prints, from net_send's answer and both ends' links."""
+    """The JSON `bench network --json` prints, from netbench.send's answer and both ends' links."""
     link = path_mbps(links)
     runs: list[Run] = []
     for r in measured.get("runs") or []:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def read_files(
     ctx: Context, orch: Orchestra, hosts: Sequence[Host]
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """({model name: model_describe's answer}, [notes on what could not be read])."""
+    """({model name: modelload.describe's answer}, [notes on what could not be read])."""
     from labctl.cache.targets import resolve_target
     from labctl.hosts.agent_ship import call_agent
     from labctl.hosts.fanout import HostResult, HostRun, fan_out

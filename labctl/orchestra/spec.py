@@ -524,7 +524,7 @@ class Orchestra(Strict):
         scales: Mapping[str, float] | None = None,
     ) -> dict[str, float]:
         """{name: GPU memory need in GB} for `names` (default the whole library), in that order;
-        `files`: {name: model_describe's answer} where the storage host had the model."""
+        `files`: {name: modelload.describe's answer} where the storage host had the model."""
         files, scales = files or {}, scales or {}
         return {
             n: self.need_gb(n, files.get(n), scales.get(n, 1.0))

@@ -1,5 +1,5 @@
 """The two readings doctor added to existing agent commands, taken from the real agent over
-real sockets and a real process: ping's clock (for clock skew) and net_send's connect time
+real sockets and a real process: ping's clock (for clock skew) and netbench.send's connect time
 (for latency), carried through bench network's report."""
 
 from __future__ import annotations

@@ -461,7 +461,7 @@ def pull_command(args: Dict[str, Any]) -> Dict[str, Any]:
     no file is renamed into place unless every one is complete, in the order given.
     """
     if not args["into"] and args["cache"] is None:
-        raise AgentError("cache_pull: argument 'cache' (or 'into') is required", "bad_args")
+        raise AgentError("cache.pull: argument 'cache' (or 'into') is required", "bad_args")
     cache = Folder(args["into"], args["meta"]) if args["into"] else Cache(args["cache"])
     address, port = args["address"], args["port"]
     token = _read_token(args)

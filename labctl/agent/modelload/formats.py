@@ -785,7 +785,7 @@ def model_describe_command(args: Dict[str, Any]) -> Dict[str, Any]:
     paths = args["paths"]
     bad = [p for p in paths if not isinstance(p, str) or not p]
     if bad:
-        raise AgentError(f"model_describe: paths must be non-empty strings, got {bad[0]!r}", "bad_args")
+        raise AgentError(f"modelload.describe: paths must be non-empty strings, got {bad[0]!r}", "bad_args")
     models: Dict[str, Any] = {}
     for p in paths:
         try:

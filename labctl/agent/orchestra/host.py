@@ -477,7 +477,7 @@ def _append_history(entry: Dict[str, Any]) -> None:
     answers=StateAnswer,
 )
 def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """orch_state {host, health_path="/health", gpus: bool}: warm.json, history, live servers, GPUs."""
+    """orchestra.state {host, health_path="/health", gpus: bool}: warm.json, history, live servers, GPUs."""
     host, lab = _host(args), _lab(args)
     health_path = _health_path(args)
     warm, warm_error = read_warm()
@@ -563,7 +563,7 @@ def _format(
     answers=StartAnswer,
 )
 def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """orch_start {host, model, gpu, path, command, python, health_path, port, engine, binary,
+    """orchestra.start {host, model, gpu, path, command, python, health_path, port, engine, binary,
     cuda_check} -> {pid, port, log, started, argv}.
 
     `port` (optional): the port to use, refused (kind "port") when taken; default a free one.
@@ -689,7 +689,7 @@ def _alive(lab: str, host: str, model: str, pid: Optional[int]) -> bool:
     per_asked=("results", "servers"),
 )
 def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """orch_health {host, servers: [{model, port, pid}], timeout, health_path} -> {results}.
+    """orchestra.health {host, servers: [{model, port, pid}], timeout, health_path} -> {results}.
 
     Waits for every server at once until it answers 200, its process is gone (at once, with the
     log's tail), or `timeout` s passed. Progress: {"event": "health", "model", "state"} on stderr.
@@ -795,7 +795,7 @@ def health_command(args: Dict[str, Any]) -> Dict[str, Any]:
     answers=StopAnswer,
 )
 def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """orch_stop {host, models: [names] | null (all of the host's), pids: [server pids] | null,
+    """orchestra.stop {host, models: [names] | null (all of the host's), pids: [server pids] | null,
     grace} -> {stopped, remaining, absent}.
 
     SIGTERM to each server's process group, SIGKILL to what is left after `grace` s.
@@ -841,7 +841,7 @@ def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
     answers={"path?": "str", "updated?": "time"},
 )
 def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """orch_commit {host, warm: warm.json without "updated", history: entry | null} -> {path, updated}.
+    """orchestra.commit {host, warm: warm.json without "updated", history: entry | null} -> {path, updated}.
 
     warm.json is replaced atomically (phase 3's preflight reads it at any moment), then the
     entry is appended to history.jsonl; both carry the same "updated" stamp.
@@ -873,7 +873,7 @@ def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
     answers={"path": "str", "updated": "time", "models": "int"},
 )
 def publish_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """orch_publish {endpoints: {lab, models: [{name, base_url, model, host}], remote: [...]}}
+    """orchestra.publish {endpoints: {lab, models: [{name, base_url, model, host}], remote: [...]}}
     -> {path, updated, models}: on a host that trains, the models to ask now.
 
     Replaced atomically (a trainer reads it per batch of calls, at any moment); world-readable,

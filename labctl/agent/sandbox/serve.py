@@ -136,7 +136,7 @@ def _view(r: Dict[str, Any], state: str) -> Dict[str, Any]:
     answers=SANDBOX_SERVICE,
 )
 def start_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """sandbox_serve {lab, host, bind, port, langs, limits, pool, concurrency} ->
+    """sandbox.serve {lab, host, bind, port, langs, limits, pool, concurrency} ->
     {state: started | running | restarted, pid, port, bind, health, langs, token_made}.
 
     Idempotent: a service already running with this config is left as it is; one with
@@ -207,7 +207,7 @@ def _stop(lab: str, host: str, grace: float) -> List[int]:
     answers={"stopped": ["int"]},
 )
 def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """sandbox_serve_stop {lab, host, grace} -> {stopped: [pids]}: SIGTERM (the batches in
+    """sandbox.serve_stop {lab, host, grace} -> {stopped: [pids]}: SIGTERM (the batches in
     flight finish), SIGKILL what is left after `grace` s. Nothing running: stopped is []."""
     return {"stopped": _stop(args["lab"], args["host"], args["grace"])}
 
@@ -217,7 +217,7 @@ def stop_command(args: Dict[str, Any]) -> Dict[str, Any]:
     answers={"state": "str", "pid?": "int", "port?": "int", "bind?": "str"},
 )
 def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """sandbox_serve_state {lab, host} -> {state: running | stopped, ...}."""
+    """sandbox.serve_state {lab, host} -> {state: running | stopped, ...}."""
     r = _running(args["lab"], args["host"])
     if r is None:
         return {"state": "stopped"}
@@ -229,7 +229,7 @@ def state_command(args: Dict[str, Any]) -> Dict[str, Any]:
     answers={"token": "str"},
 )
 def token_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """sandbox_token {} -> {token}: the service's token, for the controller to hand on to the
+    """sandbox.token {} -> {token}: the service's token, for the controller to hand on to the
     training hosts' agents (it is never shown or logged)."""
     try:
         with open(paths.SANDBOX_TOKEN, "rb") as f:
@@ -243,7 +243,7 @@ def token_command(args: Dict[str, Any]) -> Dict[str, Any]:
     answers={"service": "str", "token_file": "str"},
 )
 def client_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """sandbox_client {service: {url, host, langs}} -> {service, token_file}: on a training
+    """sandbox.client {service: {url, host, langs}} -> {service, token_file}: on a training
     host, the service's address (0644) where the trainer's client reads it. The token itself
     arrived before, written by the controller straight into its 0600 file (its bytes on the SSH
     channel's stdin, never in a command line that `ps` would show); this checks it is there and
@@ -269,7 +269,7 @@ def client_command(args: Dict[str, Any]) -> Dict[str, Any]:
     answers={"removed": ["str"]},
 )
 def client_remove_command(args: Dict[str, Any]) -> Dict[str, Any]:
-    """sandbox_client_remove {} -> {removed}: the service is gone; so is its address here."""
+    """sandbox.client_remove {} -> {removed}: the service is gone; so is its address here."""
     removed = []
     for path in (paths.SANDBOX_CLIENT, paths.SANDBOX_CLIENT_TOKEN):
         try:
