@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from labctl.output.errors import HostError
 
 if TYPE_CHECKING:
-    from labctl.agent.orchestra.host import StateAnswer
+    from labctl.agent.orchestra.answers import StateAnswer
     from labctl.hosts.context import Context
     from labctl.inventory.model import Host
 

@@ -13,7 +13,7 @@ order); this module only carries it out on the serving hosts, in the plan's orde
   moment it lists exactly the servers that answer;
 - a joiner that fails is stopped (no half-started server is left) and the error names its log.
 Every stage is timed; the result is JSON-ready (`to_json`) for `--json` and `bench rotation`.
-Each stage is a module of labctl/orchestra/steps/; `_Executor` runs them in the plan's order.
+Each stage is a module of labctl/orchestra/steps/; `run_plan` runs them in the plan's order.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from labctl.cache.targets import has_cache
 from labctl.orchestra import spec
 from labctl.orchestra.decide import decide
 from labctl.orchestra.files import read_files
-from labctl.orchestra.hoststate import HostView, Repair, find_repair, gone_hosts, read_views
+from labctl.orchestra.hoststate import find_repair, gone_hosts, read_views
 from labctl.orchestra.steps.cache import sync_cache
 from labctl.orchestra.steps.commit import commit, history_entry
 from labctl.orchestra.steps.lock import ROTATION, Locks, reach_gone
@@ -42,7 +42,6 @@ from labctl.provision.hint import provision_fix
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
     from labctl.inventory.model import Host
-    from labctl.orchestra.decide import RotationPlan
     from labctl.orchestra.spec import Orchestra
 
 # Kept importable from here, where callers and tests have always found them.
@@ -59,7 +58,6 @@ __all__ = [
     "serving_hosts",
     "start_args",
 ]
-HISTORY_KEEP = 50
 
 
 def serving_hosts(ctx: Context, orch: Orchestra) -> list[Host]:
@@ -111,77 +109,47 @@ def rotate(ctx: Context, orch: Orchestra, opts: Options) -> RotationResult:
             result.seconds = time.monotonic() - t0
             return result
         result.repairs += [lb["note"] for lb in result.left_behind if not lb["command"]]
-        ex = _Executor(ctx, orch, opts, by_name, views, plan, result, retired, files)
-        ex.repair(repairs)
-        ex.retire(retired_views)
-        ex.run()
+        rot = Rotation(ctx, orch, opts, by_name, views, plan, result, retired, files)
+        repair(rot, repairs)
+        retire(rot, retired_views)
+        run_plan(rot)
         if opts.kind == "stop":
-            ex.stop_rest()
-        ex.verify()
+            stop_rest(rot)
+        verify(rot)
     result.seconds = time.monotonic() - t0
     return result
 
 
-class _Executor:
-    """Runs one plan's steps in order on a `Rotation`, the state every step shares."""
-
-    def __init__(
-        self,
-        ctx: Context,
-        orch: Orchestra,
-        opts: Options,
-        hosts: dict[str, Host],
-        views: dict[str, HostView],
-        plan: RotationPlan,
-        result: RotationResult,
-        retired: dict[str, Host] | None = None,
-        files: dict[str, dict[str, Any]] | None = None,
-    ) -> None:
-        self.rot = Rotation(ctx, orch, opts, hosts, views, plan, result, retired, files)
-
-    def repair(self, repairs: dict[str, Repair]) -> None:
-        repair(self.rot, repairs)
-
-    def retire(self, views: dict[str, HostView]) -> None:
-        retire(self.rot, views)
-
-    def stop_rest(self) -> None:
-        stop_rest(self.rot)
-
-    def verify(self) -> None:
-        verify(self.rot)
-
-    def run(self) -> None:
-        """The plan's steps in order: consecutive starts on one host form a batch whose health
-        checks are awaited together; warm.json is written after each batch."""
-        rot = self.rot
-        steps = list(rot.plan.steps)
-        sync_cache(rot, [s for s in steps if s.action == "start"])
-        i = 0
-        while i < len(steps):
-            s = steps[i]
-            batch = [s]
-            while (
-                i + len(batch) < len(steps)
-                and steps[i + len(batch)].action == s.action
-                and steps[i + len(batch)].host == s.host
-            ):
-                batch.append(steps[i + len(batch)])
-            i += len(batch)
-            if s.action == "start":
-                start_batch(rot, s.host, batch)
-                publish(rot, "joined")
-            else:
-                leaving = [b.model for b in batch]
-                if rot.consumers:
-                    # The drain: trainers stop sending new requests first; what is in flight
-                    # finishes within stop_grace, as the server stops gracefully.
-                    publish(rot, "draining", {s.host: leaving})
-                    time.sleep(rot.orch.server.drain_s)
-                rot.result.left += stop(rot, s.host, leaving)
-                commit(rot, s.host)
-        entry = history_entry(rot)
-        for host in sorted(rot.hosts):
-            commit(rot, host, entry)
-        rot.result.warm = {h: list(ms) for h, ms in rot.warm.items()}
-        publish(rot, "committed")
+def run_plan(rot: Rotation) -> None:
+    """The plan's steps in order: consecutive starts on one host form a batch whose health
+    checks are awaited together; warm.json is written after each batch."""
+    steps = list(rot.plan.steps)
+    sync_cache(rot, [s for s in steps if s.action == "start"])
+    i = 0
+    while i < len(steps):
+        s = steps[i]
+        batch = [s]
+        while (
+            i + len(batch) < len(steps)
+            and steps[i + len(batch)].action == s.action
+            and steps[i + len(batch)].host == s.host
+        ):
+            batch.append(steps[i + len(batch)])
+        i += len(batch)
+        if s.action == "start":
+            start_batch(rot, s.host, batch)
+            publish(rot, "joined")
+        else:
+            leaving = [b.model for b in batch]
+            if rot.consumers:
+                # The drain: trainers stop sending new requests first; what is in flight
+                # finishes within stop_grace, as the server stops gracefully.
+                publish(rot, "draining", {s.host: leaving})
+                time.sleep(rot.orch.server.drain_s)
+            rot.result.left += stop(rot, s.host, leaving)
+            commit(rot, s.host)
+    entry = history_entry(rot)
+    for host in sorted(rot.hosts):
+        commit(rot, host, entry)
+    rot.result.warm = {h: list(ms) for h, ms in rot.warm.items()}
+    publish(rot, "committed")

@@ -270,7 +270,7 @@ def test_a_progress_event_labctl_cannot_read_is_no_event() -> None:
 
 
 def test_a_typeddict_answer_is_the_shape_it_names() -> None:
-    from labctl.agent.orchestra.host import StateAnswer, StopAnswer
+    from labctl.agent.orchestra.answers import StateAnswer, StopAnswer
 
     assert shape_of(StopAnswer) == {
         "stopped": [{"model": "str", "pid": "int", "killed?": "bool"}],
@@ -290,7 +290,7 @@ def test_a_typeddict_answer_is_the_shape_it_names() -> None:
 
 def test_a_typeddict_cannot_say_an_argument_the_agent_checks() -> None:
     from labctl.agent.core.spec import command
-    from labctl.agent.orchestra.host import StopAnswer
+    from labctl.agent.orchestra.answers import StopAnswer
 
     with pytest.raises(ValueError, match="StopAnswer is a TypedDict"):
         command(takes={"last": [StopAnswer]}, answers={})

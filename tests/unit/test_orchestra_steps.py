@@ -20,7 +20,7 @@ from labctl.hosts.fanout import HostResult
 from labctl.inventory.model import Host, Inventory, ModelCache, Storage
 from labctl.orchestra.decide import PlanStep
 from labctl.orchestra.render import ROTATION_PROGRESS
-from labctl.orchestra.rotate import _Executor
+from labctl.orchestra.rotate import run_plan
 from labctl.orchestra.spec import load_orchestra
 from labctl.orchestra.steps.cache import sync_cache
 from labctl.orchestra.steps.lock import ROTATION, Locks, reach_gone
@@ -300,11 +300,9 @@ def test_the_executor_runs_the_plans_steps_in_order_draining_before_a_stop(
         "orchestra.health": lambda a: {"results": [{"model": "b", "healthy": True}]},
     }
     rot = _rotation(tmp_path)
-    ex = object.__new__(_Executor)
-    ex.rot = rot
     rot.warm["gpu1"] = [{"name": "a", "port": 8101, "pid": 4001}]
     rot.plan.steps = [_step("stop", "a"), _step("start", "b")]
-    ex.run()
+    run_plan(rot)
     # Each publish goes to both hosts that train (gpu1, trainer).
     assert agent.commands() == [
         "cache.state",

@@ -21,111 +21,18 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple, TypedDict
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..core import paths, procs
 from ..core.errors import AgentError
-from ..core.fsutil import write_atomic, write_json
+from ..core.fsutil import write_json
 from ..core.gpus import GpuQueryError, gather_gpus
 from ..core.launch import IMPORT_ROOT, port_state, start_detached, torch_python
-from ..core.spec import Opt, Or, Time, command
-from ..facts.collect import GPU
+from ..core.spec import Opt, Or, command
 from ..modelload.loader import model_files
+from .answers import HealthAnswer, StartAnswer, StateAnswer, StopAnswer
 from .engine_host import check_build_covers, find_binary, weights_file
-
-# What the orch_ commands answer, as types the controller's code can read them as (a TypedDict
-# is a shape in labctl/agent/core/spec.py's language): a total=False class adds the keys an
-# answer may lack to its base's, which every answer has (Python 3.8 has no NotRequired).
-
-
-class _Server(TypedDict):
-    model: str
-    pid: int
-
-
-class Server(_Server, total=False):
-    """A model server this host runs, as state_command finds it."""
-
-    pgid: int
-    port: Optional[int]
-    gpu: Optional[int]
-    started: Optional[Time]
-
-
-class WarmFile(TypedDict, total=False):
-    """warm.json as the host holds it, damage and all: the rotation repairs what it finds."""
-
-    models: List[Any]
-
-
-class _StateAnswer(TypedDict):
-    servers: List[Server]
-
-
-class StateAnswer(_StateAnswer, total=False):
-    warm: Optional[WarmFile]
-    warm_error: Optional[str]
-    history: List[Dict[str, Any]]
-    others: List[Dict[str, Any]]
-    gpu_source: str
-    gpus: List[GPU]
-    gpu_error: str
-
-
-class _StartAnswer(TypedDict):
-    pid: int
-    port: int
-
-
-class StartAnswer(_StartAnswer, total=False):
-    model: str
-    gpu: Optional[int]
-    log: str
-
-
-class _Health(TypedDict):
-    model: str
-    healthy: bool
-
-
-class Health(_Health, total=False):
-    """One server's health, in the order the servers were asked."""
-
-    port: int
-    pid: Optional[int]
-    state: str
-    error: Optional[str]
-    log_tail: str
-    seconds: float
-    health: Any
-
-
-class HealthAnswer(TypedDict):
-    results: List[Health]
-
-
-class _Stopped(TypedDict):
-    model: str
-    pid: int
-
-
-class Stopped(_Stopped, total=False):
-    killed: bool
-
-
-class Remaining(TypedDict, total=False):
-    model: str
-    pid: int
-
-
-class _StopAnswer(TypedDict):
-    stopped: List[Stopped]
-    remaining: List[Remaining]
-
-
-class StopAnswer(_StopAnswer, total=False):
-    absent: List[str]
-
+from .records import append_history, read_history, read_warm
 
 TAGS = (
     "LABCTL_LAB",
@@ -136,10 +43,6 @@ TAGS = (
     "LABCTL_ORCH_STARTED",
 )
 SERVER_MODULE = "labctl.agent.orchestra.server"
-HISTORY_KEEP = 50  # entries orchestra.state returns
-# Past HISTORY_TRIM_BYTES, history.jsonl is cut to its newest entries (at most HISTORY_TRIM_KEEP).
-HISTORY_TRIM_BYTES = 1 << 20
-HISTORY_TRIM_KEEP = 1000
 PROBE_TIMEOUT_S = 2.0
 POLL_S = 0.25
 LOG_TAIL_LINES = 20
@@ -408,65 +311,6 @@ def log_tail(model: str, lines: int = LOG_TAIL_LINES) -> str:
     if start >= 0:
         text = text[text.find("\n", start) + 1 :] if "\n" in text[start:] else ""
     return "\n".join(text.splitlines()[-lines:])
-
-
-def read_warm() -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
-    """(warm.json's document, None), (None, why it cannot be used), or (None, None) if absent."""
-    path = paths.WARM_STATE
-    try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read().decode("utf-8"))
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        return None, f"{path}: {exc.strerror or exc}"
-    except ValueError as exc:
-        return None, f"{path} is damaged (not JSON: {exc}); the next orchestra.commit replaces it"
-    if not isinstance(doc, dict):
-        return (
-            None,
-            f"{path} is damaged (a JSON {type(doc).__name__}, not an object); the next orchestra.commit replaces it",
-        )
-    return doc, None
-
-
-def read_history(keep: int = HISTORY_KEEP) -> List[Dict[str, Any]]:
-    """The newest `keep` entries of history.jsonl, newest last; a torn or damaged line is skipped."""
-    try:
-        with open(paths.ORCHESTRA_HISTORY, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - (1 << 18)))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return []
-    if size > 1 << 18 and lines:
-        lines = lines[1:]  # the first line read may be cut
-    entries = []
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
-            entries.append(entry)
-    return entries[-keep:] if keep else []
-
-
-def _append_history(entry: Dict[str, Any]) -> None:
-    path = paths.ORCHESTRA_HISTORY
-    line = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-        size = os.fstat(fd).st_size
-    finally:
-        os.close(fd)
-    if size > HISTORY_TRIM_BYTES:
-        kept = read_history(HISTORY_TRIM_KEEP)
-        data = "".join(json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n" for e in kept)
-        write_atomic(path, data.encode())
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -863,7 +707,7 @@ def commit_command(args: Dict[str, Any]) -> Dict[str, Any]:
         client = (os.environ.get("SSH_CONNECTION") or "").split()
         if client:
             entry["client"] = client[0]
-        _append_history(entry)
+        append_history(entry)
         out["history"] = paths.ORCHESTRA_HISTORY
     return out
 

@@ -19,7 +19,7 @@ from labctl.output.errors import HostError
 from labctl.provision.hint import provision_fix
 
 if TYPE_CHECKING:
-    from labctl.agent.orchestra.host import Health, HealthAnswer, StartAnswer
+    from labctl.agent.orchestra.answers import Health, HealthAnswer, StartAnswer
     from labctl.orchestra.spec import Orchestra
 
 

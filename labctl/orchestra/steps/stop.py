@@ -13,7 +13,7 @@ from labctl.orchestra.steps.state import Rotation, Timing
 from labctl.output.errors import HostError, LabctlError
 
 if TYPE_CHECKING:
-    from labctl.agent.orchestra.host import StopAnswer
+    from labctl.agent.orchestra.answers import StopAnswer
 
 
 def stop(rot: Rotation, host: str, models: Sequence[str], pids: Sequence[int] = ()) -> list[Timing]:
