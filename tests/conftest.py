@@ -25,6 +25,11 @@ settings.load_profile(os.environ.get("LABCTL_HYPOTHESIS", "labctl"))
 
 REPO = Path(__file__).resolve().parents[1]
 
+# No connection keeper (labctl.keeper) behind the tests' backs, in this process or in a labctl
+# they start: a test of the keeper starts its own, in a folder of its own; LABCTL_KEEPER=on
+# (anything but 0/off/no/false) lets the suite run with keeping as a user has it.
+os.environ.setdefault("LABCTL_KEEPER", "off")
+
 # A shell that starts pytest in the background without job control (`cmd &` in a script, nohup)
 # hands it SIGINT ignored, and every labctl the tests start would inherit that: the Ctrl-C tests
 # would wait forever. With a handler here, a child starts with SIGINT at its default, as from a

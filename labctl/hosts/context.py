@@ -22,6 +22,7 @@ from labctl.output.console import emit_json, make_console
 
 if TYPE_CHECKING:
     from labctl.inventory.model import Inventory
+    from labctl.keeper.client import KeeperClient
     from labctl.transport.pool import ConnectionPool
 
 DEFAULT_INVENTORY = Path("inventory/lab.yaml")
@@ -81,8 +82,20 @@ class Context:
         if self._pool is None:
             from labctl.transport.pool import ConnectionPool
 
-            self._pool = ConnectionPool(connect_timeout=self.connect_timeout)
+            self._pool = ConnectionPool(connect_timeout=self.connect_timeout, keeper=self.keeper)
         return self._pool
+
+    def keeper(self) -> Optional[KeeperClient]:
+        """The inventory's connection keeper as this command asks it, or None when keeping is
+        off (`connections: {persist: 0}`, or $LABCTL_KEEPER=0)."""
+        from labctl.keeper.client import KeeperClient, keeping_disabled
+
+        if keeping_disabled() or not self.inventory_path.is_file():
+            return None
+        persist = self.inventory.connections.persist
+        if persist <= 0:
+            return None
+        return KeeperClient(self.inventory_path, persist)
 
     def close(self) -> None:
         if self._pool is not None:

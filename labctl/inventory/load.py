@@ -15,7 +15,7 @@ from typing import Any
 from labctl.documents.loader import Document, open_document
 from labctl.documents.validation import DocumentError, Problem, dotted, unknown_key
 from labctl.documents.yamlpos import PositionedYaml
-from labctl.inventory.model import HOST_NAME_RE, ConnectionSettings, Defaults, Host, HostSpec, Inventory
+from labctl.inventory.model import HOST_NAME_RE, Connections, ConnectionSettings, Defaults, Host, HostSpec, Inventory
 
 TOP_KEYS = {
     "lab": "a name for the lab, e.g. lab: homelab",
@@ -72,6 +72,7 @@ def build_inventory(doc: Document) -> Inventory:
         )
 
     defaults: dict[str, Any] = {}
+    connections: Connections | None = None
     raw_defaults = data.get("defaults") or {}
     if not isinstance(raw_defaults, dict):
         problems.append(
@@ -85,6 +86,8 @@ def build_inventory(doc: Document) -> Inventory:
         checked = doc.check(Defaults, raw_defaults, ("defaults",))
         if checked is not None:
             defaults = _set_values(checked)
+            # Not a host's setting: the inventory's keeper reads it (labctl.keeper).
+            connections = defaults.pop("connections", None)
 
     raw_hosts = data.get("hosts")
     hosts: dict[str, Host] = {}
@@ -142,7 +145,7 @@ def build_inventory(doc: Document) -> Inventory:
 
     problems.extend(_cross_checks(hosts, set(map(str, raw_hosts)), pos))
     doc.finish()
-    return Inventory(lab=str(lab), path=path, hosts=hosts)
+    return Inventory(lab=str(lab), path=path, hosts=hosts, connections=connections or Connections())
 
 
 def _set_values(model: ConnectionSettings) -> dict[str, Any]:

@@ -369,8 +369,43 @@ class ConnectionSettings(Strict):
     command_timeout: Optional[float] = Field(None, gt=0, description="seconds, e.g. command_timeout: 600")
 
 
+def persist_seconds(v: Any) -> float:
+    """How long connections are kept after the last command: seconds as a number, or text
+    with a unit (`90s`, `10m`, `1h`); 0 keeps none."""
+    if isinstance(v, bool):
+        raise ValueError(f"{str(v).lower()} is a yes/no value; write a duration, e.g. persist: 10m (0: off)")
+    if isinstance(v, (int, float)):
+        seconds = float(v)
+    elif isinstance(v, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h)?\s*", v)
+        if m is None:
+            raise ValueError(f"{v!r} is not a duration; write e.g. persist: 10m, 90s, 1h or 0 (off)")
+        seconds = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    else:
+        raise ValueError(f"{v!r} is not a duration; write e.g. persist: 10m (0: off)")
+    if seconds < 0 or seconds != seconds:
+        raise ValueError("a duration cannot be negative; write e.g. persist: 10m (0: off)")
+    if seconds > 24 * 3600:
+        raise ValueError(f"{seconds:g} s is more than a day; keep connections at most persist: 24h")
+    return seconds
+
+
+PERSIST_DEFAULT = 600.0
+
+
+class Connections(Strict):
+    """How labctl's keeper holds SSH connections between commands (defaults.connections)."""
+
+    persist: Annotated[float, BeforeValidator(persist_seconds)] = Field(
+        PERSIST_DEFAULT,
+        description="how long a connection is kept after the last command, e.g. persist: 10m (0: off)",
+    )
+
+
 class Defaults(ConnectionSettings):
-    pass
+    connections: Optional[Connections] = Field(
+        None, description="connection keeping, e.g. connections: {persist: 10m} (persist: 0 turns it off)"
+    )
 
 
 class HostSpec(ConnectionSettings):
@@ -444,6 +479,7 @@ class Inventory(Strict):
     )
     path: Path
     hosts: dict[str, Host]
+    connections: Connections = Field(default_factory=Connections)
 
     def host(self, name: str) -> Host:
         return self.hosts[name]

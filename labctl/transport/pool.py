@@ -5,16 +5,23 @@ network transaction that needs a connection of its own, both open theirs through
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from labctl.inventory.model import Host
 from labctl.transport.base import Connection
 from labctl.transport.local import LocalConnection
 from labctl.transport.ssh import SSHConnection
 
+if TYPE_CHECKING:
+    from labctl.keeper.client import KeeperClient
+
 
 def open_connection(host: Host, connect_timeout: float | None = None) -> Connection:
     """A new, connected connection to `host` as its `connection:` says (raises a classified
-    TransportError). `connect_timeout` None: the host's own."""
+    TransportError). `connect_timeout` None: the host's own. Always a connection of the
+    caller's own (a network transaction replaces it); the keeper opens its connections with
+    this too: the same rules (pinned host key, the inventory's key and user)."""
     if host.connection == "local":
         return LocalConnection(host)
     ssh = SSHConnection(host, connect_timeout=connect_timeout)
@@ -23,8 +30,17 @@ def open_connection(host: Host, connect_timeout: float | None = None) -> Connect
 
 
 class ConnectionPool:
-    def __init__(self, connect_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        connect_timeout: float | None = None,
+        keeper: Callable[[], KeeperClient | None] | None = None,
+    ) -> None:
+        """`keeper`: called once, on the first connection, for the inventory's keeper (None:
+        keeping is off); an SSH host is asked of it first (labctl.keeper)."""
         self.connect_timeout = connect_timeout
+        self._keeper_factory = keeper
+        self._keeper: KeeperClient | None = None
+        self._keeper_asked = False
         self._conns: dict[str, Connection] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -36,9 +52,25 @@ class ConnectionPool:
         with lock:
             conn = self._conns.get(host.name)
             if conn is None:
-                conn = open_connection(host, self.connect_timeout)
+                keeper = self._keeper_client()
+                # A --connect-timeout of this command's own is for a direct connection.
+                if keeper is not None and self.connect_timeout is None:
+                    conn = keeper.connection(host)
+                if conn is None:
+                    conn = open_connection(host, self.connect_timeout)
                 self._conns[host.name] = conn
             return conn
+
+    def _keeper_client(self) -> KeeperClient | None:
+        with self._guard:
+            if not self._keeper_asked:
+                self._keeper_asked = True
+                if self._keeper_factory is not None:
+                    try:
+                        self._keeper = self._keeper_factory()
+                    except Exception:
+                        self._keeper = None
+            return self._keeper
 
     def replace(self, name: str, conn: Connection) -> None:
         """Use `conn` for `name` from now on (a network change left the old one dead)."""

@@ -403,6 +403,27 @@ class SSHConnection:
             "then run the command again.",
         )
 
+    def alive(self, timeout: float = 3.0, fresh: float = 1.0) -> bool:
+        """Whether the host still answers on this session: heard from within `fresh` seconds,
+        or answers a keepalive probe within `timeout` (what the keeper asks before it reuses a
+        connection it has held)."""
+        transport = self._client.get_transport() if self._client is not None else None
+        hb = self._heartbeat
+        if transport is None or not transport.is_active() or hb is None or hb.stopped_answering:
+            return False
+        if time.monotonic() - hb.heard <= fresh:
+            return True
+        asked = time.monotonic()
+        hb._probe()
+        deadline = asked + timeout
+        while time.monotonic() < deadline:
+            if hb.heard >= asked:
+                return True
+            if not transport.is_active():
+                return False
+            time.sleep(0.01)
+        return False
+
     def put_bytes(
         self, data: bytes, remote_path: str, mode: int = 0o644, dir_mode: int | None = None
     ) -> None:

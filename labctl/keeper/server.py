@@ -1,0 +1,438 @@
+"""The keeper process: holds one inventory's connections between commands.
+
+`python -m labctl.keeper.server --inventory FILE --persist SECONDS` (what `client.spawn` starts,
+detached). It takes the lock beside its socket (a second keeper for the same inventory leaves),
+listens, and serves each client on a thread of its own. Requests (one per socket):
+
+  open  {inventory, host, persist}            -> ok | error | unwilling
+  run   {..., command, timeout, env, watchdog, grace, stream}
+                                               -> line* then exit | error | unwilling
+        the client may send {op: cancel}; its socket closing cancels too: the command's
+        channel is closed, and the remote watchdog ends what it started (transport/wrap.py).
+  put   {..., data (base64), path, mode, dir_mode} -> ok | error | unwilling
+  list                                         -> list {connections: [...]}
+  close {host: NAME | null}                    -> closed {hosts: [...]}
+  stop                                         -> ok, then the keeper exits
+
+A connection is opened with the same code a command uses (pool.open_connection: the pinned host
+key, the inventory's key and user), kept under `wire.connection_key`, probed before each reuse
+(`alive`), and dropped when idle for `persist` seconds. The keeper exits when it has served
+nothing for `persist` seconds, when its inventory file is gone, when its socket is removed or
+taken over, and when asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import fcntl
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labctl.inventory.model import Host
+from labctl.keeper import sock as ks
+from labctl.keeper.wire import connection_key, error_to_wire, host_from_wire
+from labctl.transport.base import Connection
+
+ConnectionFactory = Callable[[Host], Connection]
+
+
+def _default_factory(host: Host) -> Connection:
+    from labctl.transport.pool import open_connection
+
+    return open_connection(host)
+
+
+def alive(conn: Connection, timeout: float = 3.0) -> bool:
+    """Whether a held connection still answers; a connection with no way to tell is taken as alive."""
+    probe = getattr(conn, "alive", None)
+    if probe is None:
+        return True
+    try:
+        return bool(probe(timeout))
+    except Exception:
+        return False
+
+
+@dataclass
+class Entry:
+    key: str
+    host: Host
+    conn: Connection | None = None
+    since: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    served: int = 0
+    in_use: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Keeper:
+    def __init__(
+        self,
+        inventory: Path,
+        persist: float,
+        sock_path: Path,
+        factory: ConnectionFactory = _default_factory,
+        tick: float = 1.0,
+        alive_timeout: float = 3.0,
+    ) -> None:
+        self.inventory = str(Path(inventory).absolute())
+        self.persist = persist
+        self.sock_path = sock_path
+        self.factory = factory
+        self.tick = tick
+        self.alive_timeout = alive_timeout
+        self.entries: dict[str, Entry] = {}
+        self.guard = threading.Lock()
+        self.busy = 0
+        self.last_activity = time.monotonic()
+        self.stopping = threading.Event()
+        self.why_stopped = ""
+        self._listener: socket.socket | None = None
+        self._ino: int | None = None
+        self._lock_fd: int | None = None
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def bind(self) -> bool:
+        """Take the lock and listen; False when another keeper holds this inventory."""
+        folder = ks.ensure_dir(self.sock_path.parent)
+        fd = os.open(ks.lock_path(self.sock_path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        try:
+            os.unlink(self.sock_path)
+        except FileNotFoundError:
+            pass
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            s.bind(str(self.sock_path))
+        finally:
+            os.umask(old)
+        s.listen(64)
+        s.settimeout(self.tick)
+        self._listener = s
+        self._ino = os.stat(self.sock_path).st_ino
+        del folder
+        return True
+
+    def serve(self) -> str:
+        """Accept until told to stop or idle; returns why it stopped."""
+        assert self._listener is not None
+        house = threading.Thread(target=self._housekeeping, daemon=True, name="keeper-house")
+        house.start()
+        while not self.stopping.is_set():
+            try:
+                c, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self.stopping.is_set():
+                    break
+                raise
+            threading.Thread(target=self._client, args=(c,), daemon=True, name="keeper-client").start()
+        self._shutdown()
+        return self.why_stopped
+
+    def stop(self, why: str) -> None:
+        if not self.stopping.is_set():
+            self.why_stopped = why
+            self.stopping.set()
+
+    def _shutdown(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        try:
+            if os.stat(self.sock_path).st_ino == self._ino:
+                os.unlink(self.sock_path)
+        except OSError:
+            pass
+        with self.guard:
+            entries = list(self.entries.values())
+            self.entries.clear()
+        for e in entries:
+            self._close_entry(e)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _housekeeping(self) -> None:
+        while not self.stopping.wait(self.tick):
+            if not os.path.exists(self.inventory):
+                self.stop("inventory file removed")
+                return
+            try:
+                if os.stat(self.sock_path).st_ino != self._ino:
+                    self.stop("socket taken over")
+                    return
+            except OSError:
+                self.stop("socket removed")
+                return
+            now = time.monotonic()
+            idle: list[Entry] = []
+            with self.guard:
+                for k, e in list(self.entries.items()):
+                    if e.in_use == 0 and now - e.last_used > self.persist:
+                        idle.append(self.entries.pop(k))
+                quiet = self.busy == 0 and now - self.last_activity > self.persist
+            for e in idle:
+                self._close_entry(e)
+            if quiet:
+                self.stop("idle")
+                return
+
+    # -- connections ------------------------------------------------------------------------
+
+    @staticmethod
+    def _close_entry(e: Entry) -> None:
+        conn, e.conn = e.conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def _acquire(self, host: Host, key: str) -> Entry:
+        """The entry for `key`, connected and checked, its in_use raised (release with _release)."""
+        with self.guard:
+            e = self.entries.get(key)
+            if e is None:
+                e = self.entries[key] = Entry(key=key, host=host)
+            e.in_use += 1
+        try:
+            with e.lock:
+                if e.conn is not None and not alive(e.conn, self.alive_timeout):
+                    self._close_entry(e)  # dead: dropped, and opened again just below
+                if e.conn is None:
+                    e.conn = self.factory(host)
+                    e.since = time.time()
+                    e.served = 0
+        except BaseException:
+            self._release(e)
+            with self.guard:
+                if e.conn is None and e.in_use == 0 and self.entries.get(key) is e:
+                    del self.entries[key]
+            raise
+        return e
+
+    def _release(self, e: Entry) -> None:
+        with self.guard:
+            e.in_use -= 1
+            e.last_used = time.monotonic()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _client(self, c: socket.socket) -> None:
+        try:
+            if ks.peer_uid(c) != os.geteuid():
+                return  # another user: not a word
+            c.settimeout(None)
+            req = ks.recv_frame(c)
+            if req is None:
+                return
+            with self.guard:
+                self.busy += 1
+                self.last_activity = time.monotonic()
+            try:
+                self._dispatch(c, req)
+            finally:
+                with self.guard:
+                    self.busy -= 1
+                    self.last_activity = time.monotonic()
+        except (OSError, ConnectionError, ValueError):
+            pass  # the client went away or spoke nonsense: nothing to answer
+        finally:
+            ks.close_quietly(c)
+
+    def _dispatch(self, c: socket.socket, req: dict[str, Any]) -> None:
+        op = req.get("op")
+        if op == "list":
+            ks.send_frame(c, {"t": "list", "connections": self.listing(), "pid": os.getpid(),
+                              "inventory": self.inventory, "persist": self.persist})
+        elif op == "close":
+            ks.send_frame(c, {"t": "closed", "hosts": self.close(req.get("host"))})
+        elif op == "stop":
+            ks.send_frame(c, {"t": "ok"})
+            self.stop("asked")
+        elif op in ("open", "run", "put"):
+            self._host_op(c, op, req)
+        else:
+            ks.send_frame(c, {"t": "unwilling", "reason": f"no request {op!r}"})
+
+    def _host_op(self, c: socket.socket, op: str, req: dict[str, Any]) -> None:
+        if self.stopping.is_set():
+            ks.send_frame(c, {"t": "unwilling", "reason": "the keeper is stopping"})
+            return
+        if req.get("inventory") != self.inventory:
+            ks.send_frame(c, {"t": "unwilling", "reason": "another inventory's keeper"})
+            return
+        try:
+            wire_host = dict(req["host"])
+            host = host_from_wire(wire_host)
+        except (KeyError, TypeError, ValueError) as e:
+            ks.send_frame(c, {"t": "unwilling", "reason": f"bad host settings: {e}"})
+            return
+        persist = req.get("persist")
+        if isinstance(persist, (int, float)) and persist > 0:
+            self.persist = float(persist)  # the inventory's value as the latest command read it
+        agent = req.get("ssh_auth_sock")
+        if isinstance(agent, str) and agent:
+            os.environ["SSH_AUTH_SOCK"] = agent  # the agent of the command asking, for a new login
+        key = connection_key(self.inventory, wire_host)
+        try:
+            e = self._acquire(host, key)
+        except Exception as err:
+            ks.send_frame(c, error_to_wire(err))
+            return
+        try:
+            assert e.conn is not None
+            if op == "open":
+                ks.send_frame(c, {"t": "ok"})
+            elif op == "put":
+                try:
+                    e.conn.put_bytes(
+                        base64.b64decode(req["data"]), str(req["path"]), int(req["mode"]),
+                        None if req.get("dir_mode") is None else int(req["dir_mode"]),
+                    )
+                except Exception as err:
+                    ks.send_frame(c, error_to_wire(err))
+                else:
+                    ks.send_frame(c, {"t": "ok"})
+            else:
+                self._run(c, e.conn, req)
+            e.served += 1
+        finally:
+            self._release(e)
+
+    def _run(self, c: socket.socket, conn: Connection, req: dict[str, Any]) -> None:
+        cancel = threading.Event()
+        send_lock = threading.Lock()
+
+        def watch() -> None:
+            # A cancel frame, the client's socket closing, or anything unreadable: stop the command.
+            try:
+                while True:
+                    msg = ks.recv_frame(c)
+                    if msg is None or msg.get("op") == "cancel":
+                        break
+            except (OSError, ConnectionError, ValueError):
+                pass
+            cancel.set()
+
+        def on_line(stream: str, line: str) -> None:
+            if cancel.is_set():
+                return
+            try:
+                with send_lock:
+                    ks.send_frame(c, {"t": "line", "s": stream, "l": line})
+            except OSError:
+                cancel.set()
+
+        threading.Thread(target=watch, daemon=True, name="keeper-watch").start()
+        timeout = req.get("timeout")
+        try:
+            res = conn.run(
+                str(req["command"]),
+                timeout=None if timeout is None else float(timeout),
+                env=req.get("env") or None,
+                on_line=on_line if req.get("stream") else None,
+                cancel=cancel,
+                watchdog=bool(req.get("watchdog", True)),
+                grace=int(req.get("grace", 3)),
+            )
+        except Exception as err:
+            frame = error_to_wire(err)
+        else:
+            frame = {
+                "t": "exit",
+                "rc": res.rc,
+                "stdout": res.stdout,
+                "stderr": res.stderr,
+                "seconds": res.seconds,
+                "timed_out": res.timed_out,
+                "cancelled": res.cancelled,
+                "may_still_run": res.may_still_run,
+            }
+        try:
+            with send_lock:
+                ks.send_frame(c, frame)
+        except OSError:
+            pass
+
+    def listing(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        with self.guard:
+            return [
+                {
+                    "host": e.host.name,
+                    "address": e.host.address,
+                    "port": e.host.port,
+                    "user": e.host.user,
+                    "since": e.since,
+                    "idle": 0.0 if e.in_use else now - e.last_used,
+                    "running": e.in_use,
+                    "served": e.served,
+                }
+                for e in self.entries.values()
+                if e.conn is not None
+            ]
+
+    def close(self, name: str | None) -> list[str]:
+        """Drop the idle connections to `name` (every host when None); a connection running a
+        command is closed once it is done (its entry is taken out now)."""
+        with self.guard:
+            gone = [k for k, e in self.entries.items() if name is None or e.host.name == name]
+            entries = [self.entries.pop(k) for k in gone]
+        closed = []
+        for e in entries:
+            if e.conn is not None:
+                closed.append(e.host.name)
+            if e.in_use == 0:
+                self._close_entry(e)
+            else:
+                threading.Thread(target=self._close_when_done, args=(e,), daemon=True).start()
+        return sorted(set(closed))
+
+    def _close_when_done(self, e: Entry) -> None:
+        while e.in_use:
+            time.sleep(0.1)
+        self._close_entry(e)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="labctl-keeper")
+    p.add_argument("--inventory", required=True)
+    p.add_argument("--persist", type=float, required=True)
+    p.add_argument("--socket")
+    a = p.parse_args(argv)
+    inventory = Path(a.inventory).absolute()
+    try:
+        sock_path = Path(a.socket) if a.socket else ks.socket_path(inventory)
+        keeper = Keeper(inventory, a.persist, sock_path)
+        if not keeper.bind():
+            return 0  # another keeper serves this inventory
+    except ks.KeeperUnavailable as e:
+        print(f"labctl keeper: {e}", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: keeper.stop("terminated"))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is for the command
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    keeper.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
