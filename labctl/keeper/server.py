@@ -313,7 +313,9 @@ class Keeper:
                     ks.send_frame(c, {"t": "ok"})
             else:
                 self._run(c, e.conn, req)
-            e.served += 1
+            if op != "open":
+                with self.guard:
+                    e.served += 1
         finally:
             self._release(e)
 
