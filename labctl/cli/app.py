@@ -25,6 +25,7 @@ COMMANDS = {
     "init": "labctl.cli.init_cmd:init",
     "inventory": "labctl.cli.inventory_cmd:app",
     "trust": "labctl.cli.trust_cmd:trust",
+    "connections": "labctl.cli.connections_cmd:app",
     "exec": "labctl.cli.exec_cmd:exec_",
     "facts": "labctl.cli.facts_cmd:facts",
     "status": "labctl.cli.status_cmd:command",

@@ -40,7 +40,7 @@ def doctor(
     one torch and NCCL on the training hosts; NICs and bonds; bandwidth and latency between two
     hosts (a 1-second `bench network`); disk for checkpoints; the model cache's mount; Docker and
     sandbox images; a cron daemon wherever `labctl cron install` put a job; clock skew; pinned
-    host keys; the alerts firing now (critical ones fail). `--tier` adds a scale tier's figures (GPUs and their
+    host keys; the alerts firing now (critical ones fail); the connection keeper. `--tier` adds a scale tier's figures (GPUs and their
     memory, CPU cores, RAM, storage, network) and says what is missing to reach it. Exit 1 when
     any line fails.
 
@@ -50,12 +50,13 @@ def doctor(
 
         labctl doctor --tier dev --json | jq '.lines[] | select(.status == "fail")'
     """
-    from labctl.doctor.checks import check_lab, check_tier
+    from labctl.doctor.checks import check_keeper, check_lab, check_tier
     from labctl.doctor.gather import gather
     from labctl.doctor.model import exit_code
     from labctl.doctor.render import render, to_json
     from labctl.doctor.tiers import TIERS
     from labctl.inventory.select import select_hosts
+    from labctl.keeper.client import keeper_state
     from labctl.monitor.alerts import rules_for
     from labctl.output.errors import InputError
 
@@ -72,6 +73,7 @@ def doctor(
         lines = check_lab(found)
         if tier is not None:
             lines += check_tier(found.hosts, TIERS[tier])
+        lines += check_keeper(keeper_state(c.inventory_file(), c.inventory.connections.persist))
         return Outcome(to_json(lines, tier), lambda: render(c.console, lines), exit_code(lines))
 
     run_command(ctx, work, inventory, json_out, verbose)

@@ -524,3 +524,28 @@ def check_tier(found: list[HostFound], tier: Tier) -> list[Line]:
         fix = "" if need.met else f"missing to reach {tier.title}: {need.wanted}"
         lines.append(Line(PASS if need.met else FAIL, check, None, text, fix))
     return lines
+
+
+def check_keeper(state: dict[str, Any]) -> list[Line]:
+    """The connection keeper (labctl.keeper), from client.keeper_state: a folder it cannot use
+    warns (every command then connects itself); off or not running yet passes."""
+    check = "connection keeper"
+    if not state["enabled"]:
+        return [Line(PASS, check, None, "off (connections: {persist: 0} or $LABCTL_KEEPER=0): each command connects itself")]
+    if state.get("folder_problem"):
+        return [
+            Line(
+                WARN, check, None, f"not used: {state.get('reason')}",
+                "Make that folder yours and mode 700 (`chmod 700 FOLDER`), or remove it: labctl creates it again.",
+            )
+        ]
+    if not state["running"]:
+        return [Line(PASS, check, None, "not running: the next command starts it")]
+    conns = state["connections"]
+    hosts = ", ".join(sorted({c["host"] for c in conns})) or "none"
+    return [
+        Line(
+            PASS, check, None,
+            f"pid {state.get('pid')} keeps {len(conns)} connection(s) ({hosts}) for {state['persist']:g} s after the last command",
+        )
+    ]

@@ -294,7 +294,10 @@ class _FrameReader:
 
 def list_connections(inventory: Path, folder: Path | None = None) -> dict[str, Any]:
     """The keeper's answer to `list` (KeeperUnavailable when it is not running)."""
-    return KeeperClient(inventory, 0, folder).request({"op": "list"})
+    answer = KeeperClient(inventory, 0, folder).request({"op": "list"})
+    if answer.get("t") != "list":
+        raise ks.KeeperUnavailable(str(answer.get("reason", "the keeper declined")))
+    return answer
 
 
 def close_connections(inventory: Path, host: str | None = None, folder: Path | None = None) -> list[str]:
@@ -304,7 +307,31 @@ def close_connections(inventory: Path, host: str | None = None, folder: Path | N
 
 def stop(inventory: Path, folder: Path | None = None) -> bool:
     try:
-        KeeperClient(inventory, 0, folder).request({"op": "stop"})
+        return KeeperClient(inventory, 0, folder).request({"op": "stop"}).get("t") == "ok"
     except ks.KeeperUnavailable:
         return False
-    return True
+
+
+def keeper_state(inventory: Path, persist: float, folder: Path | None = None) -> dict[str, Any]:
+    """The inventory's keeper as `labctl connections` and `doctor` report it: whether keeping is
+    on, whether a keeper runs (else `reason`), its pid and its connections."""
+    state: dict[str, Any] = {
+        "inventory": str(Path(inventory).absolute()),
+        "persist": persist,
+        "enabled": persist > 0 and not keeping_disabled(),
+        "running": False,
+        "connections": [],
+    }
+    try:
+        ks.ensure_dir(folder, create=False)
+    except ks.KeeperUnavailable as e:
+        state["reason"] = str(e)
+        state["folder_problem"] = (folder or ks.keeper_dir()).exists()
+        return state
+    try:
+        answer = list_connections(inventory, folder)
+    except ks.KeeperUnavailable as e:
+        state["reason"] = str(e)
+        return state
+    state.update(running=True, pid=answer.get("pid"), connections=answer.get("connections", []))
+    return state

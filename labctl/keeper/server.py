@@ -259,7 +259,9 @@ class Keeper:
 
     def _dispatch(self, c: socket.socket, req: dict[str, Any]) -> None:
         op = req.get("op")
-        if op == "list":
+        if self.stopping.is_set():
+            ks.send_frame(c, {"t": "unwilling", "reason": "the keeper is stopping"})
+        elif op == "list":
             ks.send_frame(c, {"t": "list", "connections": self.listing(), "pid": os.getpid(),
                               "inventory": self.inventory, "persist": self.persist})
         elif op == "close":
