@@ -72,8 +72,11 @@ def _render(c: Context, state: dict[str, Any]) -> None:
     for e in state["connections"]:
         idle = "running" if e.get("running") else fmt_duration(e["idle"])
         t.add_row(
-            e["host"], f"{e['user']}@{e['address']}:{e['port']}", fmt_duration(now - e["since"]) + " ago",
-            idle, str(e["served"]),
+            e["host"],
+            f"{e['user']}@{e['address']}:{e['port']}",
+            fmt_duration(now - e["since"]) + " ago",
+            idle,
+            str(e["served"]),
         )
     c.console.print(t)
 
@@ -81,7 +84,9 @@ def _render(c: Context, state: dict[str, Any]) -> None:
 @app.command("close")
 def close(
     ctx: typer.Context,
-    host: Annotated[Optional[str], typer.Argument(help="A host name (default: every kept connection).")] = None,
+    host: Annotated[
+        Optional[str], typer.Argument(help="A host name (default: every kept connection).")
+    ] = None,
     inventory: InventoryOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
@@ -99,7 +104,9 @@ def close(
         data = {"closed": closed}
         return Outcome(
             data,
-            lambda: c.console.print(f"closed: {', '.join(closed)}" if closed else "no kept connection to close"),
+            lambda: c.console.print(
+                f"closed: {', '.join(closed)}" if closed else "no kept connection to close"
+            ),
         )
 
     run_command(ctx, work, inventory, json_out, verbose)

@@ -531,11 +531,21 @@ def check_keeper(state: dict[str, Any]) -> list[Line]:
     warns (every command then connects itself); off or not running yet passes."""
     check = "connection keeper"
     if not state["enabled"]:
-        return [Line(PASS, check, None, "off (connections: {persist: 0} or $LABCTL_KEEPER=0): each command connects itself")]
+        return [
+            Line(
+                PASS,
+                check,
+                None,
+                "off (connections: {persist: 0} or $LABCTL_KEEPER=0): each command connects itself",
+            )
+        ]
     if state.get("folder_problem"):
         return [
             Line(
-                WARN, check, None, f"not used: {state.get('reason')}",
+                WARN,
+                check,
+                None,
+                f"not used: {state.get('reason')}",
                 "Make that folder yours and mode 700 (`chmod 700 FOLDER`), or remove it: labctl creates it again.",
             )
         ]
@@ -545,7 +555,9 @@ def check_keeper(state: dict[str, Any]) -> list[Line]:
     hosts = ", ".join(sorted({c["host"] for c in conns})) or "none"
     return [
         Line(
-            PASS, check, None,
+            PASS,
+            check,
+            None,
             f"pid {state.get('pid')} keeps {len(conns)} connection(s) ({hosts}) for {state['persist']:g} s after the last command",
         )
     ]

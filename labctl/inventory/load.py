@@ -15,7 +15,15 @@ from typing import Any
 from labctl.documents.loader import Document, open_document
 from labctl.documents.validation import DocumentError, Problem, dotted, unknown_key
 from labctl.documents.yamlpos import PositionedYaml
-from labctl.inventory.model import HOST_NAME_RE, Connections, ConnectionSettings, Defaults, Host, HostSpec, Inventory
+from labctl.inventory.model import (
+    HOST_NAME_RE,
+    Connections,
+    ConnectionSettings,
+    Defaults,
+    Host,
+    HostSpec,
+    Inventory,
+)
 
 TOP_KEYS = {
     "lab": "a name for the lab, e.g. lab: homelab",

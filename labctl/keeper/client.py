@@ -64,7 +64,7 @@ class KeeperClient:
         """One request, one answer (list, close, stop); KeeperUnavailable when no keeper answers."""
         s = self._connect(timeout)
         try:
-            ks.send_frame(s, req)
+            ks.send_frame(s, {"v": ks.PROTOCOL, **req})
             answer = ks.recv_frame(s)
         except (OSError, ConnectionError, ValueError) as e:
             raise ks.KeeperUnavailable(f"the keeper did not answer: {e}") from None
@@ -76,6 +76,7 @@ class KeeperClient:
 
     def host_request(self, host: Host, op: str, **extra: Any) -> dict[str, Any]:
         return {
+            "v": ks.PROTOCOL,
             "op": op,
             "inventory": self.inventory,
             "host": host_to_wire(host),

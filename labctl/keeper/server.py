@@ -261,9 +261,22 @@ class Keeper:
         op = req.get("op")
         if self.stopping.is_set():
             ks.send_frame(c, {"t": "unwilling", "reason": "the keeper is stopping"})
+        elif req.get("v") != ks.PROTOCOL:
+            # Another labctl version asks: it connects itself this time, and starts a keeper of
+            # its own version next time (this one leaves for it; its connections close).
+            ks.send_frame(c, {"t": "unwilling", "reason": f"a keeper of protocol {ks.PROTOCOL}"})
+            self.stop("another labctl version")
         elif op == "list":
-            ks.send_frame(c, {"t": "list", "connections": self.listing(), "pid": os.getpid(),
-                              "inventory": self.inventory, "persist": self.persist})
+            ks.send_frame(
+                c,
+                {
+                    "t": "list",
+                    "connections": self.listing(),
+                    "pid": os.getpid(),
+                    "inventory": self.inventory,
+                    "persist": self.persist,
+                },
+            )
         elif op == "close":
             ks.send_frame(c, {"t": "closed", "hosts": self.close(req.get("host"))})
         elif op == "stop":
@@ -294,6 +307,10 @@ class Keeper:
         if isinstance(agent, str) and agent:
             os.environ["SSH_AUTH_SOCK"] = agent  # the agent of the command asking, for a new login
         key = connection_key(self.inventory, wire_host)
+        cancel = threading.Event()
+        if op == "run":
+            # Watching from now: a client gone while its connection is opened runs nothing.
+            threading.Thread(target=self._watch, args=(c, cancel), daemon=True, name="keeper-watch").start()
         try:
             e = self._acquire(host, key)
         except Exception as err:
@@ -306,35 +323,54 @@ class Keeper:
             elif op == "put":
                 try:
                     e.conn.put_bytes(
-                        base64.b64decode(req["data"]), str(req["path"]), int(req["mode"]),
+                        base64.b64decode(req["data"]),
+                        str(req["path"]),
+                        int(req["mode"]),
                         None if req.get("dir_mode") is None else int(req["dir_mode"]),
                     )
                 except Exception as err:
                     ks.send_frame(c, error_to_wire(err))
                 else:
                     ks.send_frame(c, {"t": "ok"})
+            elif cancel.is_set():  # cancelled before it started: as SSHConnection answers that
+                try:
+                    ks.send_frame(
+                        c,
+                        {
+                            "t": "exit",
+                            "rc": None,
+                            "stdout": "",
+                            "stderr": "",
+                            "seconds": 0.0,
+                            "timed_out": False,
+                            "cancelled": True,
+                            "may_still_run": False,
+                        },
+                    )
+                except OSError:
+                    pass
             else:
-                self._run(c, e.conn, req)
+                self._run(c, e.conn, req, cancel)
             if op != "open":
                 with self.guard:
                     e.served += 1
         finally:
             self._release(e)
 
-    def _run(self, c: socket.socket, conn: Connection, req: dict[str, Any]) -> None:
-        cancel = threading.Event()
-        send_lock = threading.Lock()
+    @staticmethod
+    def _watch(c: socket.socket, cancel: threading.Event) -> None:
+        """A cancel frame, the client's socket closing, or anything unreadable: stop the command."""
+        try:
+            while True:
+                msg = ks.recv_frame(c)
+                if msg is None or msg.get("op") == "cancel":
+                    break
+        except (OSError, ConnectionError, ValueError):
+            pass
+        cancel.set()
 
-        def watch() -> None:
-            # A cancel frame, the client's socket closing, or anything unreadable: stop the command.
-            try:
-                while True:
-                    msg = ks.recv_frame(c)
-                    if msg is None or msg.get("op") == "cancel":
-                        break
-            except (OSError, ConnectionError, ValueError):
-                pass
-            cancel.set()
+    def _run(self, c: socket.socket, conn: Connection, req: dict[str, Any], cancel: threading.Event) -> None:
+        send_lock = threading.Lock()
 
         def on_line(stream: str, line: str) -> None:
             if cancel.is_set():
@@ -345,7 +381,6 @@ class Keeper:
             except OSError:
                 cancel.set()
 
-        threading.Thread(target=watch, daemon=True, name="keeper-watch").start()
         timeout = req.get("timeout")
         try:
             res = conn.run(

@@ -111,5 +111,7 @@ def error_from_wire(d: dict[str, Any], host: str) -> output_errors.LabctlError:
             "connections: {persist: 0} in the inventory's defaults turns keeping off.",
         )
     if cls is base.HostKeyError:
-        return base.HostKeyError(message, hint, offered=str(d.get("offered", "")), pinned=str(d.get("pinned", "")))
+        return base.HostKeyError(
+            message, hint, offered=str(d.get("offered", "")), pinned=str(d.get("pinned", ""))
+        )
     return cls(message, hint)

@@ -62,7 +62,9 @@ def ended(proc: subprocess.Popen[bytes], within: float = 15.0) -> int:
 
 
 def local_host() -> Host:
-    return Host.model_validate({"name": "m1", "address": "127.0.0.1", "connection": "local", "python": sys.executable})
+    return Host.model_validate(
+        {"name": "m1", "address": "127.0.0.1", "connection": "local", "python": sys.executable}
+    )
 
 
 def test_it_runs_detached_serves_and_stops_when_asked(inventory: Path, folder: Path) -> None:
@@ -144,7 +146,9 @@ def test_a_killed_client_ends_its_command(inventory: Path, folder: Path) -> None
         ended(proc)
 
 
-def test_the_first_command_connects_itself_and_starts_a_keeper_for_the_next(inventory: Path, folder: Path) -> None:
+def test_the_first_command_connects_itself_and_starts_a_keeper_for_the_next(
+    inventory: Path, folder: Path
+) -> None:
     ssh_host = Host.model_validate({"name": "m1", "address": "127.0.0.1"})
     client = KeeperClient(inventory, 60, folder)
     assert client.connection(ssh_host) is None  # nobody there: this command connects itself

@@ -112,7 +112,9 @@ def test_a_command_runs_through_the_keeper_and_its_connection_is_reused(
 ) -> None:
     lines: list[tuple[str, str]] = []
     conn = kept(inventory, folder, host())
-    res = conn.run("echo one; echo two >&2; printf tail; exit 3", on_line=lambda s, l: lines.append((s, l)))
+    res = conn.run(
+        "echo one; echo two >&2; printf tail; exit 3", on_line=lambda s, text: lines.append((s, text))
+    )
     assert res.rc == 3 and res.stdout == "one\ntail" and res.stderr == "two\n"
     assert sorted(lines) == [("stderr", "two"), ("stdout", "one"), ("stdout", "tail")]
     again = kept(inventory, folder, host())
@@ -167,7 +169,9 @@ def test_two_inventories_naming_the_same_host_keep_separate_connections(folder: 
         p = folder.parent / f"{name}.yaml"
         p.write_text("lab: t\n")
         invs.append(p)
-    assert connection_key(str(invs[0]), host_to_wire(host())) != connection_key(str(invs[1]), host_to_wire(host()))
+    assert connection_key(str(invs[0]), host_to_wire(host())) != connection_key(
+        str(invs[1]), host_to_wire(host())
+    )
     a, b = start(invs[0], folder), start(invs[1], folder)
     try:
         kept(invs[0], folder, host()).run("true")
@@ -183,7 +187,9 @@ def test_two_inventories_naming_the_same_host_keep_separate_connections(folder: 
             r.thread.join(10)
 
 
-def test_a_dead_connection_is_dropped_and_opened_again(running: Running, inventory: Path, folder: Path) -> None:
+def test_a_dead_connection_is_dropped_and_opened_again(
+    running: Running, inventory: Path, folder: Path
+) -> None:
     kept(inventory, folder, host()).run("true")
     running.factory.dead = True
     conn = kept(inventory, folder, host())
@@ -193,7 +199,9 @@ def test_a_dead_connection_is_dropped_and_opened_again(running: Running, invento
 
 
 def test_errors_keep_their_class_and_hint(running: Running, inventory: Path, folder: Path) -> None:
-    running.factory.fail = Unreachable("m1 (127.0.0.1:22) did not answer within 10 s.", "Check that it is on.")
+    running.factory.fail = Unreachable(
+        "m1 (127.0.0.1:22) did not answer within 10 s.", "Check that it is on."
+    )
     with pytest.raises(Unreachable) as e:
         KeeperClient(inventory, 60.0, folder).connection(host())
     assert e.value.hint == "Check that it is on." and e.value.status == "unreachable"
@@ -228,7 +236,9 @@ def test_a_client_that_goes_away_ends_its_command(running: Running, inventory: P
     pidfile = folder.parent / "pid"
     client = KeeperClient(inventory, 60.0, folder)
     s = ks.connect(client.socket_path)
-    ks.send_frame(s, client.host_request(host(), "run", command=f"echo $$ > {pidfile}; exec sleep 60", timeout=None))
+    ks.send_frame(
+        s, client.host_request(host(), "run", command=f"echo $$ > {pidfile}; exec sleep 60", timeout=None)
+    )
     pid = _pid_from(pidfile)
     s.close()  # what Ctrl-C or a killed labctl does to the socket
     assert _gone(pid)
@@ -247,7 +257,9 @@ def test_cancel_and_timeout_come_back_as_on_a_direct_connection(
     pidfile = folder.parent / "pid2"
     cancel = threading.Event()
     out: list[Any] = []
-    t = threading.Thread(target=lambda: out.append(conn.run(f"echo $$ > {pidfile}; exec sleep 60", cancel=cancel)))
+    t = threading.Thread(
+        target=lambda: out.append(conn.run(f"echo $$ > {pidfile}; exec sleep 60", cancel=cancel))
+    )
     t.start()
     pid = _pid_from(pidfile)
     cancel.set()
@@ -278,7 +290,9 @@ def test_a_keeper_that_goes_away_mid_command_is_a_lost_connection(
         raise TransportError("the command finished", "")
 
 
-def test_asked_to_stop_it_stops_and_removes_its_socket(running: Running, inventory: Path, folder: Path) -> None:
+def test_asked_to_stop_it_stops_and_removes_its_socket(
+    running: Running, inventory: Path, folder: Path
+) -> None:
     path = KeeperClient(inventory, 60.0, folder).socket_path
     assert path.exists()
     assert stop(inventory, folder)
@@ -313,7 +327,9 @@ def test_its_inventory_file_removed_it_exits(inventory: Path, folder: Path) -> N
     assert r.why == ["inventory file removed"]
 
 
-def test_a_second_keeper_for_the_same_inventory_leaves(running: Running, inventory: Path, folder: Path) -> None:
+def test_a_second_keeper_for_the_same_inventory_leaves(
+    running: Running, inventory: Path, folder: Path
+) -> None:
     other = Keeper(inventory, 60.0, ks.socket_path(inventory, folder), factory=Factory())
     assert not other.bind()
     assert list_connections(inventory, folder)["pid"] == os.getpid()
@@ -354,7 +370,9 @@ def test_another_user_cannot_reach_the_socket(running: Running, inventory: Path,
     assert _as_nobody(attempt).startswith("raised PermissionError")
 
 
-def test_another_user_who_reaches_the_socket_is_refused(running: Running, inventory: Path, folder: Path) -> None:
+def test_another_user_who_reaches_the_socket_is_refused(
+    running: Running, inventory: Path, folder: Path
+) -> None:
     # Open the folder and the socket to everyone: only the peer check stands in the way.
     path = KeeperClient(inventory, 60.0, folder).socket_path
     os.chmod(folder.parent, 0o711)
@@ -393,3 +411,15 @@ def test_the_folder_must_be_private(folder: Path) -> None:
         os.chown(folder, 65534, 65534)
         with pytest.raises(ks.KeeperUnavailable, match="belongs to uid 65534"):
             ks.ensure_dir(folder)
+
+
+def test_a_keeper_of_another_version_declines_and_leaves(
+    running: Running, inventory: Path, folder: Path
+) -> None:
+    client = KeeperClient(inventory, 60.0, folder)
+    s = ks.connect(client.socket_path)
+    ks.send_frame(s, {**client.host_request(host(), "open"), "v": ks.PROTOCOL + 1})
+    assert ks.recv_frame(s)["t"] == "unwilling"
+    s.close()
+    running.thread.join(10)
+    assert running.why == ["another labctl version"]

@@ -48,7 +48,9 @@ class Lab:
         self.root = root
         self.port = free_port()
         for name in ("host_key", "client_key", "other_key"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True
+            )
         (root / "authorized_keys").write_text((root / "client_key.pub").read_text())
         pub = (root / "host_key.pub").read_text().split()
         self.pin = f"[127.0.0.1]:{self.port} {pub[0]} {pub[1]}\n"
@@ -76,7 +78,9 @@ class Lab:
         )
         self.inventory = root / "lab.yaml"
         self.write_inventory()
-        self.sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")], stderr=subprocess.DEVNULL)
+        self.sshd = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(root / "sshd_config")], stderr=subprocess.DEVNULL
+        )
         end = time.monotonic() + 15
         while True:
             try:
@@ -153,7 +157,7 @@ def the_connection(k: Keeper) -> SSHConnection:
 def test_commands_share_one_ssh_connection(lab: Lab, keeper: Keeper) -> None:
     h = lab.host()
     lines: list[tuple[str, str]] = []
-    res = kept(lab, h).run("echo out; echo err >&2; exit 4", on_line=lambda s, l: lines.append((s, l)))
+    res = kept(lab, h).run("echo out; echo err >&2; exit 4", on_line=lambda s, text: lines.append((s, text)))
     assert (res.rc, res.stdout, res.stderr) == (4, "out\n", "err\n") and sorted(lines) == [
         ("stderr", "err"),
         ("stdout", "out"),
@@ -252,11 +256,14 @@ def test_the_pool_asks_the_keeper_and_starts_one(lab: Lab, monkeypatch: pytest.M
                 assert conn.run(f"echo {n}").stdout == f"{n}\n"
             finally:
                 c.close()
-        [entry] = list_connections(lab.inventory, lab.root / "k")["connections"]
-        assert entry["served"] == 2 and entry["port"] == lab.port
+        listed = list_connections(lab.inventory, lab.root / "k")
+        [entry] = listed["connections"]
+        assert entry["served"] == 2 and entry["port"] == lab.port, listed
         from labctl.cli.app import app
 
         res = CliRunner().invoke(app, ["connections", "-i", str(lab.inventory), "--json"])
-        assert res.exit_code == 0 and json.loads(res.stdout)["connections"][0]["host"] == "m1"
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.stdout)
+        assert [e["host"] for e in doc["connections"]] == ["m1"], doc
     finally:
         assert stop(lab.inventory, lab.root / "k")
