@@ -396,10 +396,15 @@ PERSIST_DEFAULT = 600.0
 class Connections(Strict):
     """How labctl's keeper holds SSH connections between commands (defaults.connections)."""
 
-    persist: Annotated[float, BeforeValidator(persist_seconds)] = Field(
-        PERSIST_DEFAULT,
+    persist: float = Field(
+        default=PERSIST_DEFAULT,
         description="how long a connection is kept after the last command, e.g. persist: 10m (0: off)",
     )
+
+    @field_validator("persist", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return persist_seconds(v)
 
 
 class Defaults(ConnectionSettings):

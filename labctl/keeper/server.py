@@ -297,8 +297,8 @@ class Keeper:
         try:
             wire_host = dict(req["host"])
             host = host_from_wire(wire_host)
-        except (KeyError, TypeError, ValueError) as e:
-            ks.send_frame(c, {"t": "unwilling", "reason": f"bad host settings: {e}"})
+        except (KeyError, TypeError, ValueError) as bad:
+            ks.send_frame(c, {"t": "unwilling", "reason": f"bad host settings: {bad}"})
             return
         persist = req.get("persist")
         if isinstance(persist, (int, float)) and persist > 0:

@@ -175,7 +175,7 @@ def test_the_first_command_connects_itself_and_starts_a_keeper_for_the_next(
 def test_two_keepers_started_at_once_leave_one(inventory: Path, folder: Path) -> None:
     procs = [spawn(inventory, 60, folder) for _ in range(3)]
     try:
-        exits = []
+        exits: list[subprocess.Popen[bytes]] = []
         end = time.monotonic() + 30
         while time.monotonic() < end and len(exits) < 2:
             exits = [p for p in procs if p.poll() is not None]

@@ -419,7 +419,8 @@ def test_a_keeper_of_another_version_declines_and_leaves(
     client = KeeperClient(inventory, 60.0, folder)
     s = ks.connect(client.socket_path)
     ks.send_frame(s, {**client.host_request(host(), "open"), "v": ks.PROTOCOL + 1})
-    assert ks.recv_frame(s)["t"] == "unwilling"
+    answer = ks.recv_frame(s)
+    assert answer is not None and answer["t"] == "unwilling"
     s.close()
     running.thread.join(10)
     assert running.why == ["another labctl version"]
