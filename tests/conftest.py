@@ -188,6 +188,40 @@ def _claim_sim_slot(slot: int) -> Path:
     return sim_dir
 
 
+@pytest.fixture(params=["direct", "kept"])
+def through(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Runs a transport test twice: with every command connecting itself, and with every command
+    going through a connection keeper (labctl.keeper; LABCTL_KEEPER=always: even the first
+    command starts one and waits for it) in a keeper folder of the test's own. The kept run
+    checks that a keeper answered there, and stops every keeper it started."""
+    if request.param == "direct":
+        monkeypatch.setenv("LABCTL_KEEPER", "off")
+        yield "direct"
+        return
+    import tempfile
+
+    from labctl.keeper import sock as ks
+
+    # A short path: a Unix socket's name is capped at 107 bytes.
+    folder = Path(tempfile.mkdtemp(prefix="lk", dir="/tmp")) / "k"
+    os.mkdir(folder, 0o700)
+    monkeypatch.setenv("LABCTL_KEEPER", "always")
+    monkeypatch.setenv("LABCTL_KEEPER_DIR", str(folder))
+    try:
+        yield "kept"
+        assert list(folder.glob("*.sock")), "no keeper answered: the commands connected themselves"
+    finally:
+        for path in folder.glob("*.sock"):
+            try:
+                s = ks.connect(path, 5)
+                ks.send_frame(s, {"v": ks.PROTOCOL, "op": "stop"})
+                ks.recv_frame(s)
+                ks.close_quietly(s)
+            except (ks.KeeperUnavailable, OSError, ConnectionError):
+                pass
+        shutil.rmtree(folder.parent, ignore_errors=True)
+
+
 def docker_unavailable() -> str | None:
     """Why Docker sandbox images cannot be built or run here, or None when they can."""
     if os.geteuid() != 0:

@@ -41,6 +41,18 @@ def keeping_disabled() -> bool:
     return os.environ.get("LABCTL_KEEPER", "").strip().lower() in ("0", "off", "no", "false")
 
 
+def keeping_always() -> bool:
+    """$LABCTL_KEEPER=always: a command that finds no keeper starts one and waits for it, so
+    that even the first command goes through it (how the tests run the transport's failure
+    cases through the keeper). Otherwise the first command connects itself, and does not
+    wait: a cold command is no slower for keeping."""
+    return os.environ.get("LABCTL_KEEPER", "").strip().lower() == "always"
+
+
+# How long a command under LABCTL_KEEPER=always waits for the keeper it started to listen.
+KEEPER_START_WAIT = 15.0
+
+
 class KeeperClient:
     """The keeper of one inventory, as the commands of one run see it."""
 
@@ -90,11 +102,17 @@ class KeeperClient:
         when the host cannot be reached); None when there is no keeper to ask, or it declines."""
         if self._given_up or host.connection != "ssh":
             return None
+        req = self.host_request(host, "open")
         try:
-            answer = self.request(self.host_request(host, "open"), timeout=host.connect_timeout + 10)
+            answer = self.request(req, timeout=host.connect_timeout + 10)
         except ks.KeeperUnavailable:
             self._start_once()
-            return None
+            if not keeping_always() or not self._wait_for_keeper():
+                return None
+            try:
+                answer = self.request(req, timeout=host.connect_timeout + 10)
+            except ks.KeeperUnavailable:
+                return None
         if answer.get("t") == "ok":
             return KeptConnection(self, host)
         if answer.get("t") == "error":
@@ -107,11 +125,23 @@ class KeeperClient:
                 return
             self._spawned = True
             # One try per run: the next command finds the keeper this one started.
-            self._given_up = True
+            self._given_up = not keeping_always()
         try:
             spawn(Path(self.inventory), self.persist, self.folder)
         except (OSError, ks.KeeperUnavailable):
-            pass
+            self._given_up = True
+
+    def _wait_for_keeper(self) -> bool:
+        """Whether a keeper answers within KEEPER_START_WAIT (LABCTL_KEEPER=always)."""
+        deadline = time.monotonic() + KEEPER_START_WAIT
+        while time.monotonic() < deadline and not self._given_up:
+            try:
+                ks.close_quietly(self._connect(1.0))
+                return True
+            except ks.KeeperUnavailable:
+                time.sleep(0.02)
+        self._given_up = True
+        return False
 
 
 def spawn(inventory: Path, persist: float, folder: Path | None = None) -> subprocess.Popen[bytes]:
@@ -122,7 +152,7 @@ def spawn(inventory: Path, persist: float, folder: Path | None = None) -> subpro
     # The same labctl as this command, wherever the keeper's working folder is.
     root = str(Path(labctl.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -142,6 +172,10 @@ def spawn(inventory: Path, persist: float, folder: Path | None = None) -> subpro
         start_new_session=True,
         close_fds=True,
     )
+    # A keeper that leaves while this command still runs (idle, another version's) is reaped
+    # here at once rather than left a zombie until the command exits.
+    threading.Thread(target=proc.wait, daemon=True, name="keeper-reaper").start()
+    return proc
 
 
 class KeptConnection:

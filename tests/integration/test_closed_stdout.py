@@ -125,7 +125,9 @@ def test_exec_runs_to_its_end_here_when_stdout_is_closed(tmp_path: Path) -> None
     assert marker.read_text() == "done\n"
 
 
-def test_exec_over_ssh_is_not_stopped_on_the_host_when_stdout_is_closed(lab: Any, tmp_path: Path) -> None:
+def test_exec_over_ssh_is_not_stopped_on_the_host_when_stdout_is_closed(
+    through: str, lab: Any, tmp_path: Path
+) -> None:
     # The sim's hosts share this machine's files: the go file and the marker are the host's.
     line, marker = exec_script(tmp_path)
     proc = start("-i", str(lab.inventory_path), "exec", "-l", "m5", "--", line)

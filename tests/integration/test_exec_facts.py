@@ -42,7 +42,7 @@ def inv_copy(lab: Any, tmp_path: Path, edit: Any = None) -> Path:
     return out
 
 
-def test_exec_runs_on_every_host_with_per_host_output(lab: Any) -> None:
+def test_exec_runs_on_every_host_with_per_host_output(through: str, lab: Any) -> None:
     rc, doc = run_json(
         "-i", str(lab.inventory_path), "exec", "--", "ip -4 -o addr show dev eth0; echo to-stderr >&2"
     )
@@ -129,7 +129,7 @@ def test_agent_is_cached_by_hash_on_the_host_not_here(lab: Any) -> None:
     ).exists()  # private mount: not on this machine
 
 
-def test_one_host_down_others_succeed(lab: Any) -> None:
+def test_one_host_down_others_succeed(through: str, lab: Any) -> None:
     lab.stop_host("pharaoh")
     try:
         rc, doc = run_json("-i", str(lab.inventory_path), "exec", "--", "true")
@@ -144,7 +144,7 @@ def test_one_host_down_others_succeed(lab: Any) -> None:
         lab.start_host("pharaoh")
 
 
-def test_changed_host_key_is_refused_and_nothing_runs(lab: Any, tmp_path: Path) -> None:
+def test_changed_host_key_is_refused_and_nothing_runs(through: str, lab: Any, tmp_path: Path) -> None:
     import paramiko
 
     forged = paramiko.Ed25519Key.generate() if hasattr(paramiko.Ed25519Key, "generate") else None
@@ -191,7 +191,7 @@ def test_changed_host_key_is_refused_and_nothing_runs(lab: Any, tmp_path: Path) 
     assert by_host(check)["m5"]["stdout"].strip() == "0"
 
 
-def test_unknown_host_key_refused_then_trust_pins_it(lab: Any, tmp_path: Path) -> None:
+def test_unknown_host_key_refused_then_trust_pins_it(through: str, lab: Any, tmp_path: Path) -> None:
     kh = tmp_path / "known_hosts"  # empty: nothing pinned
     inv = inv_copy(lab, tmp_path, lambda d: d["defaults"].__setitem__("known_hosts", str(kh)))
     rc, doc = run_json("-i", str(inv), "exec", "-l", "m5", "--", "true")
@@ -236,7 +236,7 @@ def _gone_within(tag: str, seconds: float) -> bool:
     return False
 
 
-def test_timeout_stops_the_remote_command(lab: Any) -> None:
+def test_timeout_stops_the_remote_command(through: str, lab: Any) -> None:
     rc, doc = run_json(
         "-i", str(lab.inventory_path), "exec", "-l", "m5,irina", "--timeout", "1", "--", "sleep 4321"
     )
@@ -245,7 +245,7 @@ def test_timeout_stops_the_remote_command(lab: Any) -> None:
     assert _gone_within("sleep 4321", GRACE_SECONDS + 3)
 
 
-def test_ctrl_c_exits_130_and_leaves_no_remote_process(lab: Any) -> None:
+def test_ctrl_c_exits_130_and_leaves_no_remote_process(through: str, lab: Any) -> None:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -289,7 +289,7 @@ def test_local_connection_runs_here_without_ssh(tmp_path: Path) -> None:
     assert rc == 0 and doc["results"][0]["facts"]["memory"]["total_bytes"] > 0
 
 
-def test_unreachable_address_is_classified(tmp_path: Path) -> None:
+def test_unreachable_address_is_classified(through: str, tmp_path: Path) -> None:
     if shutil.which("ip") is None:
         pytest.skip("needs iproute2")
     inv = tmp_path / "dead.yaml"
@@ -300,7 +300,7 @@ def test_unreachable_address_is_classified(tmp_path: Path) -> None:
     assert rc == 1 and r["status"] == "unreachable" and "127.0.0.1:9" in r["error"] and r["hint"]
 
 
-def test_wrong_client_key_is_an_auth_failure(lab: Any, tmp_path: Path) -> None:
+def test_wrong_client_key_is_an_auth_failure(through: str, lab: Any, tmp_path: Path) -> None:
     key = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     inv = inv_copy(lab, tmp_path, lambda d: d["defaults"].__setitem__("ssh_key", str(key)))

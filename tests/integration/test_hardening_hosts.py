@@ -126,7 +126,7 @@ def test_a_host_without_sftp_gets_facts_and_provision(lab: Any, tmp_path: Path) 
         sh(inv, "pharaoh", f"rm -f {target}")
 
 
-def test_a_session_that_drops_mid_command_is_named_as_lost(lab: Any) -> None:
+def test_a_session_that_drops_mid_command_is_named_as_lost(through: str, lab: Any) -> None:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -193,7 +193,7 @@ def _interrupt(args: list[str], started: str, count: int = 1) -> tuple[int, str,
     return proc.returncode, out, err
 
 
-def test_ctrl_c_says_what_was_interrupted_and_that_windows_may_still_run(lab: Any) -> None:
+def test_ctrl_c_says_what_was_interrupted_and_that_windows_may_still_run(through: str, lab: Any) -> None:
     inv = str(lab.inventory_path)
     try:
         rc, out, err = _interrupt(
@@ -211,7 +211,7 @@ def test_ctrl_c_says_what_was_interrupted_and_that_windows_may_still_run(lab: An
         kill_pids("sleep 434[34]")
 
 
-def test_a_port_that_is_not_ssh_gives_one_clean_row(tmp_path: Path) -> None:
+def test_a_port_that_is_not_ssh_gives_one_clean_row(through: str, tmp_path: Path) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)

@@ -59,7 +59,7 @@ def host_hung(lab: Any) -> Callable[[], None]:
     ids=["link-down-no-timeout", "host-hung-with-timeout"],
 )
 def test_silent_host_is_given_up_on_and_named_while_the_other_reports(
-    lab: Any, cut: Callable[[Any], Callable[[], None]], timeout: str | None
+    through: str, lab: Any, cut: Callable[[Any], Callable[[], None]], timeout: str | None
 ) -> None:
     m5 = lab.hosts["m5"]
     # m5 runs long; irina finishes in a few seconds and its output must still be reported.

@@ -267,3 +267,22 @@ def test_the_pool_asks_the_keeper_and_starts_one(lab: Lab, monkeypatch: pytest.M
         assert [e["host"] for e in doc["connections"]] == ["m1"], doc
     finally:
         assert stop(lab.inventory, lab.root / "k")
+
+
+def test_keeping_always_sends_even_the_first_command_through_a_keeper_it_starts(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LABCTL_KEEPER", "always")
+    monkeypatch.setenv("LABCTL_KEEPER_DIR", str(lab.root / "k"))
+    with pytest.raises(ks.KeeperUnavailable):
+        list_connections(lab.inventory, lab.root / "k")
+    c = Context.create(lab.inventory)
+    try:
+        conn = c.pool.get(c.inventory.host("m1"))
+        assert isinstance(conn, KeptConnection)  # the keeper it started, waited for
+        assert conn.run("echo first").stdout == "first\n"
+        [entry] = list_connections(lab.inventory, lab.root / "k")["connections"]
+        assert entry["served"] == 1
+    finally:
+        c.close()
+        assert stop(lab.inventory, lab.root / "k")
