@@ -61,6 +61,7 @@ class KeeperClient:
         self.persist = persist
         self.folder = folder
         self._spawned = False
+        self._wanted = False
         self._given_up = False
         self._lock = threading.Lock()
 
@@ -121,15 +122,29 @@ class KeeperClient:
 
     def _start_once(self) -> None:
         with self._lock:
-            if self._spawned:
+            if self._spawned or self._wanted:
+                return
+            if not keeping_always():
+                # One try per run: this command connects itself, and the keeper starts when it
+                # is done (`close`), so a cold command shares no CPU with a starting keeper.
+                self._given_up = self._wanted = True
                 return
             self._spawned = True
-            # One try per run: the next command finds the keeper this one started.
-            self._given_up = not keeping_always()
+        self._spawn()
+
+    def _spawn(self) -> None:
         try:
             spawn(Path(self.inventory), self.persist, self.folder)
         except (OSError, ks.KeeperUnavailable):
             self._given_up = True
+
+    def close(self) -> None:
+        """The command is done: start the keeper it found missing, for the next command."""
+        with self._lock:
+            start, self._wanted = self._wanted and not self._spawned, False
+            self._spawned = self._spawned or start
+        if start:
+            self._spawn()
 
     def _wait_for_keeper(self) -> bool:
         """Whether a keeper answers within KEEPER_START_WAIT (LABCTL_KEEPER=always)."""

@@ -98,3 +98,5 @@ class ConnectionPool:
                 c.close()
             except Exception:
                 pass
+        if self._keeper is not None:
+            self._keeper.close()

@@ -146,13 +146,17 @@ def test_a_killed_client_ends_its_command(inventory: Path, folder: Path) -> None
         ended(proc)
 
 
-def test_the_first_command_connects_itself_and_starts_a_keeper_for_the_next(
+def test_the_first_command_connects_itself_and_starts_a_keeper_for_the_next_when_done(
     inventory: Path, folder: Path
 ) -> None:
     ssh_host = Host.model_validate({"name": "m1", "address": "127.0.0.1"})
     client = KeeperClient(inventory, 60, folder)
     assert client.connection(ssh_host) is None  # nobody there: this command connects itself
     assert client.connection(ssh_host) is None  # and it tries once per run, not per host
+    time.sleep(0.5)
+    # Not while the command runs: a starting keeper would take CPU from a cold command.
+    assert not ks.socket_path(inventory, folder).exists()
+    client.close()  # the command is done
     end = time.monotonic() + 30
     while time.monotonic() < end:
         try:
