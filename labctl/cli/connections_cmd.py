@@ -96,6 +96,13 @@ def close(
     from labctl.keeper.client import close_connections
 
     def work(c: Context) -> Outcome:
+        from labctl.output.errors import InputError
+
+        if host is not None and host not in c.inventory.hosts:
+            raise InputError(
+                f"No host {host!r} in {c.inventory_file()}.",
+                f"Name one of: {', '.join(c.inventory.hosts)}; or leave HOST out to close every kept connection.",
+            )
         path = c.inventory_file()
         try:
             closed = close_connections(path, host)

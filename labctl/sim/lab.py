@@ -581,7 +581,20 @@ def stop_host(dir: Path | str, name: str) -> bool:
         killed = netns.kill_namespace(hs.namespace)
         hs.sshd_pid = None
         Recorder(sim_dir, st).update_host(hs)
-        return was_alive or killed > 0
+    _drop_kept(Path(sim_dir) / INVENTORY_FILE, name)
+    return was_alive or killed > 0
+
+
+def _drop_kept(inventory: Path, name: str) -> None:
+    """The lab's connection keeper (labctl.keeper), if one runs, drops its connection to `name`
+    now rather than finding it dead at its next use."""
+    from labctl.keeper import sock as ks
+    from labctl.keeper.client import close_connections
+
+    try:
+        close_connections(inventory, name)
+    except (ks.KeeperUnavailable, OSError):
+        pass
 
 
 def start_host(dir: Path | str, name: str) -> bool:
