@@ -25,10 +25,12 @@ settings.load_profile(os.environ.get("LABCTL_HYPOTHESIS", "labctl"))
 
 REPO = Path(__file__).resolve().parents[1]
 
-# No connection keeper (labctl.keeper) behind the tests' backs, in this process or in a labctl
-# they start: a test of the keeper starts its own, in a folder of its own; LABCTL_KEEPER=on
-# (anything but 0/off/no/false) lets the suite run with keeping as a user has it.
-os.environ.setdefault("LABCTL_KEEPER", "off")
+# The connection keeper (labctl.keeper): integration tests run as a user runs labctl, with
+# keeping on (`suite_keeper` below), in a keeper folder of this test process's own (each xdist
+# worker has one); unit tests run without one, so that no test of a few milliseconds leaves a
+# keeper process behind. LABCTL_KEEPER=off runs the whole suite without keeping.
+KEEPING = os.environ.get("LABCTL_KEEPER", "on").strip().lower() not in ("0", "off", "no", "false")
+os.environ["LABCTL_KEEPER"] = "off"
 
 # A shell that starts pytest in the background without job control (`cmd &` in a script, nohup)
 # hands it SIGINT ignored, and every labctl the tests start would inherit that: the Ctrl-C tests
@@ -137,6 +139,7 @@ def lab() -> Iterator[object]:
         sim_dir, hosts=SIM_HOSTS, bridge=f"lctest{slot}", prefix="lct-" if slot == 0 else f"lct{slot}-",
         subnet=f"10.251.{slot}.0/24",
     )  # fmt: skip
+    _LONG_LIVED.add(str(sim.inventory_path.absolute()))
     try:
         yield sim
     finally:
@@ -186,6 +189,66 @@ def _claim_sim_slot(slot: int) -> Path:
         down(sim_dir)
     owner.write_text(f"{os.getpid()} {_started(os.getpid())}\n")
     return sim_dir
+
+
+_SUITE_KEEPERS: list[Path] = []  # this process's keeper folder, once made
+_LONG_LIVED: set[str] = set()  # inventories whose keepers last the session: the `lab` fixture's
+
+
+def _suite_keeper_folder() -> Path:
+    if not _SUITE_KEEPERS:
+        import tempfile
+
+        # A short path: a Unix socket's name is capped at 107 bytes.
+        folder = Path(tempfile.mkdtemp(prefix="lks", dir="/tmp")) / "k"
+        os.mkdir(folder, 0o700)
+        _SUITE_KEEPERS.append(folder)
+    return _SUITE_KEEPERS[0]
+
+
+def stop_keepers(folder: Path, keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    """Stop every keeper listening in `folder` but those of the inventories in `keep`."""
+    from labctl.keeper import sock as ks
+
+    for path in folder.glob("*.sock"):
+        try:
+            s = ks.connect(path, 5)
+            try:
+                ks.send_frame(s, {"v": ks.PROTOCOL, "op": "list"})
+                answer = ks.recv_frame(s) or {}
+            finally:
+                ks.close_quietly(s)
+            if answer.get("inventory") in keep:
+                continue
+            s = ks.connect(path, 5)
+            try:
+                ks.send_frame(s, {"v": ks.PROTOCOL, "op": "stop"})
+                ks.recv_frame(s)
+            finally:
+                ks.close_quietly(s)
+        except (ks.KeeperUnavailable, OSError, ConnectionError, ValueError):
+            pass
+
+
+@pytest.fixture(autouse=True)
+def suite_keeper(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Keeping on for an integration test: its commands share the connections the keeper holds
+    (the session lab's keeper lasts the session); the keepers of the test's own inventories are
+    stopped when it ends. A test that sets LABCTL_KEEPER itself (`through`) wins."""
+    if not KEEPING or request.node.get_closest_marker("integration") is None:
+        yield
+        return
+    folder = _suite_keeper_folder()
+    monkeypatch.setenv("LABCTL_KEEPER", "on")
+    monkeypatch.setenv("LABCTL_KEEPER_DIR", str(folder))
+    yield
+    stop_keepers(folder, _LONG_LIVED)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for folder in _SUITE_KEEPERS:
+        stop_keepers(folder)
+        shutil.rmtree(folder.parent, ignore_errors=True)
 
 
 @pytest.fixture(params=["direct", "kept"])
