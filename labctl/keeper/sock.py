@@ -1,7 +1,8 @@
 """Where the keeper listens, how both ends talk, and who may.
 
 The socket lives in a folder only its user can enter (0700, owned by them, not a link):
-$LABCTL_KEEPER_DIR if set (tests), else $XDG_RUNTIME_DIR/labctl, else ~/.cache/labctl/keeper.
+$LABCTL_KEEPER_DIR if set (tests), else $XDG_RUNTIME_DIR/labctl, else `keeper` in labctl's
+folder under the user's home (paths.USER_HOME).
 One keeper per inventory file: the socket's name is a digest of the file's absolute path.
 
 Frames are a 4-byte big-endian length and that many bytes of UTF-8 JSON. Each end checks the
@@ -19,6 +20,8 @@ import stat
 import struct
 from pathlib import Path
 from typing import Any
+
+from labctl.agent.core import paths
 
 # Every request names it; a keeper of another labctl version declines, and leaves (the next
 # command starts one of its own version).
@@ -43,7 +46,7 @@ def keeper_dir() -> Path:
                 return Path(runtime) / "labctl"
         except OSError:
             pass
-    return Path.home() / ".cache" / "labctl" / "keeper"
+    return Path.home() / paths.USER_HOME / "keeper"
 
 
 def ensure_dir(folder: Path | None = None, create: bool = True) -> Path:

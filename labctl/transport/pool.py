@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from labctl.inventory.model import Host
 from labctl.transport.base import Connection
 from labctl.transport.local import LocalConnection
 from labctl.transport.ssh import SSHConnection
 
-if TYPE_CHECKING:
-    from labctl.keeper.client import KeeperClient
+
+class KeptSource(Protocol):
+    """Where a pool asks first for a connection held between commands (labctl.keeper's
+    KeeperClient): a connection, or None to connect directly; `close` when the command is done."""
+
+    def connection(self, host: Host) -> Connection | None: ...
+
+    def close(self) -> None: ...
 
 
 def open_connection(host: Host, connect_timeout: float | None = None) -> Connection:
@@ -33,13 +39,13 @@ class ConnectionPool:
     def __init__(
         self,
         connect_timeout: float | None = None,
-        keeper: Callable[[], KeeperClient | None] | None = None,
+        keeper: Callable[[], KeptSource | None] | None = None,
     ) -> None:
         """`keeper`: called once, on the first connection, for the inventory's keeper (None:
         keeping is off); an SSH host is asked of it first (labctl.keeper)."""
         self.connect_timeout = connect_timeout
         self._keeper_factory = keeper
-        self._keeper: KeeperClient | None = None
+        self._keeper: KeptSource | None = None
         self._keeper_asked = False
         self._conns: dict[str, Connection] = {}
         self._locks: dict[str, threading.Lock] = {}
@@ -61,7 +67,7 @@ class ConnectionPool:
                 self._conns[host.name] = conn
             return conn
 
-    def _keeper_client(self) -> KeeperClient | None:
+    def _keeper_client(self) -> KeptSource | None:
         with self._guard:
             if not self._keeper_asked:
                 self._keeper_asked = True
