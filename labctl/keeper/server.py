@@ -318,6 +318,11 @@ class Keeper:
             return
         try:
             assert e.conn is not None
+            if op != "open":
+                # Counted before the answer goes out: a client that lists right after its
+                # command's answer sees it counted.
+                with self.guard:
+                    e.served += 1
             if op == "open":
                 ks.send_frame(c, {"t": "ok"})
             elif op == "put":
@@ -351,9 +356,6 @@ class Keeper:
                     pass
             else:
                 self._run(c, e.conn, req, cancel)
-            if op != "open":
-                with self.guard:
-                    e.served += 1
         finally:
             self._release(e)
 
