@@ -18,9 +18,9 @@ import threading
 import uuid
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from labctl.agent.core import paths
 from labctl.hosts.fanout import HostRun, on_host
@@ -84,6 +84,8 @@ BAD_ANSWER = "bad_answer"  # JSON, but not the shape the command answers in (dec
 # The agent's kinds for an OSError it could name (labctl/agent/__main__.py), with the path.
 FILE_KINDS = {"disk_full": "ENOSPC", "read_only": "EROFS", "permission_denied": "EACCES"}
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep the hash a function of the code alone
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class AgentFailed(HostError):
@@ -99,7 +101,27 @@ class AgentFailed(HostError):
         self.kind = kind
 
 
-@functools.cache
+def _once(fn: Callable[P, R]) -> Callable[P, R]:
+    """functools.cache, computed once per argument however many threads ask at once.
+
+    fan_out calls agent_zip and agent_blob from every host's thread together; a bare cache lets
+    each of them build the zip (about 30 ms of CPU each, under the GIL) before the first result
+    is stored. One lock for all arguments: a build is short and runs once per process.
+    """
+    cached = functools.cache(fn)
+    build = cast("Callable[P, R]", cached)  # the cache's own signature forgets the arguments' types
+    lock = threading.Lock()
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        with lock:
+            return build(*args, **kwargs)
+
+    call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    return call
+
+
+@_once
 def agent_zip() -> tuple[bytes, str]:
     """The agent zipapp's bytes and their short sha256."""
     import labctl.agent
@@ -166,7 +188,7 @@ def _table_modules(module: str, files: Mapping[str, bytes]) -> set[str]:
     return {name for table in found if isinstance(table, Table) for name in table.modules()}
 
 
-@functools.cache
+@_once
 def agent_blob(command: str) -> str:
     """The agent's files `command` needs, for IN_MEMORY: an uncompressed zip, zlib-compressed
     whole, in base64 (a third smaller than the zipapp, whose files are compressed one by one).
