@@ -147,3 +147,14 @@ def test_the_agent_is_built_once_however_many_threads_ask_at_once(
         monkeypatch.undo()
     assert len(builds) == 1 and len(results) == 16
     assert all(r == results[0] for r in results) and again == results[0]
+
+
+def test_a_read_only_call_runs_the_cached_agent_and_extracts_nothing(ctx: Context, tmp_path: Path) -> None:
+    import shutil
+
+    assert isinstance(ask(ctx, here(), "ping", {}), dict)  # uploads the zipapp and extracts it beside it
+    folder = tmp_path / "agent" / f"agent-{agent_ship.agent_zip()[1]}"
+    assert (folder / ".complete").is_file()
+    shutil.rmtree(folder)
+    assert isinstance(ask(ctx, here(), "ping", {}, read_only=True), dict)
+    assert sorted(p.name for p in (tmp_path / "agent").iterdir()) == [folder.name + ".pyz"]
