@@ -2,7 +2,8 @@
 
 The agent (labctl/agent/) is stdlib-only Python that runs with the host's own
 interpreter and answers one JSON object per call: one round trip per step. The zipapp
-is uploaded once per version; later calls find it by hash and run straight away.
+is uploaded once per version; later calls find it by hash and run straight away, from a folder
+extracted beside it where CPython keeps the compiled modules (see BOOT).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import threading
 import uuid
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from labctl.agent.core import paths
 from labctl.hosts.fanout import HostRun, on_host
@@ -59,20 +60,91 @@ sys.exit(main())
 """
 # Runs the cached zipapp only when its bytes still have the hash its name promises (a file cut
 # short by a full disk, or damaged since, is replaced instead): one read of ~100 KB per call.
+# It runs from agent-<digest>/ beside the zipapp, which the first call extracts from the checked
+# bytes: there CPython writes each module's bytecode to __pycache__ once and reads it after, where
+# zipimport compiles every module from source on every call (a third of facts.collect's CPU).
+# Stdlib only, Python 3.8. See folder() for how an extraction cut short is never used.
 BOOT = r"""
-import hashlib, runpy, sys
+import hashlib, os, runpy, sys
+# --read-only (call_agent's read_only): write nothing here; a folder already whole is still used.
+write = sys.argv[1] != "--read-only"
+if not write:
+    del sys.argv[1]
 path, digest = sys.argv[1], sys.argv[2]
 try:
     with open(path, "rb") as f:
-        whole = hashlib.sha256(f.read()).hexdigest().startswith(digest)
+        data = f.read()
+    whole = hashlib.sha256(data).hexdigest().startswith(digest)
 except OSError:
     whole = False
 if not whole:
     sys.exit(197)
+
+def folder():
+    # agent-<digest>/, extracted whole, or None to run the zipapp itself. Only a complete
+    # extraction, its marker written last and all of it on disk (fsync), is renamed into place:
+    # a folder there is whole, and one cut short (killed, disk full, power lost) stays a
+    # .tmp-* sibling that nothing runs. Two calls extracting at once both work: the rename
+    # is atomic, and the loser drops its copy and uses the winner's.
+    if not path.endswith(".pyz"):
+        return None
+    root = os.path.abspath(path[:-4])
+    mark = os.path.join(root, ".complete")
+    if os.path.exists(mark):
+        return root
+    if not write or os.path.isdir(root):
+        # A read-only call extracts nothing. A folder in place but not whole (no extraction of
+        # ours leaves that) is never run, nor replaced under whoever may be using it.
+        return None
+    import io, shutil, zipfile
+    tmp = "%s.tmp-%d-%s" % (root, os.getpid(), os.urandom(4).hex())
+    try:
+        os.mkdir(tmp, 0o700)  # as private as the zipapp's folder
+    except OSError:
+        return None  # a read-only disk, or a folder this user may not write: the zipapp runs
+    try:
+        made = [tmp]
+        zf = zipfile.ZipFile(io.BytesIO(data))
+        for name in zf.namelist():
+            parts = name.split("/")
+            where = tmp
+            for part in parts[:-1]:
+                where = os.path.join(where, part)
+                if where not in made:
+                    os.mkdir(where, 0o700)
+                    made.append(where)
+            fd = os.open(os.path.join(where, parts[-1]), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(zf.read(name))
+                f.flush()
+                os.fsync(f.fileno())
+        for where in made:
+            # Made here, 0700: CPython would make its own __pycache__ as the umask says.
+            os.mkdir(os.path.join(where, "__pycache__"), 0o700)
+        fd = os.open(os.path.join(tmp, ".complete"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.fsync(fd)
+        os.close(fd)
+        for where in made:  # the names, as well as the bytes, on disk before the rename
+            fd = os.open(where, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.rename(tmp, root)  # fails where another call's folder is already in place
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root if os.path.exists(mark) else None
+
 if sys.path and sys.path[0] == "":
     del sys.path[0]
 sys.argv = [path] + sys.argv[3:]
-runpy.run_path(path, run_name="__main__")
+root = folder()
+if root:
+    # The folder is the agent's own cache: its bytecode is the point even where the host's
+    # environment says PYTHONDONTWRITEBYTECODE (this process only; children keep the variable).
+    # A read-only call reads the bytecode there but writes none.
+    sys.dont_write_bytecode = not write
+runpy.run_path(root or path, run_name="__main__")
 """
 MISSING_RC = 197  # BOOT's "no agent of this hash here (yet, or no longer whole)"
 MAX_ARGV = 100_000
@@ -84,6 +156,8 @@ BAD_ANSWER = "bad_answer"  # JSON, but not the shape the command answers in (dec
 # The agent's kinds for an OSError it could name (labctl/agent/__main__.py), with the path.
 FILE_KINDS = {"disk_full": "ENOSPC", "read_only": "EROFS", "permission_denied": "EACCES"}
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep the hash a function of the code alone
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class AgentFailed(HostError):
@@ -99,7 +173,27 @@ class AgentFailed(HostError):
         self.kind = kind
 
 
-@functools.cache
+def _once(fn: Callable[P, R]) -> Callable[P, R]:
+    """functools.cache, computed once per argument however many threads ask at once.
+
+    fan_out calls agent_zip and agent_blob from every host's thread together; a bare cache lets
+    each of them build the zip (about 30 ms of CPU each, under the GIL) before the first result
+    is stored. One lock for all arguments: a build is short and runs once per process.
+    """
+    cached = functools.cache(fn)
+    build = cast("Callable[P, R]", cached)  # the cache's own signature forgets the arguments' types
+    lock = threading.Lock()
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        with lock:
+            return build(*args, **kwargs)
+
+    call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    return call
+
+
+@_once
 def agent_zip() -> tuple[bytes, str]:
     """The agent zipapp's bytes and their short sha256."""
     import labctl.agent
@@ -166,7 +260,7 @@ def _table_modules(module: str, files: Mapping[str, bytes]) -> set[str]:
     return {name for table in found if isinstance(table, Table) for name in table.modules()}
 
 
-@functools.cache
+@_once
 def agent_blob(command: str) -> str:
     """The agent's files `command` needs, for IN_MEMORY: an uncompressed zip, zlib-compressed
     whole, in base64 (a third smaller than the zipapp, whose files are compressed one by one).
@@ -236,7 +330,8 @@ def call_agent(
         arg_path = f"{directory}/args-{uuid.uuid4().hex}.json"
         conn.put_bytes(arg_text.encode(), arg_path, mode=0o600, dir_mode=0o700)
         arg_text = "@" + arg_path
-    line = f"exec {py} -c {shlex.quote(BOOT)} {shlex.join([path, digest, command, arg_text])}"
+    boot_args = ["--read-only"] if read_only else []
+    line = f"exec {py} -c {shlex.quote(BOOT)} {shlex.join([*boot_args, path, digest, command, arg_text])}"
     result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     if result.rc == MISSING_RC and read_only:
         line = f"exec {py} -c {shlex.quote(IN_MEMORY)} {agent_blob(command)} {shlex.quote(command)} {shlex.quote(arg_text)}"

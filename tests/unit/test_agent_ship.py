@@ -103,3 +103,58 @@ def test_each_command_runs_from_memory_with_only_the_modules_it_imports(tmp_path
             ["/usr/bin/python3", "-I", "-c", code, str(folder / "agent.zip")], capture_output=True, text=True
         )
         assert proc.returncode == 0, (command, proc.stderr)
+
+
+@pytest.mark.parametrize("which", ["zip", "blob"])
+def test_the_agent_is_built_once_however_many_threads_ask_at_once(
+    monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    """fan_out asks from every host's thread together: one build, the same bytes for all."""
+    import time
+    import types
+    import zipfile
+
+    builds = []
+
+    def counting_zipfile(file: object, mode: str = "r", *args: object, **kw: object) -> zipfile.ZipFile:
+        if mode == "w":  # each build writes one zip; reading the zipapp back is no build
+            builds.append(threading.get_ident())
+            time.sleep(0.05)  # a slow build: without the lock every thread would be inside it
+        return zipfile.ZipFile(file, mode, *args, **kw)  # type: ignore[call-overload]
+
+    fake = types.SimpleNamespace(**{**vars(zipfile), "ZipFile": counting_zipfile})
+    ask = {"zip": agent_ship.agent_zip, "blob": lambda: agent_ship.agent_blob("facts.collect")}[which]
+    agent_ship.agent_zip()  # the zipapp built before (blob: its own build is what is counted)
+    agent_ship.agent_blob.cache_clear()  # type: ignore[attr-defined]
+    if which == "zip":
+        agent_ship.agent_zip.cache_clear()  # type: ignore[attr-defined]
+    monkeypatch.setattr(agent_ship, "zipfile", fake)
+    start = threading.Barrier(16)
+    results: list[object] = []
+
+    def one() -> None:
+        start.wait()
+        results.append(ask())
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        again = ask()  # later calls come from the cache
+    finally:
+        monkeypatch.undo()
+    assert len(builds) == 1 and len(results) == 16
+    assert all(r == results[0] for r in results) and again == results[0]
+
+
+def test_a_read_only_call_runs_the_cached_agent_and_extracts_nothing(ctx: Context, tmp_path: Path) -> None:
+    import shutil
+
+    assert isinstance(ask(ctx, here(), "ping", {}), dict)  # uploads the zipapp and extracts it beside it
+    folder = tmp_path / "agent" / f"agent-{agent_ship.agent_zip()[1]}"
+    assert (folder / ".complete").is_file()
+    shutil.rmtree(folder)
+    assert isinstance(ask(ctx, here(), "ping", {}, read_only=True), dict)
+    assert sorted(p.name for p in (tmp_path / "agent").iterdir()) == [folder.name + ".pyz"]

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import paths
 
-# The agent's import root: the zipapp itself when shipped (…/agent-x.pyz/labctl/agent/core/launch.py).
+# The agent's import root: the folder BOOT extracted beside the shipped zipapp
+# (…/agent-x/labctl/agent/core/launch.py), or the zipapp itself where it could not (…/agent-x.pyz/…).
 IMPORT_ROOT = os.path.abspath(__file__).rsplit(os.sep, 4)[0]
 
 
