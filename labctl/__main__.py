@@ -1,3 +1,3 @@
-from labctl.cli.app import main
+from labctl.cli.app import entry
 
-main()
+entry()

@@ -375,3 +375,115 @@ def test_known_hosts_aligned_with_several_spaces_or_hashed_still_pins(tmp_path: 
     subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(kh)], check=True, capture_output=True)
     assert "|1|" in kh.read_text() and name not in kh.read_text()
     assert load_known_hosts(kh).lookup(name) is not None
+
+
+# --- OpenSSH keys read with the stdlib: the same answers as paramiko's, without importing it ---
+
+
+def _paramiko_answer(path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
+    """inspect_key's answer when the stdlib reading declines, so paramiko decides (as before)."""
+    from labctl.transport import localfiles
+
+    with monkeypatch.context() as m:
+        m.setattr(localfiles, "read_openssh_key", lambda data: None)
+        return inspect_key(path)
+
+
+OPENSSH_KINDS = [
+    ("ed25519",),
+    ("rsa",),
+    ("ecdsa", "-b", "256"),
+    ("ecdsa", "-b", "384"),
+    ("ecdsa", "-b", "521"),
+]
+
+
+@pytest.mark.parametrize("passphrase", ["", "secret-pass"], ids=["plain", "passphrase"])
+@pytest.mark.parametrize("kind", OPENSSH_KINDS, ids=lambda k: "-".join(k))
+def test_openssh_key_read_with_the_stdlib_answers_as_paramiko(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: tuple[str, ...], passphrase: str
+) -> None:
+    from labctl.transport.localfiles import read_openssh_key
+
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    key = tmp_path / "id"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", *kind, "-N", passphrase, "-f", str(key)], check=True, capture_output=True
+    )
+    read = read_openssh_key(key.read_bytes())
+    assert read is not None and read.encrypted == bool(passphrase)  # decided without paramiko
+    assert read.public == base64.b64decode(key.with_name("id.pub").read_text().split()[1])
+    assert inspect_key(key) == _paramiko_answer(key, monkeypatch)
+
+
+def _corruptions(text: str) -> dict[str, str]:
+    lines = text.splitlines()
+    body = "".join(lines[1:-1])
+    raw = bytearray(base64.b64decode(body))
+
+    def wrapped(data: bytes | bytearray) -> str:
+        b64 = base64.b64encode(bytes(data)).decode()
+        return "\n".join([lines[0], *(b64[i : i + 70] for i in range(0, len(b64), 70)), lines[-1]]) + "\n"
+
+    flipped_end = bytearray(raw)
+    flipped_end[-40] ^= 0x55  # inside the private key, past the check numbers
+    flipped_check = bytearray(raw)
+    flipped_check[len(raw) - (len(raw) % 8) - 100] ^= 0x01
+    return {
+        "truncated": "\n".join(lines[: len(lines) // 2]) + "\n",
+        "truncated body": wrapped(raw[: len(raw) - 30]),
+        "no END line": "\n".join(lines[:-1]) + "\n",
+        "bad base64": text.replace(lines[2][:8], "!!!!!!!!", 1),
+        "byte flipped near the end": wrapped(flipped_end),
+        "byte flipped": wrapped(flipped_check),
+        "bad magic": wrapped(b"openssh-key-v2\x00" + raw[15:]),
+    }
+
+
+@pytest.mark.parametrize("kind", ["ed25519", "rsa", "ecdsa"])
+def test_corrupt_openssh_key_answers_as_paramiko(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    good = keygen(tmp_path / "good", "-t", kind).read_text()
+    for name, text in _corruptions(good).items():
+        key = tmp_path / name.replace(" ", "-")
+        key.write_text(text)
+        assert inspect_key(key) == _paramiko_answer(key, monkeypatch), name
+
+
+def test_check_local_files_on_an_openssh_key_imports_no_paramiko(tmp_path: Path) -> None:
+    plain = keygen(tmp_path / "id_ed25519", "-t", "ed25519")
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "rsa", "-N", "secret-pass", "-f", str(tmp_path / "enc")],
+        check=True,
+        capture_output=True,
+    )
+    kh = tmp_path / "known_hosts"
+    kh.write_text(GOOD_KH_LINE + "\n")
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from labctl.inventory.model import Host\n"
+        "from labctl.transport.localfiles import check_local_files\n"
+        f"h = Host(name='alpha', address='127.0.0.1', port=9, ssh_key=Path({str(plain)!r}), "
+        f"known_hosts=Path({str(kh)!r}))\n"
+        "check_local_files([h])\n"
+        f"h = Host(name='beta', address='127.0.0.1', port=9, ssh_key=Path({str(tmp_path / 'enc')!r}))\n"
+        "try:\n"
+        "    check_local_files([h])\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e.message)\n"
+        "print('paramiko' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**no_agent(), "PYTHONPATH": str(REPO)},
+    )
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "False", proc.stdout + proc.stderr
+    assert "passphrase" in lines[0] and "no ssh-agent is running" in lines[0], proc.stdout
