@@ -177,3 +177,19 @@ def test_status_on_this_machine_sleeps_once_then_measures_from_the_kept_reading(
         assert 0 <= out["cpu"]["busy_pct"] <= 100
     kept = json.loads((status_dir / agent_status.CPU_READING).read_text())
     assert kept["boot"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+@pytest.mark.usefixtures("fixed_clock")
+def test_a_reading_that_cannot_be_renamed_into_place_leaves_nothing_behind(
+    status_dir: Path, sleeps: _Sleeps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = keep(status_dir, reading(MONO - 5.0))
+
+    def full_disk(*_args: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    assert agent_status.cpu_window(BOOT) == ((4_000, 16_000), NOW)  # the kept one still served
+    assert sleeps.calls == []
+    assert os.listdir(status_dir) == [agent_status.CPU_READING]  # the temp file was removed
+    assert json.loads(path.read_text())["m"] == MONO - 5.0  # and the old reading left whole

@@ -18,6 +18,7 @@ import math
 import os
 import re
 import socket
+import tempfile
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -185,11 +186,23 @@ def write_cpu_reading(path: str, reading: Tuple[int, int], boot: str, mono: floa
     if not boot:
         return
     record = {"boot": boot, "m": mono, "busy": reading[0], "total": reading[1]}
+    folder = os.path.dirname(path)
+    tmp = ""
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        write_atomic(path, json.dumps(record, separators=(",", ":")).encode(), mode=0o600)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        # Written whole beside it and renamed over it, so a reader never sees half a reading;
+        # not fsynced (write_atomic would): a reading lost to a crash is of the boot before,
+        # which the next call would not use anyway, and an fsync costs a busy disk tens of ms.
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + CPU_READING + ".", suffix=".tmp")  # 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record, separators=(",", ":")))
+        os.replace(tmp, path)
     except (OSError, ValueError):
-        pass
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def cpu_window(boot: str) -> Tuple[Optional[Tuple[int, int]], Optional[Tuple[int, int]]]:
