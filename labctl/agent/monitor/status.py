@@ -24,10 +24,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..core import paths, procs
 from ..core.fsutil import write_atomic
-from ..core.gpus import GpuQueryError, gather_gpus
+from ..core.gpus import GPU, GpuQueryError, gather_gpus
 from ..core.parsers import memory_from_meminfo, parse_meminfo, parse_mounts
 from ..core.spec import Opt, Or, command
-from ..facts.collect import GPU
 from ..orchestra import spend
 from ..train.limit import process_age
 from ..train.runlog import events as runlog_events
