@@ -7,6 +7,7 @@ would change what `labctl status` and every other command accept."""
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from typing import Any
@@ -42,7 +43,7 @@ EDGES = st.sampled_from(
         {},
         {"*": 1},
     ]
-)
+).map(copy.deepcopy)  # a fresh [] or {} each time: the test changes what it draws in place
 
 
 @settings(max_examples=600)
