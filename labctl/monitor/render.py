@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from rich import box
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 from labctl.monitor.alerts import reading
 
@@ -45,6 +46,10 @@ def _heading(statuses: list[Any], now: float, every: Optional[float]) -> Text:
 
 
 def host_table(statuses: list[Any]) -> Table:
+    # Imported here: `labctl status --json` (status_json) draws no table.
+    from rich import box
+    from rich.table import Table
+
     # Widths add up to 80 with the padding: host 10, part 14, use 4, memory 10, °C 3, W 4, the
     # rest (detail, at least 16) folds. A long host name or GPU name is cut, never pushes the table wider.
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False, collapse_padding=True)

@@ -442,3 +442,24 @@ def test_best_loss_passes_over_losses_that_are_no_number() -> None:
     ]
     got = agent_status.progress(events)
     assert (got["best_loss"], got["best_step"]) == (2.0, 2)
+
+
+def test_monitor_status_imports_no_facts_module() -> None:
+    """The agent's `monitor.status` runs from source in a zip on every call, so each module it imports
+    is compiled each time: it declares its GPUs with core/gpus.py's GPU, not through facts/collect.py
+    (and its nics, storage, launch)."""
+    code = (
+        "import sys\n"
+        "import labctl.agent.monitor.status\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('labctl.agent.facts.', 'labctl.agent.core.launch'))))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root)),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]"

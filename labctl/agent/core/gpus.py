@@ -5,9 +5,29 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, TypedDict
 
 from .parsers import NVIDIA_SMI_FIELDS, cuda_version_string, nccl_version_string, parse_nvidia_smi_csv
+from .spec import Cap, Num
+
+
+class GPU(TypedDict, total=False):
+    """One GPU as this module reports it (a type, so that the orchestra's typed answers hold it;
+    facts, monitor.status and train declare their answers with it)."""
+
+    index: int
+    name: Optional[str]
+    uuid: Optional[str]
+    memory_total_bytes: Optional[int]
+    memory_used_bytes: Optional[int]
+    compute_capability: Optional[Cap]
+    driver_version: Optional[str]
+    cuda_driver_version: Optional[str]
+    utilization_pct: Optional[Num]
+    temperature_c: Optional[Num]
+    power_w: Optional[Num]
+    pci_bus_id: Optional[str]
+
 
 NVIDIA_SMI_TIMEOUT_S = 5.0
 

@@ -26,7 +26,8 @@ LOCK_DIR = HOME + "/locks"  # flock files of scheduled jobs
 TRAIN_DIR = HOME + "/train"  # default parent of checkpoint folders
 # `labctl status` samples (host memory, GPU memory and utilisation), one JSON line each, kept
 # 2 h on the host so alerts that need a duration (GPU memory full for 5 minutes, host memory
-# growing per hour) can be judged from one call; history.lock serialises writers.
+# growing per hour) can be judged from one call; history.lock serialises writers. cpu.json beside
+# it: the last call's /proc/stat reading, so the next one need not sleep for busy %.
 STATUS_DIR = HOME + "/status"
 STATUS_HISTORY = STATUS_DIR + "/history.jsonl"
 # Network transactions: `current` names the open one; each has a folder with its record, the

@@ -15,36 +15,19 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypedDict
+from typing import Any, Callable, Dict, List, Tuple
 
 from .. import AGENT_VERSION
 from ..core.errors import AgentError
-from ..core.gpus import gather_gpus, torch_facts
+from ..core.gpus import GPU, gather_gpus, torch_facts
 from ..core.launch import torch_env_facts
 from ..core.parsers import memory_from_meminfo, parse_cpuinfo, parse_meminfo, parse_os_release
-from ..core.spec import Cap, Num, Opt, command
+from ..core.spec import Opt, command
 from .nics import gather_nics
 from .storage import gather_disks, gather_mounts
 
 # What this feature's answers share (labctl/agent/core/spec.py's shape language).
 ERROR_ENTRY = {"error": "any"}  # what a section that failed holds instead of its value
-
-
-class GPU(TypedDict, total=False):
-    """One GPU as core/gpus.py reports it (a type, so that the orchestra's typed answers hold it)."""
-
-    index: int
-    name: Optional[str]
-    uuid: Optional[str]
-    memory_total_bytes: Optional[int]
-    memory_used_bytes: Optional[int]
-    compute_capability: Optional[Cap]
-    driver_version: Optional[str]
-    cuda_driver_version: Optional[str]
-    utilization_pct: Optional[Num]
-    temperature_c: Optional[Num]
-    power_w: Optional[Num]
-    pci_bus_id: Optional[str]
 
 
 TORCH = {

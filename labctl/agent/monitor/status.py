@@ -18,15 +18,15 @@ import math
 import os
 import re
 import socket
+import tempfile
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..core import paths, procs
 from ..core.fsutil import write_atomic
-from ..core.gpus import GpuQueryError, gather_gpus
+from ..core.gpus import GPU, GpuQueryError, gather_gpus
 from ..core.parsers import memory_from_meminfo, parse_meminfo, parse_mounts
 from ..core.spec import Opt, Or, command
-from ..facts.collect import GPU
 from ..orchestra import spend
 from ..train.limit import process_age
 from ..train.runlog import events as runlog_events
@@ -110,6 +110,11 @@ CLOCK_STEP_S = 5.0
 INT_LIMIT = 2**63
 TIME_LIMIT = 253402300800.0  # 10000-01-01
 CPU_WINDOW_S = 0.2
+# The last /proc/stat reading a status call took, beside the history (paths.status_history()),
+# so the next call measures busy % from it instead of sleeping CPU_WINDOW_S: used while it is of
+# this boot and at most CPU_READING_MAX_S old by the boot clock.
+CPU_READING = "cpu.json"
+CPU_READING_MAX_S = 30.0
 LOG_TAIL_BYTES = 64 * 1024
 METRICS_TAIL_BYTES = 4 * 1024 * 1024  # enough for every logged step of a long run: best_loss needs them
 MAX_RUN_LOGS = 64
@@ -140,6 +145,96 @@ def busy_pct(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]]
     if before is None or after is None or after[1] <= before[1]:
         return None
     return round(100.0 * (after[0] - before[0]) / (after[1] - before[1]), 1)
+
+
+def cpu_reading_path() -> str:
+    return os.path.join(os.path.dirname(paths.status_history()), CPU_READING)
+
+
+def read_cpu_reading(path: str, boot: str, mono: float) -> Optional[Tuple[Tuple[int, int], float]]:
+    """((busy, total), age in seconds) of the reading kept at `path`, when it is of boot `boot`,
+    taken at most CPU_READING_MAX_S before `mono` (boot_clock()) and not after it; else None
+    (none kept, unreadable, damaged, of another boot, too old, or stamped in the future)."""
+    try:
+        with open(path, "rb") as f:
+            record = json.loads(f.read(4096))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or not boot or record.get("boot") != boot:
+        return None
+    m: Any = record.get("m")
+    busy, total = _count(record.get("busy")), _count(record.get("total"))
+    if not _figure(m, "time") or busy is None or total is None or busy > total:
+        return None
+    age = mono - float(m)
+    if not 0 <= age <= CPU_READING_MAX_S:
+        return None
+    return (busy, total), age
+
+
+def _count(value: Any) -> Optional[int]:
+    """`value` when it is a count of jiffies as /proc/stat has them (a whole number in 64 bits)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < INT_LIMIT:
+        return None
+    return value
+
+
+def write_cpu_reading(path: str, reading: Tuple[int, int], boot: str, mono: float) -> None:
+    """Keep `reading` (taken at boot_clock() `mono` in boot `boot`) for the next status call.
+    Best effort: a status answer never fails for it (a read-only disk only means sleeping)."""
+    if not boot:
+        return
+    record = {"boot": boot, "m": mono, "busy": reading[0], "total": reading[1]}
+    folder = os.path.dirname(path)
+    tmp = ""
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        # Written whole beside it and renamed over it, so a reader never sees half a reading;
+        # not fsynced (write_atomic would): a reading lost to a crash is of the boot before,
+        # which the next call would not use anyway, and an fsync costs a busy disk tens of ms.
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + CPU_READING + ".", suffix=".tmp")  # 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record, separators=(",", ":")))
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def cpu_window(boot: str) -> Tuple[Optional[Tuple[int, int]], Optional[Tuple[int, int]]]:
+    """Two /proc/stat readings (before, after) at least CPU_WINDOW_S apart, for busy_pct.
+
+    busy % needs two readings. When the previous status call on this host kept one that is
+    still usable (read_cpu_reading), "before" is that one and "after" is read now: busy % is
+    then the average since that call (at most CPU_READING_MAX_S), and this call does not sleep,
+    which was most of what `monitor.status` cost. Otherwise (first call, a reading too old, of
+    another boot, damaged or unreadable) it sleeps CPU_WINDOW_S between two readings as before.
+    Either way the newer reading is kept for the next call."""
+    path = cpu_reading_path()
+    now, mono = cpu_times(), boot_clock()
+    kept = read_cpu_reading(path, boot, mono)
+    before: Optional[Tuple[int, int]]
+    if kept is not None and now is not None and _advanced(kept[0], now):
+        before, age = kept
+        if age < CPU_WINDOW_S:  # two calls close together: still a window of CPU_WINDOW_S
+            time.sleep(CPU_WINDOW_S - age)
+            now, mono = cpu_times(), boot_clock()
+    else:
+        before = now
+        time.sleep(CPU_WINDOW_S)
+        now, mono = cpu_times(), boot_clock()
+    if now is not None:
+        write_cpu_reading(path, now, boot, mono)
+    return before, now
+
+
+def _advanced(before: Tuple[int, int], after: Tuple[int, int]) -> bool:
+    """Whether `after` can follow `before` on one host: neither count went back, busy by no more
+    than the total (a kept reading that fails this is not of this host's counters)."""
+    return 0 <= after[0] - before[0] <= after[1] - before[1]
 
 
 def memory_sample(meminfo: str) -> Dict[str, int]:
@@ -559,9 +654,8 @@ def _answer(records: List[Dict[str, Any]], notes: List[str], clock: Clock) -> Li
 )
 def status_command(args: Dict[str, Any]) -> Dict[str, Any]:
     clock = Clock.now()
-    before = cpu_times()
-    time.sleep(CPU_WINDOW_S)  # busy % needs two readings; the load averages alone lag by minutes
-    after = cpu_times()
+    # busy % needs two readings (the load averages alone lag by minutes): see cpu_window.
+    before, after = cpu_window(clock.boot)
     try:
         load = [round(v, 2) for v in os.getloadavg()]
     except OSError:
