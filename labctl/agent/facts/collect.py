@@ -7,6 +7,7 @@ torch) overlap, and on its own terms: a section that raises or overruns records
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -18,6 +19,7 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 from .. import AGENT_VERSION
+from ..core import dockersock
 from ..core.errors import AgentError
 from ..core.gpus import GPU, gather_gpus, torch_facts
 from ..core.launch import torch_env_facts
@@ -155,6 +157,20 @@ def python_facts() -> Dict[str, Any]:
     }
 
 
+def _local_daemon() -> bool:
+    """Whether the docker CLI here would talk to the daemon on DOCKER_SOCKET: no DOCKER_HOST and
+    no context of the CLI's config pointing elsewhere (then only the CLI knows where it goes)."""
+    if os.environ.get("DOCKER_HOST") or os.environ.get("DOCKER_CONTEXT"):
+        return False
+    config = os.path.join(os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker"), "config.json")
+    try:
+        with open(config) as f:
+            current = json.load(f).get("currentContext")
+    except (OSError, ValueError, AttributeError):
+        return True
+    return current in (None, "", "default")
+
+
 def docker_facts() -> Dict[str, Any]:
     cli = shutil.which("docker")
     facts: Dict[str, Any] = {
@@ -163,6 +179,14 @@ def docker_facts() -> Dict[str, Any]:
         "server_version": None,
     }
     if cli is None:
+        return facts
+    if facts["socket"] and _local_daemon():
+        version, error = dockersock.server_version(DOCKER_SOCKET, DOCKER_TIMEOUT_S)
+        if error == "timeout":
+            error = f"docker version did not answer in {DOCKER_TIMEOUT_S:.0f} s"
+        facts["server_version"] = version
+        if error is not None:
+            facts["server_error"] = error
         return facts
     try:
         proc = subprocess.run(
