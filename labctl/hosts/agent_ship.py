@@ -195,20 +195,74 @@ def _once(fn: Callable[P, R]) -> Callable[P, R]:
 
 @_once
 def agent_zip() -> tuple[bytes, str]:
-    """The agent zipapp's bytes and their short sha256."""
+    """The agent zipapp's bytes and their short sha256.
+
+    Building it (reading and deflating ~100 files) cost every command that calls the agent
+    tens of milliseconds before its first host was asked, so the zip is kept in this user's
+    cache folder under a key of every source file's name, size and mtime: a changed file is a
+    new key, and a cached zip that is unreadable or cut short is built again."""
     import labctl.agent
 
     pkg = Path(labctl.agent.__file__).parent
+    files = sorted(pkg.rglob("*.py"))
+    key = hashlib.sha256(ROOT_MAIN)
+    for f in files:
+        st = f.stat()
+        key.update(f"{f.relative_to(pkg).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    # Named by the key and by its own sha256, which a damaged copy no longer matches.
+    prefix = f"agent-{key.hexdigest()[:24]}-"
+    for cached in zip_cache_dir().glob(prefix + "*.pyz"):
+        try:
+            data = cached.read_bytes()
+        except OSError:
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if cached.name == f"{prefix}{digest}.pyz":
+            return data, digest[:16]
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         for name, data in [("__main__.py", ROOT_MAIN), ("labctl/__init__.py", b"")]:
             z.writestr(zipfile.ZipInfo(name, _EPOCH), data)
-        for f in sorted(pkg.rglob("*.py")):
+        for f in files:
             info = zipfile.ZipInfo("labctl/agent/" + f.relative_to(pkg).as_posix(), _EPOCH)
             info.compress_type = zipfile.ZIP_DEFLATED
             z.writestr(info, f.read_bytes())
     data = buf.getvalue()
-    return data, hashlib.sha256(data).hexdigest()[:16]
+    digest = hashlib.sha256(data).hexdigest()
+    _keep(zip_cache_dir() / f"{prefix}{digest}.pyz", data)
+    return data, digest[:16]
+
+
+ZIPS_KEPT = 8
+
+
+def zip_cache_dir() -> Path:
+    """Where this user keeps built agent zips ($LABCTL_ZIP_CACHE for tests)."""
+    import os
+
+    override = os.environ.get("LABCTL_ZIP_CACHE")
+    return Path(override) if override else Path.home() / paths.USER_HOME / "agent-zips"
+
+
+def _keep(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all (a temp name, then rename); a cache that cannot be
+    written (read-only home, full disk) only means the next command builds the zip again."""
+    import os
+
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        # The newest few stay (checkouts side by side); older builds are never asked for again.
+        kept = sorted(path.parent.glob("agent-*.pyz"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in kept[ZIPS_KEPT:]:
+            old.unlink()
+    except OSError:
+        try:
+            tmp.unlink()
+        except (OSError, UnboundLocalError):
+            pass
 
 
 def _module_file(name: str, files: Mapping[str, bytes]) -> str | None:

@@ -3,8 +3,12 @@ reaches the controller, and so do the outcomes around it (cancelled, no Python, 
 
 from __future__ import annotations
 
+import hashlib
+import io
 import sys
 import threading
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -107,12 +111,13 @@ def test_each_command_runs_from_memory_with_only_the_modules_it_imports(tmp_path
 
 @pytest.mark.parametrize("which", ["zip", "blob"])
 def test_the_agent_is_built_once_however_many_threads_ask_at_once(
-    monkeypatch: pytest.MonkeyPatch, which: str
+    monkeypatch: pytest.MonkeyPatch, which: str, tmp_path: Path
 ) -> None:
     """fan_out asks from every host's thread together: one build, the same bytes for all."""
     import time
     import types
-    import zipfile
+
+    monkeypatch.setenv("LABCTL_ZIP_CACHE", str(tmp_path / "cache"))  # empty: the zip is built
 
     builds = []
 
@@ -158,3 +163,65 @@ def test_a_read_only_call_runs_the_cached_agent_and_extracts_nothing(ctx: Contex
     shutil.rmtree(folder)
     assert isinstance(ask(ctx, here(), "ping", {}, read_only=True), dict)
     assert sorted(p.name for p in (tmp_path / "agent").iterdir()) == [folder.name + ".pyz"]
+
+
+@pytest.fixture
+def zip_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A cache folder of the test's own and an agent package copy it may change."""
+    import shutil
+
+    import labctl.agent
+
+    pkg = tmp_path / "pkg" / "agent"
+    shutil.copytree(Path(labctl.agent.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(labctl.agent, "__file__", str(pkg / "__init__.py"))
+    monkeypatch.setenv("LABCTL_ZIP_CACHE", str(tmp_path / "cache"))
+    agent_ship.agent_zip.cache_clear()  # type: ignore[attr-defined]
+    yield tmp_path / "cache"
+    agent_ship.agent_zip.cache_clear()  # type: ignore[attr-defined]
+
+
+def test_the_built_agent_zip_is_kept_and_read_back_identical(zip_cache: Path) -> None:
+    data, digest = agent_ship.agent_zip()
+    [kept] = list(zip_cache.glob("agent-*.pyz"))
+    assert kept.read_bytes() == data and kept.name.endswith(f"-{hashlib.sha256(data).hexdigest()}.pyz")
+    agent_ship.agent_zip.cache_clear()  # type: ignore[attr-defined]
+    # Read back, not rebuilt: no zip is written at all.
+    real = zipfile.ZipFile
+    calls: list[object] = []
+
+    def counting(*a: object, **k: object) -> zipfile.ZipFile:
+        calls.append(a)
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(agent_ship.zipfile, "ZipFile", counting)
+        assert agent_ship.agent_zip() == (data, digest)
+    assert calls == []
+
+
+def test_a_changed_source_file_is_a_new_zip_and_a_damaged_copy_is_built_again(zip_cache: Path) -> None:
+    import labctl.agent
+
+    _, first_digest = agent_ship.agent_zip()
+    handler = Path(labctl.agent.__file__).parent / "commands.py"
+    handler.write_text(handler.read_text() + "\n# changed\n")
+    agent_ship.agent_zip.cache_clear()  # type: ignore[attr-defined]
+    second, second_digest = agent_ship.agent_zip()
+    assert second_digest != first_digest and len(list(zip_cache.glob("agent-*.pyz"))) == 2
+    [kept] = [p for p in zip_cache.glob("agent-*.pyz") if p.read_bytes() == second]
+    damaged = bytearray(second)
+    damaged[len(damaged) // 2] ^= 0xFF
+    kept.write_bytes(bytes(damaged))
+    agent_ship.agent_zip.cache_clear()  # type: ignore[attr-defined]
+    assert agent_ship.agent_zip() == (second, second_digest)  # the damaged copy is not shipped
+
+
+def test_a_cache_folder_that_cannot_be_written_still_gives_the_zip(
+    zip_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    zip_cache.parent.joinpath("file").write_text("not a folder")
+    monkeypatch.setenv("LABCTL_ZIP_CACHE", str(zip_cache.parent / "file" / "cache"))
+    data, digest = agent_ship.agent_zip()
+    assert hashlib.sha256(data).hexdigest()[:16] == digest
+    assert zipfile.ZipFile(io.BytesIO(data)).testzip() is None
