@@ -43,9 +43,9 @@ GOALS = {
 }
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> float:
+def timed(cmd: list[str], env: dict[str, str], cwd: Path = REPO) -> float:
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(
@@ -54,10 +54,10 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
-def median_of(cmd: list[str], env: dict[str, str], reps: int, warmups: int = 2) -> float:
+def median_of(cmd: list[str], env: dict[str, str], reps: int, warmups: int = 2, cwd: Path = REPO) -> float:
     for _ in range(warmups):
-        timed(cmd, env)
-    return statistics.median(timed(cmd, env) for _ in range(reps))
+        timed(cmd, env, cwd)
+    return statistics.median(timed(cmd, env, cwd) for _ in range(reps))
 
 
 def wait_for_keeper(inventory: Path, folder: Path) -> None:
@@ -74,8 +74,10 @@ def wait_for_keeper(inventory: Path, folder: Path) -> None:
     raise SystemExit(f"no keeper started for {inventory}")
 
 
-def labctl_rows(inv: Path, folder: Path, reps: int, jobs: dict[str, list[str]]) -> dict[str, float]:
-    """{job_cold: s, job_warm: s} for each labctl job on `inv`."""
+def labctl_rows(
+    inv: Path, folder: Path, reps: int, jobs: dict[str, list[str]], before: Path | None
+) -> dict[str, float]:
+    """{job_cold: s, job_first: s, job_warm: s, job_before: s} for each labctl job on `inv`."""
     from labctl.keeper.client import stop
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("LABCTL_KEEPER")}
@@ -84,6 +86,10 @@ def labctl_rows(inv: Path, folder: Path, reps: int, jobs: dict[str, list[str]]) 
     out: dict[str, float] = {}
     for name, args in jobs.items():
         cmd = [str(BIN / "labctl"), "-i", str(inv), *args]
+        if before is not None:
+            # The same command from a checkout of the commit before the keeper, in this run.
+            old = [sys.executable, "-m", "labctl", "-i", str(inv), *args]
+            out[f"{name}_before_s"] = median_of(old, {**cold, "PYTHONPATH": str(before)}, reps, cwd=before)
         out[f"{name}_cold_s"] = median_of(cmd, cold, reps)
         # The first command with keeping on: no keeper yet, so it connects itself and starts one.
         firsts = []
@@ -106,6 +112,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--out", type=Path, help="markdown file to update (docs/benchmarks.md)")
     ap.add_argument("--json", type=Path, default=REPO / "bench/out/keeper.json")
+    ap.add_argument("--before", metavar="REV", help="also time each command cold from a checkout of REV")
     args = ap.parse_args()
 
     from labctl.sim import down, up
@@ -115,6 +122,16 @@ def main() -> int:
     os.mkdir(folder, 0o700)
     big_dir, demo_dir = work / "lab16", work / "lab4"
     result: dict[str, Any] = {}
+    before = None
+    if args.before:
+        before = work / "before"
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(before), args.before],
+            check=True,
+        )
+        result["before"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", args.before], capture_output=True, text=True
+        ).stdout.strip()
     try:
         big = up(big_dir, count=args.hosts, bridge="lckeep0", prefix="lkp-", subnet="10.247.0.0/24")
         demo = up(demo_dir, bridge="lckeep1", prefix="lkd-", subnet="10.247.1.0/24")
@@ -122,8 +139,10 @@ def main() -> int:
         result.update(labctl_rows(big.inventory_path, folder, args.reps, {
             "exec": ["exec", "--json", "--", "true"],
             "facts": ["facts", "--json"],
-        }))  # fmt: skip
-        result.update(labctl_rows(demo.inventory_path, folder, args.reps, {"status": ["status", "--json"]}))
+        }, before))  # fmt: skip
+        result.update(
+            labctl_rows(demo.inventory_path, folder, args.reps, {"status": ["status", "--json"]}, before)
+        )
 
         py = shutil.which("python3", path="/usr/bin") or sys.executable
         ans_inv = work / "ansible.ini"
@@ -159,6 +178,10 @@ def main() -> int:
         for d in (big_dir, demo_dir):
             if (d / "state.json").exists():
                 down(d)
+        if before is not None:
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)], check=False
+            )
         shutil.rmtree(work, ignore_errors=True)
     result.update(machine=machine(), python=platform.python_version(), date=time.strftime("%Y-%m-%d"))
     publish(result, render(result), args.json, args.out, MARK_BEGIN, MARK_END)
@@ -198,7 +221,15 @@ def render(r: dict[str, Any]) -> str:
         f"at least {GOALS['exec_vs_ansible']:g}x ansible-core with ControlPersist: {ans / ex_w:.1f}x, "
         f"{_verdict(ans / ex_w >= GOALS['exec_vs_ansible'])}.",
         f"- Cold no slower: the first command with keeping on against keeping off, `exec` "
-        f"{r['exec_first_s'] / ex_c:.2f}x, `facts` {r['facts_first_s'] / fa_c:.2f}x, `status` {r['status_first_s'] / st_c:.2f}x.",
+        f"{r['exec_first_s'] / ex_c:.2f}x, `facts` {r['facts_first_s'] / fa_c:.2f}x, `status` {r['status_first_s'] / st_c:.2f}x"
+        + (
+            f"; against the same commands from {r['before']} (before this change), in this run: `exec` "
+            f"{r['exec_before_s']:.3f} s, `facts` {r['facts_before_s']:.3f} s, `status` {r['status_before_s']:.3f} s, "
+            f"so the first command takes {r['exec_first_s'] / r['exec_before_s']:.2f}x, "
+            f"{r['facts_first_s'] / r['facts_before_s']:.2f}x and {r['status_first_s'] / r['status_before_s']:.2f}x of that."
+            if "before" in r
+            else "."
+        ),
         f"- `facts` warm at most {GOALS['facts_warm_s']} s: {fa_w:.3f} s, {_verdict(fa_w <= GOALS['facts_warm_s'])}.",
         f"- `status` warm under {GOALS['status_warm_s']} s: {st_w:.3f} s, {_verdict(st_w < GOALS['status_warm_s'])}.",
         MARK_END,
