@@ -31,9 +31,9 @@ from bench.common import machine, publish  # noqa: E402
 HEAVY = ("torch", "paramiko", "pydantic", "yaml", "cryptography", "matplotlib", "docker", "pynvml")
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+def timed(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = REPO) -> float:
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(
@@ -42,9 +42,12 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
     return elapsed
 
 
-def median_of(cmd: list[str], reps: int, env: dict[str, str] | None = None) -> float:
-    timed(cmd, env)  # warm the page cache and the hosts' sshd
-    return statistics.median(timed(cmd, env) for _ in range(reps))
+def median_of(
+    cmd: list[str], reps: int, env: dict[str, str] | None = None, warmups: int = 1, cwd: Path = REPO
+) -> float:
+    for _ in range(warmups):  # warm the page cache and the hosts' sshd
+        timed(cmd, env, cwd)
+    return statistics.median(timed(cmd, env, cwd) for _ in range(reps))
 
 
 def ansible_inventory(path: Path, hosts: dict[str, str], key: Path, python: str) -> None:

@@ -33,31 +33,15 @@ MARK_END = "<!-- bench:keeper:end -->"
 
 sys.path.insert(0, str(REPO))
 from bench.common import machine, publish  # noqa: E402
-from bench.exec_fanout import ansible_inventory  # noqa: E402
+from bench.exec_fanout import ansible_inventory, median_of, timed  # noqa: E402
 
+WARMUPS = 2
 GOALS = {
     "exec_warm_s": 0.35,  # at most, 16 hosts
     "exec_vs_ansible": 8.0,  # at least, against ansible-core with ControlPersist
     "facts_warm_s": 0.8,  # at most, 16 hosts
     "status_warm_s": 0.4,  # under, the 4-host demo lab
 }
-
-
-def timed(cmd: list[str], env: dict[str, str], cwd: Path = REPO) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
-        )
-    return elapsed
-
-
-def median_of(cmd: list[str], env: dict[str, str], reps: int, warmups: int = 2, cwd: Path = REPO) -> float:
-    for _ in range(warmups):
-        timed(cmd, env, cwd)
-    return statistics.median(timed(cmd, env, cwd) for _ in range(reps))
 
 
 def wait_for_keeper(inventory: Path, folder: Path) -> None:
@@ -89,8 +73,10 @@ def labctl_rows(
         if before is not None:
             # The same command from a checkout of the commit before the keeper, in this run.
             old = [sys.executable, "-m", "labctl", "-i", str(inv), *args]
-            out[f"{name}_before_s"] = median_of(old, {**cold, "PYTHONPATH": str(before)}, reps, cwd=before)
-        out[f"{name}_cold_s"] = median_of(cmd, cold, reps)
+            out[f"{name}_before_s"] = median_of(
+                old, reps, {**cold, "PYTHONPATH": str(before)}, WARMUPS, before
+            )
+        out[f"{name}_cold_s"] = median_of(cmd, reps, cold, WARMUPS)
         # The first command with keeping on: no keeper yet, so it connects itself and starts one.
         firsts = []
         for _ in range(reps):
@@ -100,7 +86,7 @@ def labctl_rows(
         out[f"{name}_first_s"] = statistics.median(firsts)
         timed(cmd, warm)  # no keeper yet: this one connects itself and starts it
         wait_for_keeper(inv, folder)
-        out[f"{name}_warm_s"] = median_of(cmd, warm, reps)
+        out[f"{name}_warm_s"] = median_of(cmd, reps, warm, WARMUPS)
         print(f"{name}: cold {out[f'{name}_cold_s']:.3f}s warm {out[f'{name}_warm_s']:.3f}s", file=sys.stderr)
     stop(inv, folder)
     return out
@@ -160,15 +146,15 @@ def main() -> int:
         }
         ansible = [str(BIN / "ansible"), "lab", "-i", str(ans_inv), "-f", str(n)]
         result["ansible_exec_warm_s"] = median_of(
-            [*ansible, "-m", "command", "-a", "true"], ans_env, args.reps
+            [*ansible, "-m", "command", "-a", "true"], args.reps, ans_env, WARMUPS
         )
-        result["ansible_setup_warm_s"] = median_of([*ansible, "-m", "setup"], ans_env, args.reps)
+        result["ansible_setup_warm_s"] = median_of([*ansible, "-m", "setup"], args.reps, ans_env, WARMUPS)
         ssh = (
             f"ssh -i {big.key_path} -o UserKnownHostsFile={big.known_hosts_path} -o StrictHostKeyChecking=yes "
             f"-o BatchMode=yes -o ControlMaster=auto -o ControlPersist=600s -o ControlPath={control}/ssh-%C"
         )
         par = " ".join(f"{ssh} root@{addr} true & " for addr in big.hosts.values()) + "wait"
-        result["openssh_exec_warm_s"] = median_of(["bash", "-c", par], dict(os.environ), args.reps)
+        result["openssh_exec_warm_s"] = median_of(["bash", "-c", par], args.reps, dict(os.environ), WARMUPS)
         for sock in control.glob("ssh-*"):
             subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True)
         subprocess.run(["pkill", "-f", f"ControlPath={control}"], capture_output=True)

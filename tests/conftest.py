@@ -191,18 +191,39 @@ def _claim_sim_slot(slot: int) -> Path:
     return sim_dir
 
 
+def keeper_folder(prefix: str = "lk") -> Path:
+    """A new 0700 folder for a keeper's socket on a short path (a Unix socket's name is capped
+    at 107 bytes); remove it with shutil.rmtree(folder.parent)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")) / "k"
+    os.mkdir(folder, 0o700)
+    return folder
+
+
+def pid_gone(pid: int, within: float = 10.0) -> bool:
+    """Whether process `pid` ends within `within` seconds (a zombie counts as ended)."""
+    import time
+
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
+                return True
+        except (ProcessLookupError, OSError, IndexError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 _SUITE_KEEPERS: list[Path] = []  # this process's keeper folder, once made
 _LONG_LIVED: set[str] = set()  # inventories whose keepers last the session: the `lab` fixture's
 
 
 def _suite_keeper_folder() -> Path:
     if not _SUITE_KEEPERS:
-        import tempfile
-
-        # A short path: a Unix socket's name is capped at 107 bytes.
-        folder = Path(tempfile.mkdtemp(prefix="lks", dir="/tmp")) / "k"
-        os.mkdir(folder, 0o700)
-        _SUITE_KEEPERS.append(folder)
+        _SUITE_KEEPERS.append(keeper_folder("lks"))
     return _SUITE_KEEPERS[0]
 
 
@@ -261,13 +282,9 @@ def through(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setenv("LABCTL_KEEPER", "off")
         yield "direct"
         return
-    import tempfile
-
     from labctl.keeper import sock as ks
 
-    # A short path: a Unix socket's name is capped at 107 bytes.
-    folder = Path(tempfile.mkdtemp(prefix="lk", dir="/tmp")) / "k"
-    os.mkdir(folder, 0o700)
+    folder = keeper_folder()
     monkeypatch.setenv("LABCTL_KEEPER", "always")
     monkeypatch.setenv("LABCTL_KEEPER_DIR", str(folder))
     try:

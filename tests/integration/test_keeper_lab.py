@@ -3,9 +3,7 @@ listed and closed with `labctl connections`, and dropped when the sim stops a ho
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,15 +11,14 @@ from typing import Any
 import pytest
 
 from labctl.keeper.client import list_connections, stop
-from tests.conftest import labctl, run_json
+from tests.conftest import keeper_folder, labctl, run_json
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def folder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="lk", dir="/tmp")) / "k"
-    os.mkdir(d, 0o700)
+    d = keeper_folder()
     monkeypatch.setenv("LABCTL_KEEPER", "always")
     monkeypatch.setenv("LABCTL_KEEPER_DIR", str(d))
     yield d

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,12 +19,12 @@ import pytest
 from labctl.inventory.model import Host
 from labctl.keeper import sock as ks
 from labctl.keeper.client import KeeperClient, KeptConnection, list_connections, spawn, stop
+from tests.conftest import keeper_folder, pid_gone
 
 
 @pytest.fixture
 def folder() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="kq", dir="/tmp")) / "k"
-    os.mkdir(d, 0o700)
+    d = keeper_folder("kq")
     yield d
     shutil.rmtree(d.parent, ignore_errors=True)
 
@@ -130,15 +129,7 @@ def test_a_killed_client_ends_its_command(inventory: Path, folder: Path) -> None
         pid = int(pidfile.read_text())
         client.kill()
         client.wait()
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the command outlived its caller")
+        assert pid_gone(pid, 10), "the command outlived its caller"
     finally:
         if client.poll() is None:
             client.kill()
@@ -167,13 +158,7 @@ def test_the_first_command_connects_itself_and_starts_a_keeper_for_the_next_when
     else:
         raise AssertionError("no keeper was started")
     assert stop(inventory, folder)
-    end = time.monotonic() + 15
-    while time.monotonic() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
+    assert pid_gone(pid, 15), "the keeper did not leave when asked"
 
 
 def test_two_keepers_started_at_once_leave_one(inventory: Path, folder: Path) -> None:

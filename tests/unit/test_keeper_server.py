@@ -8,7 +8,6 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from labctl.keeper.server import Keeper
 from labctl.keeper.wire import connection_key, host_to_wire
 from labctl.transport.base import Connection, TransportError, Unreachable
 from labctl.transport.local import LocalConnection
+from tests.conftest import keeper_folder, pid_gone
 
 
 class Factory:
@@ -57,9 +57,7 @@ class Factory:
 
 @pytest.fixture
 def folder() -> Iterator[Path]:
-    # Short: a Unix socket's path has at most 107 bytes.
-    d = Path(tempfile.mkdtemp(prefix="kp", dir="/tmp")) / "k"
-    os.mkdir(d, 0o700)
+    d = keeper_folder("kp")
     yield d
     shutil.rmtree(d.parent, ignore_errors=True)
 
@@ -215,23 +213,6 @@ def _pid_from(path: Path) -> int:
     raise AssertionError("the command never started")
 
 
-def _gone(pid: int, within: float = 10.0) -> bool:
-    end = time.monotonic() + within
-    while time.monotonic() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        # A zombie of the keeper thread's Popen counts as ended.
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
-                return True
-        except (OSError, IndexError):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_client_that_goes_away_ends_its_command(running: Running, inventory: Path, folder: Path) -> None:
     pidfile = folder.parent / "pid"
     client = KeeperClient(inventory, 60.0, folder)
@@ -241,7 +222,7 @@ def test_a_client_that_goes_away_ends_its_command(running: Running, inventory: P
     )
     pid = _pid_from(pidfile)
     s.close()  # what Ctrl-C or a killed labctl does to the socket
-    assert _gone(pid)
+    assert pid_gone(pid)
     deadline = time.monotonic() + 5
     while list_connections(inventory, folder)["connections"][0]["running"] and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -265,7 +246,7 @@ def test_cancel_and_timeout_come_back_as_on_a_direct_connection(
     cancel.set()
     t.join(10)
     assert out and out[0].cancelled and out[0].rc is None
-    assert _gone(pid)
+    assert pid_gone(pid)
 
 
 def test_close_drops_kept_connections(running: Running, inventory: Path, folder: Path) -> None:

@@ -29,6 +29,7 @@ from labctl.keeper.client import KeeperClient, KeptConnection, list_connections,
 from labctl.keeper.server import Keeper
 from labctl.transport.base import HostKeyError
 from labctl.transport.ssh import SSHConnection
+from tests.conftest import pid_gone
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 pytestmark = pytest.mark.skipif(
@@ -182,15 +183,7 @@ def test_a_closed_client_ends_the_remote_command(lab: Lab, keeper: Keeper) -> No
         time.sleep(0.05)
     pid = int(pidfile.read_text())
     s.close()
-    end = time.monotonic() + 15
-    while time.monotonic() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        raise AssertionError("the remote command outlived its caller")
+    assert pid_gone(pid, 15), "the remote command outlived its caller"
     assert kept(lab, lab.host()).run("echo still").stdout == "still\n"  # the connection stays
 
 
