@@ -14,7 +14,15 @@ if TYPE_CHECKING:
     from labctl.hosts.context import Context
 
 app = typer.Typer(
-    help="The SSH connections kept open between commands (defaults: connections: {persist: 10m}).",
+    help=(
+        "The SSH connections kept open between commands (defaults: connections: {persist: 10m}; "
+        "0 turns keeping off). Without a command: list them, with host, since when, idle time "
+        "and commands served.\n\n"
+        "Examples:\n\n"
+        "    labctl connections\n\n"
+        "    labctl connections close m5     # the next command to m5 connects anew\n\n"
+        "    labctl connections stop         # the keeper closes everything and exits"
+    ),
     invoke_without_command=True,
 )
 
