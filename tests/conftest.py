@@ -282,8 +282,6 @@ def through(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setenv("LABCTL_KEEPER", "off")
         yield "direct"
         return
-    from labctl.keeper import sock as ks
-
     folder = keeper_folder()
     monkeypatch.setenv("LABCTL_KEEPER", "always")
     monkeypatch.setenv("LABCTL_KEEPER_DIR", str(folder))
@@ -291,14 +289,7 @@ def through(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         yield "kept"
         assert list(folder.glob("*.sock")), "no keeper answered: the commands connected themselves"
     finally:
-        for path in folder.glob("*.sock"):
-            try:
-                s = ks.connect(path, 5)
-                ks.send_frame(s, {"v": ks.PROTOCOL, "op": "stop"})
-                ks.recv_frame(s)
-                ks.close_quietly(s)
-            except (ks.KeeperUnavailable, OSError, ConnectionError):
-                pass
+        stop_keepers(folder)
         shutil.rmtree(folder.parent, ignore_errors=True)
 
 
