@@ -99,6 +99,13 @@ def run(argv: List[str]) -> Dict[str, Any]:
 def main(argv: Optional[List[str]] = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
+    if argv[:1] == ["--serve"] and len(argv) == 2:
+        # `--serve DIGEST`: kept running for the connection keeper; every later call forks from
+        # here (core/serve.py).
+        from .commands import resolve
+        from .core.serve import Agent, serve
+
+        return serve(Agent(main, resolve), argv[1])
     try:
         with _StdoutGuard():
             text = _dumps(run(list(argv)))

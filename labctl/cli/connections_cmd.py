@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 app = typer.Typer(
     help=(
         "The SSH connections kept open between commands (defaults: connections: {persist: 10m}; "
-        "0 turns keeping off). Without a command: list them, with host, since when, idle time "
-        "and commands served.\n\n"
+        "0 turns keeping off). Without a command: list them, with host, since when, idle time, "
+        "commands served and the agent kept running there.\n\n"
         "Examples:\n\n"
         "    labctl connections\n\n"
         "    labctl connections close m5     # the next command to m5 connects anew\n\n"
@@ -74,7 +74,7 @@ def _render(c: Context, state: dict[str, Any]) -> None:
         c.console.print(f"The keeper (pid {state['pid']}) holds no connection.")
         return
     t = Table(title=f"kept connections (keeper pid {state['pid']}, persist {fmt_duration(state['persist'])})")
-    for col in ("host", "address", "since", "idle", "commands"):
+    for col in ("host", "address", "since", "idle", "commands", "kept agent"):
         t.add_column(col)
     now = time.time()
     for e in state["connections"]:
@@ -85,6 +85,7 @@ def _render(c: Context, state: dict[str, Any]) -> None:
             fmt_duration(now - e["since"]) + " ago",
             idle,
             str(e["served"]),
+            ", ".join(f"pid {a['pid']}: {a['calls']} call(s)" for a in e.get("agents") or []) or "-",
         )
     c.console.print(t)
 

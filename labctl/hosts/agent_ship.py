@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from labctl.agent.core import paths
+from labctl.agent.core.boot import MISSING_RC, boot_line
 from labctl.hosts.fanout import HostRun, on_host
 from labctl.inventory.model import Host
 from labctl.output.errors import HostError
-from labctl.transport.base import LineCallback, file_error
+from labctl.transport.base import CommandResult, KeptAgent, LineCallback, file_error
 
 if TYPE_CHECKING:
     from labctl.hosts.context import Context
@@ -58,95 +59,6 @@ sys.argv = ["agent"] + sys.argv[2:]
 from labctl.agent.__main__ import main
 sys.exit(main())
 """
-# Runs the cached zipapp only when its bytes still have the hash its name promises (a file cut
-# short by a full disk, or damaged since, is replaced instead): one read of ~100 KB per call.
-# It runs from agent-<digest>/ beside the zipapp, which the first call extracts from the checked
-# bytes: there CPython writes each module's bytecode to __pycache__ once and reads it after, where
-# zipimport compiles every module from source on every call (a third of facts.collect's CPU).
-# Stdlib only, Python 3.8. See folder() for how an extraction cut short is never used.
-BOOT = r"""
-import hashlib, os, runpy, sys
-# --read-only (call_agent's read_only): write nothing here; a folder already whole is still used.
-write = sys.argv[1] != "--read-only"
-if not write:
-    del sys.argv[1]
-path, digest = sys.argv[1], sys.argv[2]
-try:
-    with open(path, "rb") as f:
-        data = f.read()
-    whole = hashlib.sha256(data).hexdigest().startswith(digest)
-except OSError:
-    whole = False
-if not whole:
-    sys.exit(197)
-
-def folder():
-    # agent-<digest>/, extracted whole, or None to run the zipapp itself. Only a complete
-    # extraction, its marker written last and all of it on disk (fsync), is renamed into place:
-    # a folder there is whole, and one cut short (killed, disk full, power lost) stays a
-    # .tmp-* sibling that nothing runs. Two calls extracting at once both work: the rename
-    # is atomic, and the loser drops its copy and uses the winner's.
-    if not path.endswith(".pyz"):
-        return None
-    root = os.path.abspath(path[:-4])
-    mark = os.path.join(root, ".complete")
-    if os.path.exists(mark):
-        return root
-    if not write or os.path.isdir(root):
-        # A read-only call extracts nothing. A folder in place but not whole (no extraction of
-        # ours leaves that) is never run, nor replaced under whoever may be using it.
-        return None
-    import io, shutil, zipfile
-    tmp = "%s.tmp-%d-%s" % (root, os.getpid(), os.urandom(4).hex())
-    try:
-        os.mkdir(tmp, 0o700)  # as private as the zipapp's folder
-    except OSError:
-        return None  # a read-only disk, or a folder this user may not write: the zipapp runs
-    try:
-        made = [tmp]
-        zf = zipfile.ZipFile(io.BytesIO(data))
-        for name in zf.namelist():
-            parts = name.split("/")
-            where = tmp
-            for part in parts[:-1]:
-                where = os.path.join(where, part)
-                if where not in made:
-                    os.mkdir(where, 0o700)
-                    made.append(where)
-            fd = os.open(os.path.join(where, parts[-1]), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(zf.read(name))
-                f.flush()
-                os.fsync(f.fileno())
-        for where in made:
-            # Made here, 0700: CPython would make its own __pycache__ as the umask says.
-            os.mkdir(os.path.join(where, "__pycache__"), 0o700)
-        fd = os.open(os.path.join(tmp, ".complete"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.fsync(fd)
-        os.close(fd)
-        for where in made:  # the names, as well as the bytes, on disk before the rename
-            fd = os.open(where, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        os.rename(tmp, root)  # fails where another call's folder is already in place
-    except Exception:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return root if os.path.exists(mark) else None
-
-if sys.path and sys.path[0] == "":
-    del sys.path[0]
-sys.argv = [path] + sys.argv[3:]
-root = folder()
-if root:
-    # The folder is the agent's own cache: its bytecode is the point even where the host's
-    # environment says PYTHONDONTWRITEBYTECODE (this process only; children keep the variable).
-    # A read-only call reads the bytecode there but writes none.
-    sys.dont_write_bytecode = not write
-runpy.run_path(root or path, run_name="__main__")
-"""
-MISSING_RC = 197  # BOOT's "no agent of this hash here (yet, or no longer whole)"
 MAX_ARGV = 100_000
 # AgentFailed kinds for what went wrong around the agent rather than inside it.
 CANCELLED = "cancelled"  # the caller's cancel flag closed the command
@@ -384,15 +296,33 @@ def call_agent(
         arg_path = f"{directory}/args-{uuid.uuid4().hex}.json"
         conn.put_bytes(arg_text.encode(), arg_path, mode=0o600, dir_mode=0o700)
         arg_text = "@" + arg_path
-    boot_args = ["--read-only"] if read_only else []
-    line = f"exec {py} -c {shlex.quote(BOOT)} {shlex.join([*boot_args, path, digest, command, arg_text])}"
-    result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
+    line = boot_line(run.host.python, path, digest, [command, arg_text], read_only)
+
+    def run_boot() -> CommandResult:
+        # A kept connection may run it in the agent the keeper keeps there (keeper/agents.py);
+        # None: it has none to offer, and the call goes the direct way.
+        if isinstance(conn, KeptAgent):
+            served = conn.run_agent(
+                python=run.host.python,
+                path=path,
+                digest=digest,
+                argv=[command, arg_text],
+                read_only=read_only,
+                timeout=timeout,
+                cancel=run.cancel,
+                on_line=on_line,
+            )
+            if served is not None:
+                return served
+        return conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
+
+    result = run_boot()
     if result.rc == MISSING_RC and read_only:
         line = f"exec {py} -c {shlex.quote(IN_MEMORY)} {agent_blob(command)} {shlex.quote(command)} {shlex.quote(arg_text)}"
         result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
     elif result.rc == MISSING_RC:
         conn.put_bytes(data, path, mode=0o600, dir_mode=0o700)
-        result = conn.run(line, timeout=timeout, cancel=run.cancel, on_line=on_line)
+        result = run_boot()
     if result.cancelled:
         raise AgentFailed(f"{run.host.name}: cancelled.", kind=CANCELLED)
     if result.timed_out:

@@ -220,6 +220,39 @@ class KeptConnection:
         watchdog: bool = True,
         grace: int = GRACE_SECONDS,
     ) -> CommandResult:
+        fields = dict(command=command, env=env or None, watchdog=watchdog, grace=grace)
+        result = self._exchange("run", fields, timeout, grace, on_line, cancel)
+        if result is None:
+            raise self._lost("before the command started", " (it declined)")
+        return result
+
+    def run_agent(
+        self,
+        *,
+        python: str,
+        path: str,
+        digest: str,
+        argv: list[str],
+        read_only: bool,
+        timeout: float | None,
+        cancel: threading.Event | None,
+        on_line: LineCallback | None,
+    ) -> CommandResult | None:
+        """The agent call in the agent the keeper keeps on the host (keeper/agents.py); None when
+        the keeper has none to offer (an older keeper, no agent of that digest there yet)."""
+        fields = dict(python=python, path=path, digest=digest, argv=argv, read_only=read_only)
+        return self._exchange("agent", fields, timeout, GRACE_SECONDS, on_line, cancel)
+
+    def _exchange(
+        self,
+        op: str,
+        fields: dict[str, Any],
+        timeout: float | None,
+        grace: int,
+        on_line: LineCallback | None,
+        cancel: threading.Event | None,
+    ) -> CommandResult | None:
+        """One command through the keeper: its result, or None if the keeper declined it."""
         start = time.monotonic()
         try:
             s = self.client._connect(self.host.connect_timeout)
@@ -227,14 +260,7 @@ class KeptConnection:
             raise self._lost("before the command started", f" ({e})") from None
         try:
             req = self.client.host_request(
-                self.host,
-                "run",
-                command=command,
-                timeout=timeout,
-                env=env or None,
-                watchdog=watchdog,
-                grace=grace,
-                stream=on_line is not None,
+                self.host, op, timeout=timeout, stream=on_line is not None, **fields
             )
             try:
                 ks.send_frame(s, req)
@@ -277,6 +303,8 @@ class KeptConnection:
                     )
                 elif t == "error":
                     raise error_from_wire(frame, self.name)
+                elif t == "unwilling":
+                    return None
                 else:
                     raise self._lost("before the command started", f" (it answered {t!r})")
         finally:

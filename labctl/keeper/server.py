@@ -9,6 +9,10 @@ listens, and serves each client on a thread of its own. Requests (one per socket
                                                -> line* then exit | error | unwilling
         the client may send {op: cancel}; its socket closing cancels too: the command's
         channel is closed, and the remote watchdog ends what it started (transport/wrap.py).
+  agent {..., python, path, digest, argv, read_only, timeout, stream}
+                                               -> line* then exit | error | unwilling
+        an agent call, run by the agent kept on that connection (keeper/agents.py); unwilling
+        when there is none to offer (the caller then runs it with `run`). Cancelled as `run`.
   put   {..., data (base64), path, mode, dir_mode} -> ok | error | unwilling
   list                                         -> list {connections: [...]}
   close {host: NAME | null}                    -> closed {hosts: [...]}
@@ -39,8 +43,9 @@ from typing import Any
 
 from labctl.inventory.model import Host
 from labctl.keeper import sock as ks
+from labctl.keeper.agents import AgentSession, SessionUnavailable
 from labctl.keeper.wire import connection_key, error_to_wire, host_from_wire
-from labctl.transport.base import Connection
+from labctl.transport.base import CommandResult, Connection
 
 ConnectionFactory = Callable[[Host], Connection]
 
@@ -72,6 +77,11 @@ class Entry:
     served: int = 0
     in_use: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The agents kept running on this connection, by (python, path, digest, read_only), and
+    # those that would not start (retried once the agent at that path is put there again).
+    agents: dict[tuple[str, str, str, bool], AgentSession] = field(default_factory=dict)
+    declined: set[tuple[str, str, str, bool]] = field(default_factory=set)
+    agent_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Keeper:
@@ -198,6 +208,12 @@ class Keeper:
 
     @staticmethod
     def _close_entry(e: Entry) -> None:
+        with e.agent_lock:
+            sessions = list(e.agents.values())
+            e.agents.clear()
+            e.declined.clear()
+        for session in sessions:
+            session.close()
         conn, e.conn = e.conn, None
         if conn is not None:
             try:
@@ -282,7 +298,7 @@ class Keeper:
         elif op == "stop":
             ks.send_frame(c, {"t": "ok"})
             self.stop("asked")
-        elif op in ("open", "run", "put"):
+        elif op in ("open", "run", "put", "agent"):
             self._host_op(c, op, req)
         else:
             ks.send_frame(c, {"t": "unwilling", "reason": f"no request {op!r}"})
@@ -308,7 +324,7 @@ class Keeper:
             os.environ["SSH_AUTH_SOCK"] = agent  # the agent of the command asking, for a new login
         key = connection_key(self.inventory, wire_host)
         cancel = threading.Event()
-        if op == "run":
+        if op in ("run", "agent"):
             # Watching from now: a client gone while its connection is opened runs nothing.
             threading.Thread(target=self._watch, args=(c, cancel), daemon=True, name="keeper-watch").start()
         try:
@@ -337,6 +353,8 @@ class Keeper:
                     ks.send_frame(c, error_to_wire(err))
                 else:
                     ks.send_frame(c, {"t": "ok"})
+                    with e.agent_lock:  # an agent put in place may start now
+                        e.declined = {k for k in e.declined if k[1] != str(req["path"])}
             elif cancel.is_set():  # cancelled before it started: as SSHConnection answers that
                 try:
                     ks.send_frame(
@@ -354,10 +372,86 @@ class Keeper:
                     )
                 except OSError:
                     pass
+            elif op == "agent":
+                self._agent(c, e, req, cancel)
             else:
                 self._run(c, e.conn, req, cancel)
         finally:
             self._release(e)
+
+    def _session(self, e: Entry, req: dict[str, Any]) -> AgentSession | None:
+        """The agent kept on `e`'s connection for this call, started if need be; None when it
+        cannot be (not an SSH connection, a Windows host, no agent of that digest there)."""
+        from labctl.agent.core.boot import boot_line
+        from labctl.transport.ssh import SSHConnection
+
+        key = (str(req["python"]), str(req["path"]), str(req["digest"]), bool(req.get("read_only")))
+        conn = e.conn
+        if not isinstance(conn, SSHConnection) or e.host.is_windows:
+            return None
+        with e.agent_lock:
+            session = e.agents.get(key)
+            if session is not None and session.usable():
+                return session
+            if session is not None:
+                del e.agents[key]
+                session.retire()  # gone already, or leaving once its calls are done
+            if key in e.declined:
+                return None
+            session = AgentSession(conn, boot_line(key[0], key[1], key[2], ["--serve", key[2]], key[3]))
+            try:
+                session.start()
+            except SessionUnavailable:
+                e.declined.add(key)
+                return None
+            # One labctl's agent per connection: a newer one's replaces those before it (each
+            # leaves once the calls it runs are done).
+            for old in [k for k in e.agents if k[1] != key[1]]:
+                e.agents.pop(old).retire()
+            e.agents[key] = session
+            return session
+
+    def _agent(self, c: socket.socket, e: Entry, req: dict[str, Any], cancel: threading.Event) -> None:
+        send_lock = threading.Lock()
+
+        def on_line(stream: str, line: str) -> None:
+            if cancel.is_set():
+                return
+            try:
+                with send_lock:
+                    ks.send_frame(c, {"t": "line", "s": stream, "l": line})
+            except OSError:
+                cancel.set()
+
+        timeout = req.get("timeout")
+        frame: dict[str, Any] = {"t": "unwilling", "reason": "no kept agent on this connection"}
+        try:
+            # A second try when the kept agent found its files changed on disk (stale): the
+            # next one starts from them as a direct call would, or declines as it would.
+            for _ in range(2):
+                session = self._session(e, req)
+                if session is None:
+                    break
+                try:
+                    res = session.call(
+                        [str(a) for a in req["argv"]],
+                        read_only=bool(req.get("read_only")),
+                        timeout=None if timeout is None else float(timeout),
+                        on_line=on_line if req.get("stream") else None,
+                        cancel=cancel,
+                    )
+                except SessionUnavailable as gone:
+                    frame = {"t": "unwilling", "reason": str(gone)}
+                    continue
+                frame = _exit_frame(res)
+                break
+        except Exception as err:
+            frame = error_to_wire(err)
+        try:
+            with send_lock:
+                ks.send_frame(c, frame)
+        except OSError:
+            pass
 
     @staticmethod
     def _watch(c: socket.socket, cancel: threading.Event) -> None:
@@ -397,16 +491,7 @@ class Keeper:
         except Exception as err:
             frame = error_to_wire(err)
         else:
-            frame = {
-                "t": "exit",
-                "rc": res.rc,
-                "stdout": res.stdout,
-                "stderr": res.stderr,
-                "seconds": res.seconds,
-                "timed_out": res.timed_out,
-                "cancelled": res.cancelled,
-                "may_still_run": res.may_still_run,
-            }
+            frame = _exit_frame(res)
         try:
             with send_lock:
                 ks.send_frame(c, frame)
@@ -426,6 +511,10 @@ class Keeper:
                     "idle": 0.0 if e.in_use else now - e.last_used,
                     "running": e.in_use,
                     "served": e.served,
+                    # The agent kept running there (keeper/agents.py): its pid and calls served.
+                    "agents": [
+                        {"pid": a.pid, "calls": a.calls} for a in list(e.agents.values()) if a.usable()
+                    ],
                 }
                 for e in self.entries.values()
                 if e.conn is not None
@@ -451,6 +540,19 @@ class Keeper:
         while e.in_use:
             time.sleep(0.1)
         self._close_entry(e)
+
+
+def _exit_frame(res: CommandResult) -> dict[str, Any]:
+    return {
+        "t": "exit",
+        "rc": res.rc,
+        "stdout": res.stdout,
+        "stderr": res.stderr,
+        "seconds": res.seconds,
+        "timed_out": res.timed_out,
+        "cancelled": res.cancelled,
+        "may_still_run": res.may_still_run,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from labctl.agent.core import paths
 
 # Every request names it; a keeper of another labctl version declines, and leaves (the next
 # command starts one of its own version).
-PROTOCOL = 1
+PROTOCOL = 2
 MAX_FRAME = 512 * 1024 * 1024  # put_bytes carries a whole file, base64
 SUN_PATH_MAX = 107
 

@@ -100,6 +100,26 @@ class Connection(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class KeptAgent(Protocol):
+    """A connection that can run an agent call in an agent kept running on the host (the
+    keeper's KeptConnection, labctl/keeper/agents.py): the same CommandResult as running the
+    BOOT line with `run`, or None when it has no such agent to offer (then the caller runs it)."""
+
+    def run_agent(
+        self,
+        *,
+        python: str,
+        path: str,
+        digest: str,
+        argv: list[str],
+        read_only: bool,
+        timeout: float | None,
+        cancel: threading.Event | None,
+        on_line: LineCallback | None,
+    ) -> CommandResult | None: ...
+
+
 def file_error(host: str, path: str, errno_name: str, reason: str) -> HostError:
     """A write on `host` under `path` that failed with `errno_name`, named with its fix."""
     where = f"{host}:{path}" if path else host

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.hosts.agent_ship import BOOT, MISSING_RC, agent_zip
+from labctl.agent.core.boot import BOOT, MISSING_RC
+from labctl.hosts.agent_ship import agent_zip
 
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 # The host's own environment, not this test's: no labctl on PYTHONPATH; PYTHONDONTWRITEBYTECODE

@@ -133,6 +133,10 @@ def test_the_agent_is_built_once_however_many_threads_ask_at_once(
     agent_ship.agent_blob.cache_clear()  # type: ignore[attr-defined]
     if which == "zip":
         agent_ship.agent_zip.cache_clear()  # type: ignore[attr-defined]
+        # The build just above may have filled the cache (when this process had not built the
+        # zip before): empty it, so that the threads below must build.
+        for cached in (tmp_path / "cache").glob("*"):
+            cached.unlink()
     monkeypatch.setattr(agent_ship, "zipfile", fake)
     start = threading.Barrier(16)
     results: list[object] = []

@@ -1,0 +1,212 @@
+"""The agent a keeper keeps running on each connection (labctl/keeper/agents.py), over real SSH:
+the private sshd of test_keeper_ssh on 127.0.0.1, agent calls made by call_agent as any command
+makes them, and the host's processes read from /proc."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labctl.hosts.agent_ship import agent_dir, agent_zip, call_agent
+from labctl.inventory.model import Host
+from labctl.keeper import sock as ks
+from labctl.keeper.client import KeeperClient, KeptConnection, close_connections, list_connections
+from labctl.keeper.server import Keeper
+from labctl.transport.base import CommandTimeout, ConnectionLost
+from tests.conftest import pid_gone
+from tests.unit import test_keeper_ssh as ssh_lab
+from tests.unit.test_keeper_ssh import Lab, kept
+
+# The private sshd and the keeper serving it, as test_keeper_ssh has them.
+lab = ssh_lab.lab
+keeper = ssh_lab.keeper
+
+pytestmark = ssh_lab.pytestmark  # sshd, ssh-keygen and root
+
+
+class Run:
+    """What call_agent reads of fanout.HostRun: the host, its connection, the cancel flag."""
+
+    def __init__(self, conn: KeptConnection, host: Host, cancel: threading.Event | None = None) -> None:
+        self.conn = conn
+        self.host = host
+        self.cancel = cancel or threading.Event()
+
+
+def agents(lab: Lab) -> list[dict[str, Any]]:
+    [entry] = list_connections(lab.inventory, lab.root / "k")["connections"]
+    return list(entry["agents"])
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def the_child(pid: int, within: float = 15.0) -> int:
+    end = time.monotonic() + within
+    while not children(pid):
+        assert time.monotonic() < end, "the kept agent started no call"
+        time.sleep(0.05)
+    [child] = children(pid)
+    return child
+
+
+def sink(conn: KeptConnection, host: Host, **kw: Any) -> Any:
+    """netbench.sink: an agent call that waits (for a sender, up to a minute) until stopped."""
+    _, digest = agent_zip()
+    return conn.run_agent(
+        python=host.python,
+        path=f"{agent_dir(host)}/agent-{digest}.pyz",
+        digest=digest,
+        argv=["netbench.sink", json.dumps({"bind": "127.0.0.1", "idle_timeout": 60})],
+        read_only=False,
+        on_line=None,
+        **kw,
+    )
+
+
+def test_agent_calls_go_to_one_agent_kept_on_the_connection(lab: Lab, keeper: Keeper) -> None:
+    h = lab.host()
+    first = call_agent(Run(kept(lab, h), h), "ping")
+    second = call_agent(Run(kept(lab, h), h), "ping")
+    [agent] = agents(lab)
+    # Two calls, each a child of its own forked from the one agent kept there.
+    assert agent["calls"] >= 1 and first["pid"] != second["pid"] != agent["pid"]
+    assert call_agent(Run(kept(lab, h), h), "ping")["agent_version"] == first["agent_version"]
+    assert agents(lab) == [{"pid": agent["pid"], "calls": agent["calls"] + 1}]
+
+
+def test_a_timed_out_or_cancelled_call_ends_on_the_host(lab: Lab, keeper: Keeper) -> None:
+    h = lab.host()
+    call_agent(Run(kept(lab, h), h), "ping")  # the agent in place, and kept
+    [agent] = agents(lab)
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(sink(kept(lab, h), h, timeout=3.0, cancel=None)))
+    t.start()
+    child = the_child(agent["pid"])  # served by the kept agent, not a login of its own
+    t.join(30)
+    assert results[0].timed_out and results[0].rc is None
+    assert pid_gone(child, 10), "a timed-out call outlived its caller"
+
+    cancel = threading.Event()
+    t = threading.Thread(target=lambda: results.append(sink(kept(lab, h), h, timeout=None, cancel=cancel)))
+    t.start()
+    child = the_child(agent["pid"])
+    cancel.set()
+    t.join(30)
+    assert results[1].cancelled and pid_gone(child, 10)
+    with pytest.raises(CommandTimeout):  # as call_agent reports it on a direct connection
+        call_agent(
+            Run(kept(lab, h), h),
+            "netbench.sink",
+            {"bind": "127.0.0.1", "idle_timeout": 60},
+            timeout=1.0,
+        )
+    assert agents(lab)[0]["pid"] == agent["pid"]  # the agent itself stays
+
+
+def test_a_closed_client_ends_its_call(lab: Lab, keeper: Keeper) -> None:
+    h = lab.host()
+    call_agent(Run(kept(lab, h), h), "ping")
+    [agent] = agents(lab)
+    client = KeeperClient(lab.inventory, 60, lab.root / "k")
+    _, digest = agent_zip()
+    s = ks.connect(client.socket_path)
+    ks.send_frame(
+        s,
+        client.host_request(
+            h,
+            "agent",
+            python=h.python,
+            path=f"{agent_dir(h)}/agent-{digest}.pyz",
+            digest=digest,
+            argv=["netbench.sink", json.dumps({"bind": "127.0.0.1", "idle_timeout": 60})],
+            read_only=False,
+            timeout=None,
+        ),
+    )
+    child = the_child(agent["pid"])
+    s.close()  # Ctrl-C, or the command killed
+    assert pid_gone(child, 10), "the call outlived its caller"
+
+
+def test_closing_the_connection_ends_the_agent_and_stopping_the_keeper_its_calls(
+    lab: Lab, keeper: Keeper
+) -> None:
+    h = lab.host()
+    call_agent(Run(kept(lab, h), h), "ping")
+    [agent] = agents(lab)
+    assert close_connections(lab.inventory, None, lab.root / "k") == ["m1"]
+    assert pid_gone(agent["pid"], 15), "the kept agent outlived its connection"
+
+    call_agent(Run(kept(lab, h), h), "ping")
+    [agent] = agents(lab)
+    results: list[Any] = []
+    t = threading.Thread(
+        target=lambda: results.append(_quietly(sink, kept(lab, h), h, timeout=None, cancel=None))
+    )
+    t.start()
+    child = the_child(agent["pid"])
+    keeper.stop("test")  # as on idle, SIGTERM or `labctl connections stop`
+    assert pid_gone(agent["pid"], 15) and pid_gone(child, 15)
+    t.join(30)
+    assert isinstance(results[0], ConnectionLost)  # the caller is told, as when a session drops
+
+
+def _quietly(fn: Any, *args: Any, **kw: Any) -> Any:
+    try:
+        return fn(*args, **kw)
+    except Exception as e:
+        return e
+
+
+def test_no_agent_there_yet_goes_the_direct_way_until_one_is_put_there(lab: Lab, keeper: Keeper) -> None:
+    h = lab.host()
+    data, digest = agent_zip()
+    path = str(lab.root / "agents" / f"agent-{digest}.pyz")
+    conn = kept(lab, h)
+    ask = dict(
+        python=h.python, path=path, digest=digest, read_only=False, timeout=30.0, cancel=None, on_line=None
+    )
+    assert conn.run_agent(argv=["ping", "{}"], **ask) is None  # declined: the caller runs BOOT itself
+    assert agents(lab) == []
+    conn.put_bytes(data, path, mode=0o600, dir_mode=0o700)
+    res = conn.run_agent(argv=["ping", "{}"], **ask)
+    assert res is not None and res.rc == 0 and json.loads(res.stdout)["agent_version"]
+    [agent] = agents(lab)
+    # Another labctl's agent (another path) replaces this one on the connection.
+    other = str(lab.root / "agents2" / f"agent-{digest}.pyz")
+    conn.put_bytes(data, other, mode=0o600, dir_mode=0o700)
+    assert conn.run_agent(argv=["ping", "{}"], **{**ask, "path": other}) is not None
+    assert pid_gone(agent["pid"], 15)
+    [newer] = agents(lab)
+    assert newer["pid"] != agent["pid"]
+    # Its files gone from the disk (removed, a disk mounted over them): that agent takes no
+    # new call, and the call goes the direct way, which uploads the agent again.
+    Path(other).unlink()
+    assert conn.run_agent(argv=["ping", "{}"], **{**ask, "path": other}) is None
+    assert pid_gone(newer["pid"], 15) and agents(lab) == []
+    conn.put_bytes(data, other, mode=0o600, dir_mode=0o700)
+    assert conn.run_agent(argv=["ping", "{}"], **{**ask, "path": other}) is not None
+
+
+def test_a_local_host_has_no_kept_agent(tmp_path: Path) -> None:
+    from labctl.keeper.server import Entry
+
+    k = Keeper(tmp_path / "lab.yaml", 60, tmp_path / "s")
+    local = Host(name="here", address="127.0.0.1", connection="local")
+    e = Entry(key="x", host=local)
+    from labctl.transport.local import LocalConnection
+
+    e.conn = LocalConnection(local)
+    assert (
+        k._session(e, {"python": "python3", "path": "/nowhere.pyz", "digest": "0", "read_only": False})
+        is None
+    )
