@@ -553,11 +553,14 @@ def check_keeper(state: dict[str, Any]) -> list[Line]:
         return [Line(PASS, check, None, "not running: the next command starts it")]
     conns = state["connections"]
     hosts = ", ".join(sorted({c["host"] for c in conns})) or "none"
+    # An agent kept running on a connection serves its agent calls (keeper/agents.py).
+    agents = sum(1 for c in conns if c.get("agents"))
     return [
         Line(
             PASS,
             check,
             None,
-            f"pid {state.get('pid')} keeps {len(conns)} connection(s) ({hosts}) for {state['persist']:g} s after the last command",
+            f"pid {state.get('pid')} keeps {len(conns)} connection(s) ({hosts}), {agents} with an agent "
+            f"kept running, for {state['persist']:g} s after the last command",
         )
     ]

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from labctl.hosts.agent_ship import agent_dir, agent_zip, call_agent
+from labctl.hosts import agent_ship
+from labctl.hosts.agent_ship import agent_zip, call_agent
 from labctl.inventory.model import Host
 from labctl.keeper import sock as ks
 from labctl.keeper.client import KeeperClient, KeptConnection, close_connections, list_connections
@@ -26,6 +27,16 @@ from tests.unit.test_keeper_ssh import Lab, kept
 # The private sshd and the keeper serving it, as test_keeper_ssh has them.
 lab = ssh_lab.lab
 keeper = ssh_lab.keeper
+
+
+@pytest.fixture(autouse=True)
+def private_agent_dir(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent uploaded under the test's folder: the sshd is this machine, whose own agent
+    folder the integration tests find empty."""
+    from labctl.hosts import agent_ship
+
+    monkeypatch.setattr(agent_ship, "agent_dir", lambda host: str(lab.root / "agent"))
+
 
 pytestmark = ssh_lab.pytestmark  # sshd, ssh-keygen and root
 
@@ -63,7 +74,7 @@ def sink(conn: KeptConnection, host: Host, **kw: Any) -> Any:
     _, digest = agent_zip()
     return conn.run_agent(
         python=host.python,
-        path=f"{agent_dir(host)}/agent-{digest}.pyz",
+        path=f"{agent_ship.agent_dir(host)}/agent-{digest}.pyz",
         digest=digest,
         argv=["netbench.sink", json.dumps({"bind": "127.0.0.1", "idle_timeout": 60})],
         read_only=False,
@@ -125,7 +136,7 @@ def test_a_closed_client_ends_its_call(lab: Lab, keeper: Keeper) -> None:
             h,
             "agent",
             python=h.python,
-            path=f"{agent_dir(h)}/agent-{digest}.pyz",
+            path=f"{agent_ship.agent_dir(h)}/agent-{digest}.pyz",
             digest=digest,
             argv=["netbench.sink", json.dumps({"bind": "127.0.0.1", "idle_timeout": 60})],
             read_only=False,

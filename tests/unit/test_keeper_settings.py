@@ -96,3 +96,16 @@ def test_connections_and_doctor_report_no_keeper(folder: Path, monkeypatch: pyte
     assert res.exit_code == 0 and json.loads(res.stdout) == {"closed": []}
     res = CliRunner().invoke(app, ["connections", "stop", "-i", str(inv), "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout) == {"stopped": False}
+
+
+def test_doctor_counts_the_connections_with_a_kept_agent() -> None:
+    conns = [
+        {"host": "m5", "agents": [{"pid": 40, "calls": 3}]},
+        {"host": "irina", "agents": []},
+    ]
+    state = {"enabled": True, "running": True, "pid": 7, "persist": 600.0, "connections": conns}
+    [line] = check_keeper(state)
+    assert (
+        line.status == "pass"
+        and "keeps 2 connection(s) (irina, m5), 1 with an agent kept running" in line.found
+    )
