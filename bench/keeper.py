@@ -9,7 +9,10 @@ Rows (median wall time of the whole command, after warm-up runs):
 - `labctl status` on a 4-host lab shaped as `make demo`'s: cold, warm.
 Host key checking is on everywhere.
 
-    .venv/bin/python bench/keeper.py --out docs/benchmarks.md
+    .venv/bin/python bench/keeper.py --before 1707ca9 --agent-before 8420da8 --out docs/benchmarks.md
+
+--before: a commit before the keeper, timed cold; --agent-before: the keeper before the agent it
+keeps on each connection (8420da8), timed warm.
 """
 
 from __future__ import annotations
@@ -59,9 +62,15 @@ def wait_for_keeper(inventory: Path, folder: Path) -> None:
 
 
 def labctl_rows(
-    inv: Path, folder: Path, reps: int, jobs: dict[str, list[str]], before: Path | None
+    inv: Path,
+    folder: Path,
+    reps: int,
+    jobs: dict[str, list[str]],
+    before: Path | None,
+    agent_before: Path | None = None,
 ) -> dict[str, float]:
-    """{job_cold: s, job_first: s, job_warm: s, job_before: s} for each labctl job on `inv`."""
+    """{job_cold: s, job_first: s, job_warm: s, job_before: s, job_agent_before_warm: s} for each
+    labctl job on `inv` (`before`: a checkout timed cold; `agent_before`: one timed warm)."""
     from labctl.keeper.client import stop
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("LABCTL_KEEPER")}
@@ -76,20 +85,21 @@ def labctl_rows(
             out[f"{name}_before_s"] = median_of(
                 old, reps, {**cold, "PYTHONPATH": str(before)}, WARMUPS, before
             )
-            if (before / "labctl" / "keeper").is_dir():
-                # That commit warm, with a keeper of its own (another protocol: a folder of its own).
-                theirs = folder.parent / "kb"
-                theirs.mkdir(mode=0o700, exist_ok=True)
-                env = {
-                    **base,
-                    "LABCTL_KEEPER": "on",
-                    "LABCTL_KEEPER_DIR": str(theirs),
-                    "PYTHONPATH": str(before),
-                }
-                timed(old, env, before)  # connects itself and starts that keeper when done
-                time.sleep(3)
-                out[f"{name}_before_warm_s"] = median_of(old, reps, env, WARMUPS, before)
-                subprocess.run(["pkill", "-f", str(theirs)], capture_output=True)
+        if agent_before is not None:
+            # That commit warm, with a keeper of its own (another protocol: a folder of its own).
+            theirs = folder.parent / "kb"
+            theirs.mkdir(mode=0o700, exist_ok=True)
+            env = {
+                **base,
+                "LABCTL_KEEPER": "on",
+                "LABCTL_KEEPER_DIR": str(theirs),
+                "PYTHONPATH": str(agent_before),
+            }
+            old = [sys.executable, "-m", "labctl", "-i", str(inv), *args]
+            timed(old, env, agent_before)  # connects itself and starts that keeper when done
+            time.sleep(3)
+            out[f"{name}_agent_before_warm_s"] = median_of(old, reps, env, WARMUPS, agent_before)
+            subprocess.run(["pkill", "-f", str(theirs)], capture_output=True)
         out[f"{name}_cold_s"] = median_of(cmd, reps, cold, WARMUPS)
         # The first command with keeping on: no keeper yet, so it connects itself and starts one.
         firsts = []
@@ -113,6 +123,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="markdown file to update (docs/benchmarks.md)")
     ap.add_argument("--json", type=Path, default=REPO / "bench/out/keeper.json")
     ap.add_argument("--before", metavar="REV", help="also time each command cold from a checkout of REV")
+    ap.add_argument(
+        "--agent-before",
+        metavar="REV",
+        help="also time each command warm from a checkout of REV (a keeper without the kept agent)",
+    )
     args = ap.parse_args()
 
     from labctl.sim import down, up
@@ -122,16 +137,18 @@ def main() -> int:
     os.mkdir(folder, 0o700)
     big_dir, demo_dir = work / "lab16", work / "lab4"
     result: dict[str, Any] = {}
-    before = None
-    if args.before:
-        before = work / "before"
-        subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(before), args.before],
-            check=True,
-        )
-        result["before"] = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", args.before], capture_output=True, text=True
-        ).stdout.strip()
+    checkouts: dict[str, Path] = {}
+    for key, rev in (("before", args.before), ("agent_before", args.agent_before)):
+        if rev:
+            checkouts[key] = work / key
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(checkouts[key]), rev],
+                check=True,
+            )
+            result[key] = subprocess.run(
+                ["git", "-C", str(REPO), "rev-parse", "--short", rev], capture_output=True, text=True
+            ).stdout.strip()
+    before, agent_before = checkouts.get("before"), checkouts.get("agent_before")
     try:
         big = up(big_dir, count=args.hosts, bridge="lckeep0", prefix="lkp-", subnet="10.247.0.0/24")
         demo = up(demo_dir, bridge="lckeep1", prefix="lkd-", subnet="10.247.1.0/24")
@@ -139,9 +156,11 @@ def main() -> int:
         result.update(labctl_rows(big.inventory_path, folder, args.reps, {
             "exec": ["exec", "--json", "--", "true"],
             "facts": ["facts", "--json"],
-        }, before))  # fmt: skip
+        }, before, agent_before))  # fmt: skip
         result.update(
-            labctl_rows(demo.inventory_path, folder, args.reps, {"status": ["status", "--json"]}, before)
+            labctl_rows(
+                demo.inventory_path, folder, args.reps, {"status": ["status", "--json"]}, before, agent_before
+            )
         )
 
         py = shutil.which("python3", path="/usr/bin") or sys.executable
@@ -178,9 +197,9 @@ def main() -> int:
         for d in (big_dir, demo_dir):
             if (d / "state.json").exists():
                 down(d)
-        if before is not None:
+        for checkout in checkouts.values():
             subprocess.run(
-                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)], check=False
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(checkout)], check=False
             )
         shutil.rmtree(work, ignore_errors=True)
     result.update(machine=machine(), python=platform.python_version(), date=time.strftime("%Y-%m-%d"))
@@ -223,7 +242,7 @@ def render(r: dict[str, Any]) -> str:
         f"- Cold no slower: the first command with keeping on against keeping off, `exec` "
         f"{r['exec_first_s'] / ex_c:.2f}x, `facts` {r['facts_first_s'] / fa_c:.2f}x, `status` {r['status_first_s'] / st_c:.2f}x"
         + (
-            f"; against the same commands from {r['before']} (before this change), in this run: `exec` "
+            f"; against the same commands from {r['before']} (before the keeper), in this run: `exec` "
             f"{r['exec_before_s']:.3f} s, `facts` {r['facts_before_s']:.3f} s, `status` {r['status_before_s']:.3f} s, "
             f"so the first command takes {r['exec_first_s'] / r['exec_before_s']:.2f}x, "
             f"{r['facts_first_s'] / r['facts_before_s']:.2f}x and {r['status_first_s'] / r['status_before_s']:.2f}x of that."
@@ -234,13 +253,14 @@ def render(r: dict[str, Any]) -> str:
         f"- `status` warm under {GOALS['status_warm_s']} s: {st_w:.3f} s, {_verdict(st_w < GOALS['status_warm_s'])}.",
         *(
             [
-                f"- What the agent kept on each connection adds: {r['before']} also ran warm with its own keeper "
-                f"(connections kept, but each agent call starting the host's Python and the agent anew): `facts` "
-                f"{r['facts_before_warm_s']:.3f} s against {fa_w:.3f} s now ({r['facts_before_warm_s'] / fa_w:.2f}x), "
-                f"`status` {r['status_before_warm_s']:.3f} s against {st_w:.3f} s ({r['status_before_warm_s'] / st_w:.2f}x), "
-                f"`exec` (no agent) {r['exec_before_warm_s']:.3f} s against {ex_w:.3f} s."
+                f"- What the agent kept on each connection adds: {r['agent_before']} (the keeper without it) also ran "
+                f"warm, with a keeper of its own: connections kept, but each agent call starting the host's Python and "
+                f"the agent anew. `facts` {r['facts_agent_before_warm_s']:.3f} s against {fa_w:.3f} s now "
+                f"({r['facts_agent_before_warm_s'] / fa_w:.2f}x), `status` {r['status_agent_before_warm_s']:.3f} s against "
+                f"{st_w:.3f} s ({r['status_agent_before_warm_s'] / st_w:.2f}x), `exec` (no agent call) "
+                f"{r['exec_agent_before_warm_s']:.3f} s against {ex_w:.3f} s."
             ]
-            if "facts_before_warm_s" in r
+            if "facts_agent_before_warm_s" in r
             else []
         ),
         MARK_END,

@@ -145,6 +145,29 @@ class AgentSession:
         cancel: threading.Event,
     ) -> CommandResult:
         """Run one agent command; SessionUnavailable when the session was gone before it started."""
+        return self._call({"argv": argv, "ro": read_only}, timeout, on_line, cancel)
+
+    def shell(
+        self,
+        command: str,
+        *,
+        grace: float,
+        timeout: float | None,
+        on_line: LineCallback | None,
+        cancel: threading.Event,
+    ) -> CommandResult:
+        """Run a shell command (`sh -c`) as the remote watchdog would (transport/wrap.py): its own
+        process group, stdin /dev/null, ended with TERM then KILL after `grace` when cancelled,
+        timed out, or when the connection goes. SessionUnavailable as `call`."""
+        return self._call({"sh": command, "grace": grace}, timeout, on_line, cancel)
+
+    def _call(
+        self,
+        fields: dict[str, Any],
+        timeout: float | None,
+        on_line: LineCallback | None,
+        cancel: threading.Event,
+    ) -> CommandResult:
         start = time.monotonic()
         q: queue.Queue[dict[str, Any] | None] = queue.Queue()
         with self._guard:
@@ -156,7 +179,7 @@ class AgentSession:
                 raise SessionUnavailable("the kept agent has gone")
             self.calls += 1
             try:
-                self._frame({"id": cid, "argv": argv, "ro": read_only})
+                self._frame({"id": cid, **fields})
             except OSError as e:
                 self.close()
                 raise SessionUnavailable(f"could not reach the kept agent: {e}") from None

@@ -375,7 +375,7 @@ class Keeper:
             elif op == "agent":
                 self._agent(c, e, req, cancel)
             else:
-                self._run(c, e.conn, req, cancel)
+                self._run(c, e, req, cancel)
         finally:
             self._release(e)
 
@@ -398,7 +398,11 @@ class Keeper:
                 session.retire()  # gone already, or leaving once its calls are done
             if key in e.declined:
                 return None
-            session = AgentSession(conn, boot_line(key[0], key[1], key[2], ["--serve", key[2]], key[3]))
+            # The login's LC_CTYPE, before the host's Python changes it (agent/core/serve.py).
+            line = 'LABCTL_LC_CTYPE="${LC_CTYPE+set:$LC_CTYPE}" ' + boot_line(
+                key[0], key[1], key[2], ["--serve", key[2]], key[3]
+            )
+            session = AgentSession(conn, line)
             try:
                 session.start()
             except SessionUnavailable:
@@ -465,7 +469,16 @@ class Keeper:
             pass
         cancel.set()
 
-    def _run(self, c: socket.socket, conn: Connection, req: dict[str, Any], cancel: threading.Event) -> None:
+    def _kept_session(self, e: Entry) -> AgentSession | None:
+        """An agent already kept on `e`'s connection (one that writes, if there is one), to run a
+        shell command in; none is started for that."""
+        with e.agent_lock:
+            usable = [s for k, s in sorted(e.agents.items(), key=lambda kv: kv[0][3]) if s.usable()]
+        return usable[0] if usable else None
+
+    def _run(self, c: socket.socket, e: Entry, req: dict[str, Any], cancel: threading.Event) -> None:
+        conn = e.conn
+        assert conn is not None
         send_lock = threading.Lock()
 
         def on_line(stream: str, line: str) -> None:
@@ -478,16 +491,40 @@ class Keeper:
                 cancel.set()
 
         timeout = req.get("timeout")
+        command, env, grace = str(req["command"]), req.get("env") or None, int(req.get("grace", 3))
+        watchdog = bool(req.get("watchdog", True))
+        # A command the watchdog would guard runs in the agent kept there, when there is one: no
+        # new SSH session and no watchdog shells on the host for it. The same shell, stdin,
+        # process group and ending (keeper/agents.py).
+        session = self._kept_session(e) if watchdog and not e.host.is_windows else None
         try:
-            res = conn.run(
-                str(req["command"]),
-                timeout=None if timeout is None else float(timeout),
-                env=req.get("env") or None,
-                on_line=on_line if req.get("stream") else None,
-                cancel=cancel,
-                watchdog=bool(req.get("watchdog", True)),
-                grace=int(req.get("grace", 3)),
-            )
+            res = None
+            if session is not None:
+                from labctl.transport.shell import env_assignments
+
+                line = (
+                    f"export {env_assignments(env, 'the command environment')}; {command}" if env else command
+                )
+                try:
+                    res = session.shell(
+                        line,
+                        grace=grace,
+                        timeout=None if timeout is None else float(timeout),
+                        on_line=on_line if req.get("stream") else None,
+                        cancel=cancel,
+                    )
+                except SessionUnavailable:
+                    res = None  # gone before it started: run it the direct way
+            if res is None:
+                res = conn.run(
+                    command,
+                    timeout=None if timeout is None else float(timeout),
+                    env=env,
+                    on_line=on_line if req.get("stream") else None,
+                    cancel=cancel,
+                    watchdog=watchdog,
+                    grace=grace,
+                )
         except Exception as err:
             frame = error_to_wire(err)
         else:

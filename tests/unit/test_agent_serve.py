@@ -63,7 +63,7 @@ COMMANDS = textwrap.dedent(
 
 
 class Server:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
         # The agent's files as BOOT leaves them: the zipapp, and the folder extracted beside it.
         self.folder = root / "agent-x"
         self.folder.mkdir()
@@ -76,7 +76,13 @@ class Server:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": REPO, "T_DIGEST": digest, "T_HERE": str(self.folder)},
+            env={
+                **os.environ,
+                "PYTHONPATH": REPO,
+                "T_DIGEST": digest,
+                "T_HERE": str(self.folder),
+                **(env or {}),
+            },
         )
         self.pending: dict[int, list[dict[str, Any]]] = {}
         self.buf = bytearray()
@@ -125,11 +131,13 @@ class Server:
             assert frame is not None, "the server closed"
             self.pending.setdefault(int(frame["id"]), []).append(frame)
 
-    def stderr_line(self, cid: int, prefix: str, timeout: float = 15.0) -> str:
+    def stderr_line(self, cid: int, prefix: str, timeout: float = 15.0, out: bool = False) -> str:
+        """The first line of call `cid`'s stderr (stdout: `out`) that starts with `prefix`."""
         end = time.monotonic() + timeout
+        stream = "o" if out else "e"
         while True:
             text = b"".join(
-                base64.b64decode(f["d"]) for f in self.pending.get(cid, []) if f.get("s") == "e"
+                base64.b64decode(f["d"]) for f in self.pending.get(cid, []) if f.get("s") == stream
             ).decode()
             for line in text.splitlines():
                 if line.startswith(prefix):
@@ -241,3 +249,40 @@ def test_retired_it_leaves_once_its_calls_are_done(server: Server) -> None:
         server.pending.setdefault(int(frame["id"]), []).append(frame)
     server.send({"id": 1, "cancel": True})
     assert server.wait(1)[0] == 128 + 15 and server.proc.wait(15) == 0
+
+
+def test_a_shell_command_runs_as_the_watchdog_runs_one(server: Server) -> None:
+    server.send({"id": 1, "sh": "echo out; echo err >&2; exit 3"})
+    assert server.wait(1) == (3, "out\n", "err\n")
+    # Its own session and group; SIGINT and SIGQUIT ignored as for sh's background command,
+    # SIGPIPE not (Python's ignoring it does not leak through exec); stdin is /dev/null.
+    server.send(
+        {"id": 2, "sh": "ps -o pid=,pgid=,sid= -p $$; grep SigIgn /proc/$$/status; readlink /proc/$$/fd/0"}
+    )
+    rc, out, _ = server.wait(2)
+    ids, ignored, stdin = out.splitlines()
+    pid, pgid, sid = ids.split()
+    assert rc == 0 and pid == pgid == sid and stdin == "/dev/null"
+    mask = int(ignored.split()[1], 16)
+    assert mask & (1 << 1) and mask & (1 << 2) and not mask & (1 << 12)  # bits: signal number - 1
+
+
+def test_a_cancelled_shell_command_is_ended_with_its_children(server: Server) -> None:
+    server.send({"id": 1, "sh": "sleep 60 & echo pids $$ $!; wait", "grace": 1})
+    _, sh, sleeper = server.stderr_line(1, "pids ", out=True).split()
+    server.send({"id": 1, "cancel": True})
+    server.wait(1)
+    assert pid_gone(int(sh), 10) and pid_gone(int(sleeper), 10)
+
+
+@pytest.mark.parametrize("login", [None, "de_DE.UTF-8"])
+def test_a_shell_command_sees_the_logins_locale_not_pythons(tmp_path: Path, login: str | None) -> None:
+    env = {"LABCTL_LC_CTYPE": "" if login is None else f"set:{login}", "LC_CTYPE": "C.UTF-8"}
+    s = Server(tmp_path, env)
+    try:
+        s.send({"id": 1, "sh": 'echo "${LC_CTYPE-unset}"; env | grep -c LABCTL_LC_CTYPE'})
+        _, out, _ = s.wait(1)  # grep -c finding none exits 1
+        assert out.split() == [login or "unset", "0"]
+    finally:
+        s.proc.kill()
+        s.proc.wait()

@@ -221,3 +221,50 @@ def test_a_local_host_has_no_kept_agent(tmp_path: Path) -> None:
         k._session(e, {"python": "python3", "path": "/nowhere.pyz", "digest": "0", "read_only": False})
         is None
     )
+
+
+def test_shell_commands_run_in_the_kept_agent_as_over_their_own_session(lab: Lab, keeper: Keeper) -> None:
+    h = lab.host()
+    conn = kept(lab, h)
+    before = conn.run("env | sort").stdout  # no agent kept yet: a session of its own
+    call_agent(Run(kept(lab, h), h), "ping")
+    [agent] = agents(lab)
+    res = kept(lab, h).run("echo $PPID; echo err >&2; exit 4", env={"LABCTL_T": "a b"})
+    assert (res.rc, res.stdout, res.stderr) == (4, f"{agent['pid']}\n", "err\n")
+    assert kept(lab, h).run("echo $LABCTL_T", env={"LABCTL_T": "a b"}).stdout == "a b\n"
+
+    def same(env: str) -> list[str]:  # the same login, but another session's client port
+        return [line for line in env.splitlines() if not line.startswith(("SSH_CLIENT=", "SSH_CONNECTION="))]
+
+    assert same(kept(lab, h).run("env | sort").stdout) == same(before)
+    assert agents(lab)[0]["calls"] >= 4
+
+    res = kept(lab, h).run("sleep 30", timeout=1)
+    assert res.timed_out and res.rc is None
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    res = kept(lab, h).run("sleep 30", cancel=cancel)
+    assert res.cancelled and res.rc is None and res.seconds < 10
+    end = time.monotonic() + 10
+    while children(agent["pid"]):  # both sleeps ended on the host
+        assert time.monotonic() < end, "a timed-out or cancelled command outlived its caller"
+        time.sleep(0.05)
+
+
+def test_a_closed_client_ends_its_shell_command_in_the_kept_agent(lab: Lab, keeper: Keeper) -> None:
+    h = lab.host()
+    call_agent(Run(kept(lab, h), h), "ping")
+    [agent] = agents(lab)
+    client = KeeperClient(lab.inventory, 60, lab.root / "k")
+    s = ks.connect(client.socket_path)
+    ks.send_frame(s, client.host_request(h, "run", command="exec sleep 60"))
+    child = the_child(agent["pid"])
+    s.close()
+    assert pid_gone(child, 10), "the command outlived its caller"
+
+
+def test_a_command_the_watchdog_would_not_guard_goes_over_its_own_session(lab: Lab, keeper: Keeper) -> None:
+    h = lab.host()
+    call_agent(Run(kept(lab, h), h), "ping")
+    [agent] = agents(lab)
+    assert kept(lab, h).run("echo $PPID", watchdog=False).stdout != f"{agent['pid']}\n"

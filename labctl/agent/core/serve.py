@@ -9,7 +9,9 @@ the next calls start with it loaded; the child's own state dies with it.
 
 Frames both ways: a 4-byte big-endian length and that many bytes of UTF-8 JSON.
   in:  {"id": N, "argv": [COMMAND, ARGS], "ro": BOOL}   run a command (ro: write no bytecode)
-       {"id": N, "cancel": true}                        TERM its process group, KILL after GRACE
+       {"id": N, "sh": COMMAND, "grace": S}              run a shell command (`sh -c`), as the
+                                                         remote watchdog runs one (transport/wrap.py)
+       {"id": N, "cancel": true}                        TERM its process group, KILL after grace
        {"id": 0, "retire": true}                        take no new call (answer stale), and leave
                                                          once the running ones are done
   out: {"ready": PID}                                    once, first
@@ -46,9 +48,10 @@ MAX_FRAME = 64 * 1024 * 1024
 
 
 class _Child:
-    def __init__(self, cid: int, pid: int, pipes: Dict[int, str]) -> None:
+    def __init__(self, cid: int, pid: int, pipes: Dict[int, str], grace: float = GRACE) -> None:
         self.cid = cid
         self.pid = pid
+        self.grace = grace
         self.pipes = pipes  # fd -> "o" | "e"
         self.status: Optional[int] = None
 
@@ -160,10 +163,15 @@ class Server:
             elif req.get("cancel"):
                 child = self.children.get(cid)
                 if child is not None and child.status is None:
-                    self._end_group(child.pid)
+                    self._end_group(child.pid, child.grace)
             elif self.closing or self._stale():
                 self.closing = True  # no new calls; leaves once the running ones are done
                 self.send({"id": cid, "stale": True})
+            elif isinstance(req.get("sh"), str):
+                grace = req.get("grace")
+                self._start(
+                    cid, [], False, req["sh"], float(grace) if isinstance(grace, (int, float)) else GRACE
+                )
             else:
                 self._start(cid, [str(a) for a in req.get("argv") or []], bool(req.get("ro")))
 
@@ -193,14 +201,14 @@ class Server:
             pass
         for child in self.children.values():
             if child.status is None:
-                self._end_group(child.pid)
+                self._end_group(child.pid, child.grace)
 
-    def _end_group(self, pgid: int) -> None:
+    def _end_group(self, pgid: int, grace: float) -> None:
         try:
             os.killpg(pgid, signal.SIGTERM)
         except OSError:
             return
-        self.kills.append((time.monotonic() + GRACE, pgid))
+        self.kills.append((time.monotonic() + grace, pgid))
 
     def _kill_due(self) -> None:
         """KILL the groups whose grace is over; forget those already gone."""
@@ -217,7 +225,9 @@ class Server:
 
     # -- one call -------------------------------------------------------------------------------
 
-    def _start(self, cid: int, argv: List[str], read_only: bool) -> None:
+    def _start(
+        self, cid: int, argv: List[str], read_only: bool, shell: Optional[str] = None, grace: float = GRACE
+    ) -> None:
         if argv:
             try:
                 # Imported here, in the parent, so that the next call's child has it already.
@@ -228,10 +238,12 @@ class Server:
         err_r, err_w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            if shell is not None:
+                _shell_child(shell, out_w, err_w)  # never returns
             _child(self.agent, argv, read_only, out_w, err_w)  # never returns
         os.close(out_w)
         os.close(err_w)
-        child = _Child(cid, pid, {out_r: "o", err_r: "e"})
+        child = _Child(cid, pid, {out_r: "o", err_r: "e"}, grace)
         self.children[cid] = child
         for fd in (out_r, err_r):
             os.set_blocking(fd, False)
@@ -293,18 +305,65 @@ class Server:
         return bool(select.select([fd], [], [], 0)[0])
 
 
+def _become_call(out_w: int, err_w: int) -> None:
+    """In the forked child: a session of its own, stdin /dev/null, stdout and stderr to the
+    parent's pipes, nothing else of the server's open."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    _close_inherited()  # the channel, the other calls' pipes, the selector
+
+
+# The login environment's LC_CTYPE, as the keeper's line passed it ("set:VALUE", or "" when it
+# was unset): Python's start-up sets LC_CTYPE=C.UTF-8 where the locale is C (PEP 538), which a
+# shell command started directly never has.
+LC_CTYPE_VAR = "LABCTL_LC_CTYPE"
+_login_lc_ctype: Optional[str] = None
+_lc_ctype_known = False
+
+
+def _note_login_locale() -> None:
+    global _login_lc_ctype, _lc_ctype_known
+    passed = os.environ.pop(LC_CTYPE_VAR, None)  # popped: no call's environment shows it
+    if passed is not None:
+        _lc_ctype_known = True
+        _login_lc_ctype = passed[4:] if passed.startswith("set:") else None
+
+
+def _shell_child(command: str, out_w: int, err_w: int) -> None:
+    """In the forked child: `sh -c COMMAND`, as the remote watchdog starts a command."""
+    try:
+        _become_call(out_w, err_w)
+        env = dict(os.environ)
+        if _lc_ctype_known:
+            env.pop("LC_CTYPE", None)
+            if _login_lc_ctype is not None:
+                env["LC_CTYPE"] = _login_lc_ctype
+        # The signals as the watchdog's `setsid sh -c CMD &` has them: Python's ignored SIGPIPE
+        # and SIGXFSZ back to the defaults (an ignored signal stays ignored across exec), and
+        # SIGINT and SIGQUIT ignored, as sh leaves them for a command it starts in the background.
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        for sig in (signal.SIGINT, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
+        os.execve("/bin/sh", ["sh", "-c", command], env)
+    except BaseException as e:
+        try:
+            os.write(2, f"labctl agent: cannot run /bin/sh: {e}\n".encode())
+        except BaseException:
+            pass
+    os._exit(127)
+
+
 def _child(agent: "Agent", argv: List[str], read_only: bool, out_w: int, err_w: int) -> None:
     """In the forked child: become the command, as a direct `agent COMMAND ARGS` call is."""
     rc = 1
     try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        _close_inherited()  # the channel, the other calls' pipes, the selector
+        _become_call(out_w, err_w)
         if read_only:
             sys.dont_write_bytecode = True
         sys.argv = sys.argv[:1] + argv
@@ -361,6 +420,7 @@ class Agent:
 def serve(agent: Agent, digest: str, here: Optional[str] = None) -> int:
     """Serve agent calls on stdin/stdout until stdin closes; `digest`: the zipapp's, as BOOT had
     it; `here`: the folder or zipapp the agent runs from (the tests'; else this file's)."""
+    _note_login_locale()
     try:
         sys.stdout.flush()
         wfd = os.dup(1)
