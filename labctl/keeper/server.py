@@ -416,17 +416,8 @@ class Keeper:
             return session
 
     def _agent(self, c: socket.socket, e: Entry, req: dict[str, Any], cancel: threading.Event) -> None:
-        send_lock = threading.Lock()
-
-        def on_line(stream: str, line: str) -> None:
-            if cancel.is_set():
-                return
-            try:
-                with send_lock:
-                    ks.send_frame(c, {"t": "line", "s": stream, "l": line})
-            except OSError:
-                cancel.set()
-
+        reply = _Reply(c, cancel)
+        on_line = reply.line
         timeout = req.get("timeout")
         frame: dict[str, Any] = {"t": "unwilling", "reason": "no kept agent on this connection"}
         try:
@@ -451,11 +442,7 @@ class Keeper:
                 break
         except Exception as err:
             frame = error_to_wire(err)
-        try:
-            with send_lock:
-                ks.send_frame(c, frame)
-        except OSError:
-            pass
+        reply.last(frame)
 
     @staticmethod
     def _watch(c: socket.socket, cancel: threading.Event) -> None:
@@ -479,17 +466,8 @@ class Keeper:
     def _run(self, c: socket.socket, e: Entry, req: dict[str, Any], cancel: threading.Event) -> None:
         conn = e.conn
         assert conn is not None
-        send_lock = threading.Lock()
-
-        def on_line(stream: str, line: str) -> None:
-            if cancel.is_set():
-                return
-            try:
-                with send_lock:
-                    ks.send_frame(c, {"t": "line", "s": stream, "l": line})
-            except OSError:
-                cancel.set()
-
+        reply = _Reply(c, cancel)
+        on_line = reply.line
         timeout = req.get("timeout")
         command, env, grace = str(req["command"]), req.get("env") or None, int(req.get("grace", 3))
         watchdog = bool(req.get("watchdog", True))
@@ -529,11 +507,7 @@ class Keeper:
             frame = error_to_wire(err)
         else:
             frame = _exit_frame(res)
-        try:
-            with send_lock:
-                ks.send_frame(c, frame)
-        except OSError:
-            pass
+        reply.last(frame)
 
     def listing(self) -> list[dict[str, Any]]:
         now = time.monotonic()
@@ -577,6 +551,32 @@ class Keeper:
         while e.in_use:
             time.sleep(0.1)
         self._close_entry(e)
+
+
+class _Reply:
+    """A command's answers to its client: output lines as they come (none once it is cancelled;
+    a client that cannot be written to cancels it), then its last frame."""
+
+    def __init__(self, c: socket.socket, cancel: threading.Event) -> None:
+        self.c = c
+        self.cancel = cancel
+        self.lock = threading.Lock()
+
+    def line(self, stream: str, line: str) -> None:
+        if self.cancel.is_set():
+            return
+        try:
+            with self.lock:
+                ks.send_frame(self.c, {"t": "line", "s": stream, "l": line})
+        except OSError:
+            self.cancel.set()
+
+    def last(self, frame: dict[str, Any]) -> None:
+        try:
+            with self.lock:
+                ks.send_frame(self.c, frame)
+        except OSError:
+            pass
 
 
 def _exit_frame(res: CommandResult) -> dict[str, Any]:

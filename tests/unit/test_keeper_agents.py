@@ -69,18 +69,20 @@ def the_child(pid: int, within: float = 15.0) -> int:
     return child
 
 
-def sink(conn: KeptConnection, host: Host, **kw: Any) -> Any:
+def sink_call(host: Host) -> dict[str, Any]:
     """netbench.sink: an agent call that waits (for a sender, up to a minute) until stopped."""
     _, digest = agent_zip()
-    return conn.run_agent(
-        python=host.python,
-        path=f"{agent_ship.agent_dir(host)}/agent-{digest}.pyz",
-        digest=digest,
-        argv=["netbench.sink", json.dumps({"bind": "127.0.0.1", "idle_timeout": 60})],
-        read_only=False,
-        on_line=None,
-        **kw,
-    )
+    return {
+        "python": host.python,
+        "path": f"{agent_ship.agent_dir(host)}/agent-{digest}.pyz",
+        "digest": digest,
+        "argv": ["netbench.sink", json.dumps({"bind": "127.0.0.1", "idle_timeout": 60})],
+        "read_only": False,
+    }
+
+
+def sink(conn: KeptConnection, host: Host, **kw: Any) -> Any:
+    return conn.run_agent(**sink_call(host), on_line=None, **kw)
 
 
 def test_agent_calls_go_to_one_agent_kept_on_the_connection(lab: Lab, keeper: Keeper) -> None:
@@ -123,26 +125,16 @@ def test_a_timed_out_or_cancelled_call_ends_on_the_host(lab: Lab, keeper: Keeper
     assert agents(lab)[0]["pid"] == agent["pid"]  # the agent itself stays
 
 
-def test_a_closed_client_ends_its_call(lab: Lab, keeper: Keeper) -> None:
+@pytest.mark.parametrize("op", ["agent", "run"])
+def test_a_closed_client_ends_its_call(lab: Lab, keeper: Keeper, op: str) -> None:
+    """An agent call, or a shell command run in the kept agent: Ctrl-C or a killed labctl ends it."""
     h = lab.host()
     call_agent(Run(kept(lab, h), h), "ping")
     [agent] = agents(lab)
     client = KeeperClient(lab.inventory, 60, lab.root / "k")
-    _, digest = agent_zip()
+    fields = sink_call(h) if op == "agent" else {"command": "exec sleep 60"}
     s = ks.connect(client.socket_path)
-    ks.send_frame(
-        s,
-        client.host_request(
-            h,
-            "agent",
-            python=h.python,
-            path=f"{agent_ship.agent_dir(h)}/agent-{digest}.pyz",
-            digest=digest,
-            argv=["netbench.sink", json.dumps({"bind": "127.0.0.1", "idle_timeout": 60})],
-            read_only=False,
-            timeout=None,
-        ),
-    )
+    ks.send_frame(s, client.host_request(h, op, timeout=None, **fields))
     child = the_child(agent["pid"])
     s.close()  # Ctrl-C, or the command killed
     assert pid_gone(child, 10), "the call outlived its caller"
@@ -249,18 +241,6 @@ def test_shell_commands_run_in_the_kept_agent_as_over_their_own_session(lab: Lab
     while children(agent["pid"]):  # both sleeps ended on the host
         assert time.monotonic() < end, "a timed-out or cancelled command outlived its caller"
         time.sleep(0.05)
-
-
-def test_a_closed_client_ends_its_shell_command_in_the_kept_agent(lab: Lab, keeper: Keeper) -> None:
-    h = lab.host()
-    call_agent(Run(kept(lab, h), h), "ping")
-    [agent] = agents(lab)
-    client = KeeperClient(lab.inventory, 60, lab.root / "k")
-    s = ks.connect(client.socket_path)
-    ks.send_frame(s, client.host_request(h, "run", command="exec sleep 60"))
-    child = the_child(agent["pid"])
-    s.close()
-    assert pid_gone(child, 10), "the command outlived its caller"
 
 
 def test_a_command_the_watchdog_would_not_guard_goes_over_its_own_session(lab: Lab, keeper: Keeper) -> None:
