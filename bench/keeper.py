@@ -68,6 +68,7 @@ def labctl_rows(
     jobs: dict[str, list[str]],
     before: Path | None,
     agent_before: Path | None = None,
+    prime: dict[str, list[str]] | None = None,
 ) -> dict[str, float]:
     """{job_cold: s, job_first: s, job_warm: s, job_before: s, job_agent_before_warm: s} for each
     labctl job on `inv` (`before`: a checkout timed cold; `agent_before`: one timed warm)."""
@@ -111,6 +112,11 @@ def labctl_rows(
         timed(cmd, warm)  # no keeper yet: this one connects itself and starts it
         wait_for_keeper(inv, folder)
         out[f"{name}_warm_s"] = median_of(cmd, reps, warm, WARMUPS)
+        if prime and name in prime:
+            # Warm again once an agent call (`prime`) has left an agent kept on each connection,
+            # as on a lab where `facts` or `status` ran before: shell commands then run in it.
+            timed([str(BIN / "labctl"), "-i", str(inv), *prime[name]], warm)
+            out[f"{name}_warm_kept_s"] = median_of(cmd, reps, warm, WARMUPS)
         print(f"{name}: cold {out[f'{name}_cold_s']:.3f}s warm {out[f'{name}_warm_s']:.3f}s", file=sys.stderr)
     stop(inv, folder)
     return out
@@ -156,7 +162,7 @@ def main() -> int:
         result.update(labctl_rows(big.inventory_path, folder, args.reps, {
             "exec": ["exec", "--json", "--", "true"],
             "facts": ["facts", "--json"],
-        }, before, agent_before))  # fmt: skip
+        }, before, agent_before, prime={"exec": ["facts", "--json"]}))  # fmt: skip
         result.update(
             labctl_rows(
                 demo.inventory_path, folder, args.reps, {"status": ["status", "--json"]}, before, agent_before
@@ -236,7 +242,15 @@ def render(r: dict[str, Any]) -> str:
         f"| {r['ansible_setup_warm_s'] / fa_w:.1f}x faster |",
         f"| `status`, the {r['demo_hosts']}-host demo lab | {st_c:.3f} s | {r['status_first_s']:.3f} s | {st_w:.3f} s | | |",
         "",
-        f"- `exec -- true` warm at most {GOALS['exec_warm_s']} s: {ex_w:.3f} s, {_verdict(ex_w <= GOALS['exec_warm_s'])}; "
+        f"- `exec -- true` warm at most {GOALS['exec_warm_s']} s: {ex_w:.3f} s, {_verdict(ex_w <= GOALS['exec_warm_s'])}"
+        + (
+            f" on connections where no agent call has run yet; {r['exec_warm_kept_s']:.3f} s, "
+            f"{_verdict(r['exec_warm_kept_s'] <= GOALS['exec_warm_s'])}, once one has (a `facts` before: the shell "
+            "command then runs in the agent kept there, with no SSH session of its own)"
+            if "exec_warm_kept_s" in r
+            else ""
+        )
+        + "; "
         f"at least {GOALS['exec_vs_ansible']:g}x ansible-core with ControlPersist: {ans / ex_w:.1f}x, "
         f"{_verdict(ans / ex_w >= GOALS['exec_vs_ansible'])}.",
         f"- Cold no slower: the first command with keeping on against keeping off, `exec` "
