@@ -48,6 +48,7 @@ from labctl.keeper.wire import connection_key, error_to_wire, host_from_wire
 from labctl.transport.base import CommandResult, Connection
 
 ConnectionFactory = Callable[[Host], Connection]
+AGENT_RETRY = 60.0  # seconds before a kept agent that would not start is tried again
 
 
 def _default_factory(host: Host) -> Connection:
@@ -77,10 +78,12 @@ class Entry:
     served: int = 0
     in_use: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # The agents kept running on this connection, by (python, path, digest, read_only), and
-    # those that would not start (retried once the agent at that path is put there again).
+    # The agents kept running on this connection, by (python, path, digest, read_only); those
+    # being started; and those that would not start, with when to try again (at once when the
+    # agent at that path is put there again).
     agents: dict[tuple[str, str, str, bool], AgentSession] = field(default_factory=dict)
-    declined: set[tuple[str, str, str, bool]] = field(default_factory=set)
+    starting: set[tuple[str, str, str, bool]] = field(default_factory=set)
+    declined: dict[tuple[str, str, str, bool], float] = field(default_factory=dict)
     agent_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -354,7 +357,7 @@ class Keeper:
                 else:
                     ks.send_frame(c, {"t": "ok"})
                     with e.agent_lock:  # an agent put in place may start now
-                        e.declined = {k for k in e.declined if k[1] != str(req["path"])}
+                        e.declined = {k: t for k, t in e.declined.items() if k[1] != str(req["path"])}
             elif cancel.is_set():  # cancelled before it started: as SSHConnection answers that
                 try:
                     ks.send_frame(
@@ -380,8 +383,11 @@ class Keeper:
             self._release(e)
 
     def _session(self, e: Entry, req: dict[str, Any]) -> AgentSession | None:
-        """The agent kept on `e`'s connection for this call, started if need be; None when it
-        cannot be (not an SSH connection, a Windows host, no agent of that digest there)."""
+        """The agent kept on `e`'s connection for this call; None when there is none ready (the
+        call then goes the direct way). A missing one is started in the background, so that no
+        call waits on a start (a slow disk, a loaded host): the calls after it use it. None also
+        where there can be none (not an SSH connection, a Windows host), and for AGENT_RETRY
+        seconds after a start failed (no agent of that digest there yet)."""
         from labctl.agent.core.boot import boot_line
         from labctl.transport.ssh import SSHConnection
 
@@ -396,24 +402,41 @@ class Keeper:
             if session is not None:
                 del e.agents[key]
                 session.retire()  # gone already, or leaving once its calls are done
-            if key in e.declined:
+            if key in e.starting or time.monotonic() < e.declined.get(key, 0.0):
                 return None
-            # The login's LC_CTYPE, before the host's Python changes it (agent/core/serve.py).
-            line = 'LABCTL_LC_CTYPE="${LC_CTYPE+set:$LC_CTYPE}" ' + boot_line(
-                key[0], key[1], key[2], ["--serve", key[2]], key[3]
-            )
-            session = AgentSession(conn, line)
-            try:
-                session.start()
-            except SessionUnavailable:
-                e.declined.add(key)
-                return None
+            e.declined.pop(key, None)
+            e.starting.add(key)
+        # The login's LC_CTYPE, before the host's Python changes it (agent/core/serve.py).
+        line = 'LABCTL_LC_CTYPE="${LC_CTYPE+set:$LC_CTYPE}" ' + boot_line(
+            key[0], key[1], key[2], ["--serve", key[2]], key[3]
+        )
+        threading.Thread(
+            target=self._start_session,
+            args=(e, key, AgentSession(conn, line)),
+            daemon=True,
+            name="keeper-agent-start",
+        ).start()
+        return None
+
+    @staticmethod
+    def _start_session(e: Entry, key: tuple[str, str, str, bool], session: AgentSession) -> None:
+        try:
+            session.start()
+        except SessionUnavailable:
+            with e.agent_lock:
+                e.starting.discard(key)
+                e.declined[key] = time.monotonic() + AGENT_RETRY
+            return
+        with e.agent_lock:
+            e.starting.discard(key)
+            if e.conn is not session.conn:  # the connection was closed or replaced meanwhile
+                session.close()
+                return
             # One labctl's agent per connection: a newer one's replaces those before it (each
             # leaves once the calls it runs are done).
             for old in [k for k in e.agents if k[1] != key[1]]:
                 e.agents.pop(old).retire()
             e.agents[key] = session
-            return session
 
     def _agent(self, c: socket.socket, e: Entry, req: dict[str, Any], cancel: threading.Event) -> None:
         reply = _Reply(c, cancel)
@@ -421,25 +444,20 @@ class Keeper:
         timeout = req.get("timeout")
         frame: dict[str, Any] = {"t": "unwilling", "reason": "no kept agent on this connection"}
         try:
-            # A second try when the kept agent found its files changed on disk (stale): the
-            # next one starts from them as a direct call would, or declines as it would.
-            for _ in range(2):
-                session = self._session(e, req)
-                if session is None:
-                    break
-                try:
-                    res = session.call(
-                        [str(a) for a in req["argv"]],
-                        read_only=bool(req.get("read_only")),
-                        timeout=None if timeout is None else float(timeout),
-                        on_line=on_line if req.get("stream") else None,
-                        cancel=cancel,
-                    )
-                except SessionUnavailable as gone:
-                    frame = {"t": "unwilling", "reason": str(gone)}
-                    continue
+            session = self._session(e, req)
+            if session is not None:
+                res = session.call(
+                    [str(a) for a in req["argv"]],
+                    read_only=bool(req.get("read_only")),
+                    timeout=None if timeout is None else float(timeout),
+                    on_line=on_line if req.get("stream") else None,
+                    cancel=cancel,
+                )
                 frame = _exit_frame(res)
-                break
+        except SessionUnavailable as gone:
+            # Gone, or its files changed on disk (stale): this call goes the direct way, which
+            # uploads the agent again where needed; the next call starts another.
+            frame = {"t": "unwilling", "reason": str(gone)}
         except Exception as err:
             frame = error_to_wire(err)
         reply.last(frame)

@@ -55,6 +55,33 @@ def agents(lab: Lab) -> list[dict[str, Any]]:
     return list(entry["agents"])
 
 
+def kept_agent(lab: Lab, within: float = 30.0) -> dict[str, Any]:
+    """The agent kept on the lab's one connection, once its background start is done."""
+    end = time.monotonic() + within
+    while not agents(lab):
+        assert time.monotonic() < end, "no agent was kept on the connection"
+        time.sleep(0.05)
+    [agent] = agents(lab)
+    return agent
+
+
+def served(conn: KeptConnection, ask: dict[str, Any], within: float = 30.0) -> Any:
+    """run_agent's result once the kept agent serves it (None until its start is done)."""
+    end = time.monotonic() + within
+    while (res := conn.run_agent(**ask)) is None:
+        assert time.monotonic() < end, "no kept agent served the call"
+        time.sleep(0.05)
+    return res
+
+
+def settled(keeper: Keeper, within: float = 30.0) -> None:
+    """No kept agent being started (a start that fails is declined for a while)."""
+    end = time.monotonic() + within
+    while any(e.starting for e in list(keeper.entries.values())):
+        assert time.monotonic() < end
+        time.sleep(0.05)
+
+
 def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
@@ -87,19 +114,20 @@ def sink(conn: KeptConnection, host: Host, **kw: Any) -> Any:
 
 def test_agent_calls_go_to_one_agent_kept_on_the_connection(lab: Lab, keeper: Keeper) -> None:
     h = lab.host()
-    first = call_agent(Run(kept(lab, h), h), "ping")
+    first = call_agent(Run(kept(lab, h), h), "ping")  # direct: it uploads the agent
+    agent = kept_agent(lab)  # started in the background meanwhile
     second = call_agent(Run(kept(lab, h), h), "ping")
-    [agent] = agents(lab)
+    third = call_agent(Run(kept(lab, h), h), "ping")
     # Two calls, each a child of its own forked from the one agent kept there.
-    assert agent["calls"] >= 1 and first["pid"] != second["pid"] != agent["pid"]
-    assert call_agent(Run(kept(lab, h), h), "ping")["agent_version"] == first["agent_version"]
-    assert agents(lab) == [{"pid": agent["pid"], "calls": agent["calls"] + 1}]
+    assert len({first["pid"], second["pid"], third["pid"], agent["pid"]}) == 4
+    assert second["agent_version"] == first["agent_version"]
+    assert agents(lab) == [{"pid": agent["pid"], "calls": agent["calls"] + 2}]
 
 
 def test_a_timed_out_or_cancelled_call_ends_on_the_host(lab: Lab, keeper: Keeper) -> None:
     h = lab.host()
     call_agent(Run(kept(lab, h), h), "ping")  # the agent in place, and kept
-    [agent] = agents(lab)
+    agent = kept_agent(lab)
     results: list[Any] = []
     t = threading.Thread(target=lambda: results.append(sink(kept(lab, h), h, timeout=3.0, cancel=None)))
     t.start()
@@ -130,7 +158,7 @@ def test_a_closed_client_ends_its_call(lab: Lab, keeper: Keeper, op: str) -> Non
     """An agent call, or a shell command run in the kept agent: Ctrl-C or a killed labctl ends it."""
     h = lab.host()
     call_agent(Run(kept(lab, h), h), "ping")
-    [agent] = agents(lab)
+    agent = kept_agent(lab)
     client = KeeperClient(lab.inventory, 60, lab.root / "k")
     fields = sink_call(h) if op == "agent" else {"command": "exec sleep 60"}
     s = ks.connect(client.socket_path)
@@ -145,12 +173,12 @@ def test_closing_the_connection_ends_the_agent_and_stopping_the_keeper_its_calls
 ) -> None:
     h = lab.host()
     call_agent(Run(kept(lab, h), h), "ping")
-    [agent] = agents(lab)
+    agent = kept_agent(lab)
     assert close_connections(lab.inventory, None, lab.root / "k") == ["m1"]
     assert pid_gone(agent["pid"], 15), "the kept agent outlived its connection"
 
     call_agent(Run(kept(lab, h), h), "ping")
-    [agent] = agents(lab)
+    agent = kept_agent(lab)
     results: list[Any] = []
     t = threading.Thread(
         target=lambda: results.append(_quietly(sink, kept(lab, h), h, timeout=None, cancel=None))
@@ -178,26 +206,29 @@ def test_no_agent_there_yet_goes_the_direct_way_until_one_is_put_there(lab: Lab,
     ask = dict(
         python=h.python, path=path, digest=digest, read_only=False, timeout=30.0, cancel=None, on_line=None
     )
-    assert conn.run_agent(argv=["ping", "{}"], **ask) is None  # declined: the caller runs BOOT itself
+    assert conn.run_agent(argv=["ping", "{}"], **ask) is None  # none there: the caller runs BOOT itself
+    settled(keeper)
     assert agents(lab) == []
-    conn.put_bytes(data, path, mode=0o600, dir_mode=0o700)
-    res = conn.run_agent(argv=["ping", "{}"], **ask)
-    assert res is not None and res.rc == 0 and json.loads(res.stdout)["agent_version"]
-    [agent] = agents(lab)
+    conn.put_bytes(data, path, mode=0o600, dir_mode=0o700)  # the next call tries again at once
+    res = served(conn, {**ask, "argv": ["ping", "{}"]})
+    assert res.rc == 0 and json.loads(res.stdout)["agent_version"]
+    agent = kept_agent(lab)
     # Another labctl's agent (another path) replaces this one on the connection.
     other = str(lab.root / "agents2" / f"agent-{digest}.pyz")
     conn.put_bytes(data, other, mode=0o600, dir_mode=0o700)
-    assert conn.run_agent(argv=["ping", "{}"], **{**ask, "path": other}) is not None
+    served(conn, {**ask, "path": other, "argv": ["ping", "{}"]})
     assert pid_gone(agent["pid"], 15)
-    [newer] = agents(lab)
+    newer = kept_agent(lab)
     assert newer["pid"] != agent["pid"]
     # Its files gone from the disk (removed, a disk mounted over them): that agent takes no
     # new call, and the call goes the direct way, which uploads the agent again.
     Path(other).unlink()
     assert conn.run_agent(argv=["ping", "{}"], **{**ask, "path": other}) is None
-    assert pid_gone(newer["pid"], 15) and agents(lab) == []
+    assert pid_gone(newer["pid"], 15)
+    settled(keeper)
+    assert agents(lab) == []
     conn.put_bytes(data, other, mode=0o600, dir_mode=0o700)
-    assert conn.run_agent(argv=["ping", "{}"], **{**ask, "path": other}) is not None
+    assert served(conn, {**ask, "path": other, "argv": ["ping", "{}"]}).rc == 0
 
 
 def test_a_local_host_has_no_kept_agent(tmp_path: Path) -> None:
@@ -220,7 +251,7 @@ def test_shell_commands_run_in_the_kept_agent_as_over_their_own_session(lab: Lab
     conn = kept(lab, h)
     before = conn.run("env | sort").stdout  # no agent kept yet: a session of its own
     call_agent(Run(kept(lab, h), h), "ping")
-    [agent] = agents(lab)
+    agent = kept_agent(lab)
     res = kept(lab, h).run("echo $PPID; echo err >&2; exit 4", env={"LABCTL_T": "a b"})
     assert (res.rc, res.stdout, res.stderr) == (4, f"{agent['pid']}\n", "err\n")
     assert kept(lab, h).run("echo $LABCTL_T", env={"LABCTL_T": "a b"}).stdout == "a b\n"
@@ -229,7 +260,7 @@ def test_shell_commands_run_in_the_kept_agent_as_over_their_own_session(lab: Lab
         return [line for line in env.splitlines() if not line.startswith(("SSH_CLIENT=", "SSH_CONNECTION="))]
 
     assert same(kept(lab, h).run("env | sort").stdout) == same(before)
-    assert agents(lab)[0]["calls"] >= 4
+    assert agents(lab)[0]["calls"] == agent["calls"] + 3  # all three ran in it
 
     res = kept(lab, h).run("sleep 30", timeout=1)
     assert res.timed_out and res.rc is None
@@ -246,5 +277,5 @@ def test_shell_commands_run_in_the_kept_agent_as_over_their_own_session(lab: Lab
 def test_a_command_the_watchdog_would_not_guard_goes_over_its_own_session(lab: Lab, keeper: Keeper) -> None:
     h = lab.host()
     call_agent(Run(kept(lab, h), h), "ping")
-    [agent] = agents(lab)
+    agent = kept_agent(lab)
     assert kept(lab, h).run("echo $PPID", watchdog=False).stdout != f"{agent['pid']}\n"
