@@ -84,6 +84,7 @@ class Entry:
     agents: dict[tuple[str, str, str, bool], AgentSession] = field(default_factory=dict)
     starting: set[tuple[str, str, str, bool]] = field(default_factory=set)
     declined: dict[tuple[str, str, str, bool], float] = field(default_factory=dict)
+    put_at: dict[str, float] = field(default_factory=dict)  # when a file was last put at a path
     agent_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -358,6 +359,8 @@ class Keeper:
                     ks.send_frame(c, {"t": "ok"})
                     with e.agent_lock:  # an agent put in place may start now
                         e.declined = {k: t for k, t in e.declined.items() if k[1] != str(req["path"])}
+                        if str(req["path"]).endswith(".pyz"):
+                            e.put_at[str(req["path"])] = time.monotonic()
             elif cancel.is_set():  # cancelled before it started: as SSHConnection answers that
                 try:
                     ks.send_frame(
@@ -420,12 +423,16 @@ class Keeper:
 
     @staticmethod
     def _start_session(e: Entry, key: tuple[str, str, str, bool], session: AgentSession) -> None:
+        began = time.monotonic()
         try:
             session.start()
         except SessionUnavailable:
             with e.agent_lock:
                 e.starting.discard(key)
-                e.declined[key] = time.monotonic() + AGENT_RETRY
+                # Not declined when the agent was put there while this start ran (it may have
+                # looked before the upload): the next call tries again at once.
+                if e.put_at.get(key[1], 0.0) < began:
+                    e.declined[key] = time.monotonic() + AGENT_RETRY
             return
         with e.agent_lock:
             e.starting.discard(key)

@@ -279,3 +279,37 @@ def test_a_command_the_watchdog_would_not_guard_goes_over_its_own_session(lab: L
     call_agent(Run(kept(lab, h), h), "ping")
     agent = kept_agent(lab)
     assert kept(lab, h).run("echo $PPID", watchdog=False).stdout != f"{agent['pid']}\n"
+
+
+def test_a_start_that_looked_before_the_upload_does_not_hold_back_the_next(
+    lab: Lab, keeper: Keeper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first call's background start finds no agent, but says so only after the direct call
+    has uploaded it (a loaded host): the next call starts the agent all the same."""
+    from labctl.keeper.agents import AgentSession, SessionUnavailable
+
+    looked, uploaded = threading.Event(), threading.Event()
+    real = AgentSession.start
+
+    def late_start(self: AgentSession) -> None:
+        try:
+            real(self)
+        except SessionUnavailable:
+            looked.set()
+            uploaded.wait(30)  # its failure lands after the upload
+            raise
+
+    monkeypatch.setattr(AgentSession, "start", late_start)
+    h = lab.host()
+    data, digest = agent_zip()
+    path = str(lab.root / "agents" / f"agent-{digest}.pyz")
+    conn = kept(lab, h)
+    ask = dict(
+        python=h.python, path=path, digest=digest, read_only=False, timeout=30.0, cancel=None, on_line=None
+    )
+    assert conn.run_agent(argv=["ping", "{}"], **ask) is None
+    assert looked.wait(30)  # the start found no agent there
+    conn.put_bytes(data, path, mode=0o600, dir_mode=0o700)
+    uploaded.set()
+    settled(keeper)
+    assert served(conn, {**ask, "argv": ["ping", "{}"]}, within=10).rc == 0
