@@ -55,11 +55,14 @@ def agents(lab: Lab) -> list[dict[str, Any]]:
     return list(entry["agents"])
 
 
-def kept_agent(lab: Lab, within: float = 30.0) -> dict[str, Any]:
-    """The agent kept on the lab's one connection, once its background start is done."""
+def kept_agent(lab: Lab, host: Host, within: float = 30.0) -> dict[str, Any]:
+    """The agent kept on the lab's one connection, once its background start is done. Agent
+    calls go on meanwhile, as a user's would: a start that found the agent not uploaded yet is
+    tried again by the next call."""
     end = time.monotonic() + within
     while not agents(lab):
         assert time.monotonic() < end, "no agent was kept on the connection"
+        call_agent(Run(kept(lab, host), host), "ping")
         time.sleep(0.05)
     [agent] = agents(lab)
     return agent
@@ -115,7 +118,7 @@ def sink(conn: KeptConnection, host: Host, **kw: Any) -> Any:
 def test_agent_calls_go_to_one_agent_kept_on_the_connection(lab: Lab, keeper: Keeper) -> None:
     h = lab.host()
     first = call_agent(Run(kept(lab, h), h), "ping")  # direct: it uploads the agent
-    agent = kept_agent(lab)  # started in the background meanwhile
+    agent = kept_agent(lab, h)  # started in the background meanwhile
     second = call_agent(Run(kept(lab, h), h), "ping")
     third = call_agent(Run(kept(lab, h), h), "ping")
     # Two calls, each a child of its own forked from the one agent kept there.
@@ -127,7 +130,7 @@ def test_agent_calls_go_to_one_agent_kept_on_the_connection(lab: Lab, keeper: Ke
 def test_a_timed_out_or_cancelled_call_ends_on_the_host(lab: Lab, keeper: Keeper) -> None:
     h = lab.host()
     call_agent(Run(kept(lab, h), h), "ping")  # the agent in place, and kept
-    agent = kept_agent(lab)
+    agent = kept_agent(lab, h)
     results: list[Any] = []
     t = threading.Thread(target=lambda: results.append(sink(kept(lab, h), h, timeout=3.0, cancel=None)))
     t.start()
@@ -158,7 +161,7 @@ def test_a_closed_client_ends_its_call(lab: Lab, keeper: Keeper, op: str) -> Non
     """An agent call, or a shell command run in the kept agent: Ctrl-C or a killed labctl ends it."""
     h = lab.host()
     call_agent(Run(kept(lab, h), h), "ping")
-    agent = kept_agent(lab)
+    agent = kept_agent(lab, h)
     client = KeeperClient(lab.inventory, 60, lab.root / "k")
     fields = sink_call(h) if op == "agent" else {"command": "exec sleep 60"}
     s = ks.connect(client.socket_path)
@@ -173,12 +176,12 @@ def test_closing_the_connection_ends_the_agent_and_stopping_the_keeper_its_calls
 ) -> None:
     h = lab.host()
     call_agent(Run(kept(lab, h), h), "ping")
-    agent = kept_agent(lab)
+    agent = kept_agent(lab, h)
     assert close_connections(lab.inventory, None, lab.root / "k") == ["m1"]
     assert pid_gone(agent["pid"], 15), "the kept agent outlived its connection"
 
     call_agent(Run(kept(lab, h), h), "ping")
-    agent = kept_agent(lab)
+    agent = kept_agent(lab, h)
     results: list[Any] = []
     t = threading.Thread(
         target=lambda: results.append(_quietly(sink, kept(lab, h), h, timeout=None, cancel=None))
@@ -212,13 +215,13 @@ def test_no_agent_there_yet_goes_the_direct_way_until_one_is_put_there(lab: Lab,
     conn.put_bytes(data, path, mode=0o600, dir_mode=0o700)  # the next call tries again at once
     res = served(conn, {**ask, "argv": ["ping", "{}"]})
     assert res.rc == 0 and json.loads(res.stdout)["agent_version"]
-    agent = kept_agent(lab)
+    agent = kept_agent(lab, h)
     # Another labctl's agent (another path) replaces this one on the connection.
     other = str(lab.root / "agents2" / f"agent-{digest}.pyz")
     conn.put_bytes(data, other, mode=0o600, dir_mode=0o700)
     served(conn, {**ask, "path": other, "argv": ["ping", "{}"]})
     assert pid_gone(agent["pid"], 15)
-    newer = kept_agent(lab)
+    newer = kept_agent(lab, h)
     assert newer["pid"] != agent["pid"]
     # Its files gone from the disk (removed, a disk mounted over them): that agent takes no
     # new call, and the call goes the direct way, which uploads the agent again.
@@ -251,7 +254,7 @@ def test_shell_commands_run_in_the_kept_agent_as_over_their_own_session(lab: Lab
     conn = kept(lab, h)
     before = conn.run("env | sort").stdout  # no agent kept yet: a session of its own
     call_agent(Run(kept(lab, h), h), "ping")
-    agent = kept_agent(lab)
+    agent = kept_agent(lab, h)
     res = kept(lab, h).run("echo $PPID; echo err >&2; exit 4", env={"LABCTL_T": "a b"})
     assert (res.rc, res.stdout, res.stderr) == (4, f"{agent['pid']}\n", "err\n")
     assert kept(lab, h).run("echo $LABCTL_T", env={"LABCTL_T": "a b"}).stdout == "a b\n"
@@ -277,7 +280,7 @@ def test_shell_commands_run_in_the_kept_agent_as_over_their_own_session(lab: Lab
 def test_a_command_the_watchdog_would_not_guard_goes_over_its_own_session(lab: Lab, keeper: Keeper) -> None:
     h = lab.host()
     call_agent(Run(kept(lab, h), h), "ping")
-    agent = kept_agent(lab)
+    agent = kept_agent(lab, h)
     assert kept(lab, h).run("echo $PPID", watchdog=False).stdout != f"{agent['pid']}\n"
 
 
