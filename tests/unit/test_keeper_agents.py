@@ -85,6 +85,17 @@ def settled(keeper: Keeper, within: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def fresh_agent_path(lab: Lab, h: Host) -> tuple[bytes, str, KeptConnection, dict[str, Any]]:
+    """The agent's bytes, a path on the host where it is not yet, a kept connection, and the
+    run_agent arguments (all but argv) for an agent at that path."""
+    data, digest = agent_zip()
+    path = str(lab.root / "agents" / f"agent-{digest}.pyz")
+    ask = dict(
+        python=h.python, path=path, digest=digest, read_only=False, timeout=30.0, cancel=None, on_line=None
+    )
+    return data, path, kept(lab, h), ask
+
+
 def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
@@ -203,12 +214,7 @@ def _quietly(fn: Any, *args: Any, **kw: Any) -> Any:
 
 def test_no_agent_there_yet_goes_the_direct_way_until_one_is_put_there(lab: Lab, keeper: Keeper) -> None:
     h = lab.host()
-    data, digest = agent_zip()
-    path = str(lab.root / "agents" / f"agent-{digest}.pyz")
-    conn = kept(lab, h)
-    ask = dict(
-        python=h.python, path=path, digest=digest, read_only=False, timeout=30.0, cancel=None, on_line=None
-    )
+    data, path, conn, ask = fresh_agent_path(lab, h)
     assert conn.run_agent(argv=["ping", "{}"], **ask) is None  # none there: the caller runs BOOT itself
     settled(keeper)
     assert agents(lab) == []
@@ -217,7 +223,7 @@ def test_no_agent_there_yet_goes_the_direct_way_until_one_is_put_there(lab: Lab,
     assert res.rc == 0 and json.loads(res.stdout)["agent_version"]
     agent = kept_agent(lab, h)
     # Another labctl's agent (another path) replaces this one on the connection.
-    other = str(lab.root / "agents2" / f"agent-{digest}.pyz")
+    other = str(lab.root / "agents2" / f"agent-{ask['digest']}.pyz")
     conn.put_bytes(data, other, mode=0o600, dir_mode=0o700)
     served(conn, {**ask, "path": other, "argv": ["ping", "{}"]})
     assert pid_gone(agent["pid"], 15)
@@ -304,12 +310,7 @@ def test_a_start_that_looked_before_the_upload_does_not_hold_back_the_next(
 
     monkeypatch.setattr(AgentSession, "start", late_start)
     h = lab.host()
-    data, digest = agent_zip()
-    path = str(lab.root / "agents" / f"agent-{digest}.pyz")
-    conn = kept(lab, h)
-    ask = dict(
-        python=h.python, path=path, digest=digest, read_only=False, timeout=30.0, cancel=None, on_line=None
-    )
+    data, path, conn, ask = fresh_agent_path(lab, h)
     assert conn.run_agent(argv=["ping", "{}"], **ask) is None
     assert looked.wait(30)  # the start found no agent there
     conn.put_bytes(data, path, mode=0o600, dir_mode=0o700)
